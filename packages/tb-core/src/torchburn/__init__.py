@@ -1,0 +1,97 @@
+"""TorchBurn: a torch.compile backend that runs PyTorch graphs on pluggable native engines.
+
+    import torch, torchburn
+    fast = torch.compile(model, backend="torchburn")
+
+See ``torchburn engines`` for what is installed and ``torchburn.explain`` for why a model is
+not fully native.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchburn._version import PLUGIN_API_VERSION, __version__
+from torchburn.backend import torchburn_backend
+from torchburn.cache import graph_cache
+from torchburn.engine import Availability, Engine
+from torchburn.explain import Explanation, explain
+from torchburn.hookspecs import hookimpl
+from torchburn.nodeinfo import NodeInfo, accepts
+from torchburn.options import EngineNotFoundError, Options, TorchburnFallbackWarning, select_engines
+from torchburn.plan import Plan, PlanNode, Ref, TensorMeta
+from torchburn.plugins import TorchburnPluginWarning, register_plugin, unregister_plugin
+from torchburn.registry import KernelRegistry
+from torchburn.telemetry import op_coverage, reset_stats
+
+
+def active_engine() -> str:
+    """Name of the engine that takes nodes first under the current settings, or "eager"."""
+    engines = select_engines()
+    return engines[0].name if engines else "eager"
+
+
+def active_engines() -> list[str]:
+    """Every engine in force, in priority order (empty: eager only)."""
+    return [e.name for e in select_engines()]
+
+
+def cache_info() -> dict[str, Any]:
+    """Hits, misses, disk hits, evictions and size of the structural graph cache."""
+    return graph_cache().info()
+
+
+def clear_cache() -> None:
+    graph_cache().clear()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        try:
+            from tb_llm import LLM
+        except ImportError as exc:
+            raise ImportError("torchburn.LLM needs the tb-llm package: pip install tb-llm") from exc
+        return LLM
+    raise AttributeError(f"module 'torchburn' has no attribute {name!r}")
+
+
+def _register_backend() -> None:
+    from torchburn.backend import register
+
+    try:
+        register()
+    except Exception:  # registered already through the entry point: both paths are fine
+        pass
+
+
+_register_backend()
+
+__all__ = [
+    "PLUGIN_API_VERSION",
+    "Availability",
+    "Engine",
+    "EngineNotFoundError",
+    "Explanation",
+    "KernelRegistry",
+    "NodeInfo",
+    "Options",
+    "Plan",
+    "PlanNode",
+    "Ref",
+    "TensorMeta",
+    "TorchburnFallbackWarning",
+    "TorchburnPluginWarning",
+    "__version__",
+    "accepts",
+    "active_engine",
+    "active_engines",
+    "cache_info",
+    "clear_cache",
+    "explain",
+    "hookimpl",
+    "op_coverage",
+    "register_plugin",
+    "reset_stats",
+    "torchburn_backend",
+    "unregister_plugin",
+]

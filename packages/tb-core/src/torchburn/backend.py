@@ -1,0 +1,90 @@
+"""The ``"torchburn"`` torch.compile backend: Dynamo graph -> AOTAutograd -> partitions."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchburn.catalog import kept_op_names
+from torchburn.options import Options, TorchburnFallbackWarning, select_engines
+from torchburn.partition import compile_graph, make_record, warn_fallbacks
+
+BACKEND_NAME = "torchburn"
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """Core ATen decompositions, minus the ops engines want to see whole (see catalog.KEPT_OPS)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    kept = set(kept_op_names())
+    return {op: fn for op, fn in table.items() if str(op) not in kept}
+
+
+def torchburn_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, **kwargs: Any
+) -> Callable[..., Any]:
+    """``torch.compile(model, backend="torchburn", options={...})``.
+
+    Options: ``engine`` (name or priority list), ``min_partition_size``, ``cache``,
+    ``fallback`` ("eager" or "error"), ``warn``. See ``torchburn.options.Options``.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+
+    opts = Options.from_user({**(options or {}), **kwargs})
+    engines = select_engines(opts)
+
+    def compiler(kind: str) -> Callable[..., Any]:
+        def compile_fn(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+            runnable, report = compile_graph(graph, engines, opts, kind)
+            warn_fallbacks(report, opts)
+            if opts.report_sink is not None:
+                opts.report_sink.append(report)
+            record = make_record(report)
+            forward = runnable.forward if isinstance(runnable, torch.nn.Module) else runnable
+
+            def run(args: list[Any]) -> Any:
+                record.calls += 1
+                return forward(*args)
+
+            run._boxed_call = True  # type: ignore[attr-defined]
+            run.torchburn_report = report  # type: ignore[attr-defined]
+            run.torchburn_graph = runnable  # type: ignore[attr-defined]
+            return run
+
+        return compile_fn
+
+    try:
+        return aot_autograd(  # type: ignore[no-any-return]
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=decomposition_table(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+    except Exception as exc:
+        if opts.fallback == "error":
+            raise
+        # AOTAutograd cannot capture every graph (e.g. some data-dependent ops); the Dynamo
+        # graph itself is still correct PyTorch.
+        warnings.warn(
+            f"torchburn could not capture this graph with AOTAutograd ({type(exc).__name__}: {exc}); "
+            "it runs in eager PyTorch",
+            TorchburnFallbackWarning,
+            stacklevel=2,
+        )
+        return gm.forward
+
+
+def register() -> None:
+    """Register the backend with Dynamo (idempotent)."""
+    from torch._dynamo import list_backends, register_backend
+
+    if BACKEND_NAME not in list_backends(exclude_tags=()):
+        register_backend(name=BACKEND_NAME)(torchburn_backend)

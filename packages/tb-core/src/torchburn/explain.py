@@ -1,0 +1,68 @@
+"""``torchburn.explain``: which engine runs each partition, and why every fallback op falls back."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchburn.partition import GraphReport
+
+
+@dataclass
+class Explanation:
+    graphs: list[GraphReport] = field(default_factory=list)
+    output: Any = None
+
+    @property
+    def fallback_reasons(self) -> dict[str, set[str]]:
+        reasons: dict[str, set[str]] = {}
+        for g in self.graphs:
+            for op, reason in g.fallbacks:
+                reasons.setdefault(op, set()).add(reason)
+        return reasons
+
+    @property
+    def native_ops(self) -> Counter[str]:
+        c: Counter[str] = Counter()
+        for g in self.graphs:
+            c.update(g.native_ops())
+        return c
+
+    @property
+    def fully_native(self) -> bool:
+        return all(not g.fallbacks for g in self.graphs) and bool(self.graphs)
+
+    def __str__(self) -> str:
+        lines = []
+        for i, g in enumerate(self.graphs):
+            engines = ", ".join(g.engines) or "none (eager only)"
+            lines.append(f"graph {i} ({g.kind}); engines in force: {engines}")
+            for j, p in enumerate(g.partitions):
+                ops = Counter(op for op in p.ops if op != "getitem")
+                listing = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(ops.items()))
+                lines.append(f"  partition {j} on {p.engine} [{p.status}]: {listing}")
+            if g.fallbacks:
+                lines.append("  eager fallback:")
+                for (op, reason), n in sorted(Counter(g.fallbacks).items()):
+                    lines.append(f"    {op}{f' ×{n}' if n > 1 else ''}: {reason}")
+            else:
+                lines.append("  no eager fallback")
+        return "\n".join(lines) if lines else "no graph was compiled"
+
+
+def explain(fn: Any, *example_args: Any, options: dict[str, Any] | None = None, **example_kwargs: Any) -> Explanation:
+    """Compile ``fn`` with the torchburn backend, run it once, and report how it was split."""
+    from torchburn.backend import torchburn_backend
+
+    sink: list[GraphReport] = []
+    opts = {**(options or {}), "report_sink": sink, "warn": False}
+
+    def backend(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        return torchburn_backend(gm, inputs, options=opts)
+
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    output = compiled(*example_args, **example_kwargs)
+    return Explanation(sink, output)

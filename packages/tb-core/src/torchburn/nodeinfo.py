@@ -1,0 +1,96 @@
+"""What an engine sees of one graph node when it decides whether to take it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchburn.plan import TensorMeta, meta_of_value, op_name
+
+
+@dataclass
+class NodeInfo:
+    op: str  # "aten.addmm.default"
+    target: Any
+    args: tuple[Any, ...]  # FX args (Nodes stay Nodes)
+    kwargs: dict[str, Any]
+    inputs: list[TensorMeta]  # metas of every tensor argument, in order
+    out: Any  # TensorMeta, tuple of them, or None
+    symbolic: bool  # a size, stride or scalar argument is symbolic
+    node: torch.fx.Node | None = None
+
+    @staticmethod
+    def of(node: torch.fx.Node) -> NodeInfo:
+        inputs: list[TensorMeta] = []
+        symbolic = False
+
+        def visit(arg: torch.fx.Node) -> torch.fx.Node:
+            nonlocal symbolic
+            val = arg.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                meta = TensorMeta.of(val)
+                inputs.append(meta)
+                symbolic = symbolic or meta.symbolic
+            elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or val is None:
+                symbolic = True
+            return arg
+
+        torch.fx.node.map_arg((node.args, node.kwargs), visit)
+        out = meta_of_value(node.meta.get("val"))
+        metas = out if isinstance(out, tuple) else (out,)
+        symbolic = symbolic or any(isinstance(m, TensorMeta) and m.symbolic for m in metas)
+        return NodeInfo(
+            op_name(node.target),
+            node.target,
+            tuple(node.args),
+            dict(node.kwargs),
+            inputs,
+            out,
+            symbolic,
+            node,
+        )
+
+    @property
+    def out_metas(self) -> list[TensorMeta]:
+        metas = self.out if isinstance(self.out, tuple) else (self.out,)
+        return [m for m in metas if isinstance(m, TensorMeta)]
+
+
+def accepts(
+    dtypes: Iterable[torch.dtype] = (torch.float32,),
+    *,
+    devices: Iterable[str] = ("cpu",),
+    max_rank: int | None = None,
+    contiguous: bool = False,
+    allow_empty: bool = True,
+    extra: Callable[[NodeInfo], str | None] | None = None,
+) -> Callable[[NodeInfo], str | None]:
+    """Build a checker: which dtypes, devices, ranks and layouts a kernel takes.
+
+    The returned function gives ``None`` for an accepted node and otherwise the reason, which
+    ``torchburn.explain`` shows the user.
+    """
+    dtype_set = frozenset(dtypes)
+    device_set = frozenset(devices)
+
+    def check(info: NodeInfo) -> str | None:
+        if info.symbolic:
+            return "symbolic shape"
+        for meta in [*info.inputs, *info.out_metas]:
+            if meta.dtype not in dtype_set:
+                return f"dtype {meta.dtype} not in {sorted(str(d) for d in dtype_set)}"
+            if meta.device not in device_set:
+                return f"device {meta.device}"
+            if max_rank is not None and len(meta.shape) > max_rank:
+                return f"rank {len(meta.shape)} > {max_rank}"
+            if not allow_empty and meta.numel == 0:
+                return "empty tensor"
+        if contiguous and not all(m.is_contiguous for m in info.inputs):
+            return "non-contiguous input"
+        return extra(info) if extra is not None else None
+
+    return check

@@ -1,0 +1,100 @@
+"""Backend options and engine selection (``options={...}``, ``TORCHBURN_ENGINE``, ``TORCHBURN_DEVICE``)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from torchburn.engine import Engine
+
+
+class EngineNotFoundError(ValueError):
+    """The user named an engine that no installed plugin provides."""
+
+
+class TorchburnFallbackWarning(UserWarning):
+    """Part of a graph runs in eager PyTorch; ``torchburn.explain`` says why."""
+
+
+@dataclass
+class Options:
+    #: Engine names in priority order; None means TORCHBURN_ENGINE or the default choice.
+    engine: tuple[str, ...] | None = None
+    #: Partitions with fewer compute ops than this (and no heavy op such as a GEMM) stay eager.
+    min_partition_size: int = 2
+    #: Use the structural graph cache.
+    cache: bool = True
+    #: "eager": fall back on any engine error; "error": raise it (for engine development).
+    fallback: str = "eager"
+    #: Warn once per op that falls back.
+    warn: bool = True
+    #: Collects GraphReports (used by torchburn.explain).
+    report_sink: list[Any] | None = field(default=None, repr=False)
+
+    @staticmethod
+    def from_user(options: dict[str, Any] | None) -> Options:
+        options = dict(options or {})
+        known = {f.name for f in fields(Options)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown torchburn option(s) {unknown}; known options: {sorted(known)}")
+        engine = options.get("engine")
+        if isinstance(engine, str):
+            options["engine"] = _split(engine)
+        elif engine is not None:
+            options["engine"] = tuple(engine)
+        opts = Options(**options)
+        if opts.fallback not in ("eager", "error"):
+            raise ValueError(f"fallback must be 'eager' or 'error', not {opts.fallback!r}")
+        if opts.min_partition_size < 1:
+            raise ValueError("min_partition_size must be at least 1")
+        return opts
+
+
+def _split(names: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in names.split(",") if n.strip())
+
+
+def requested_engine_names(opts: Options) -> tuple[str, ...] | None:
+    if opts.engine is not None:
+        return opts.engine
+    env = os.environ.get("TORCHBURN_ENGINE", "").strip()
+    return _split(env) if env else None
+
+
+def select_engines(opts: Options | None = None) -> list[Engine]:
+    """The engines in force, in priority order (empty: everything runs eager)."""
+    from torchburn import plugins
+
+    opts = opts or Options()
+    installed = plugins.engines()
+    names = requested_engine_names(opts)
+    if names is not None:
+        chosen = []
+        for name in names:
+            if name == "eager":
+                continue
+            engine = installed.get(name)
+            if engine is None:
+                raise EngineNotFoundError(
+                    f"no engine named {name!r} is installed; installed engines: "
+                    f"{sorted(installed) or 'none'} (pip install tb-cpu-rust for native_cpu)"
+                )
+            available = engine.is_available()
+            if not available:
+                warnings.warn(
+                    f"torchburn engine {name!r} is unavailable ({available.reason}); skipping it",
+                    TorchburnFallbackWarning,
+                    stacklevel=2,
+                )
+                continue
+            chosen.append(engine)
+        return chosen
+    device = os.environ.get("TORCHBURN_DEVICE", "auto").strip().lower() or "auto"
+    if device not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"TORCHBURN_DEVICE must be auto, cpu or gpu, not {device!r}")
+    candidates = [e for e in installed.values() if device == "auto" or e.device == device]
+    candidates.sort(key=lambda e: (-e.priority, e.name))
+    return [e for e in candidates if e.is_available()]

@@ -1,0 +1,280 @@
+"""Partition an ATen graph across engines, compile each partition, leave the rest eager.
+
+Each engine, in priority order, claims the nodes it accepts; torch's capability-based
+partitioner groups them into connected, cycle-free partitions; partitions too small to pay for
+the crossing stay eager. Each kept partition becomes a ``Plan``, is looked up in the structural
+cache or compiled by its engine, and replaces its sub-graph with one call. Everything left is
+plain eager PyTorch inside the same FX graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from torchburn import catalog, telemetry
+from torchburn._version import PLUGIN_API_VERSION
+from torchburn.cache import graph_cache
+from torchburn.engine import Engine
+from torchburn.nodeinfo import NodeInfo
+from torchburn.options import Options, TorchburnFallbackWarning
+from torchburn.plan import GETITEM, Plan, op_name, plan_from_graph_module
+
+log = logging.getLogger("torchburn")
+
+HEAVY_CATEGORIES = frozenset({"gemm", "conv_pool", "attention", "normalization", "reduction", "loss", "backward"})
+FREE_CATEGORIES = frozenset({"view"})
+
+
+@dataclass
+class PartitionReport:
+    engine: str
+    ops: list[str]
+    status: str  # "compiled", "cache hit", "below cost threshold", "compile failed: ..."
+
+
+@dataclass
+class GraphReport:
+    kind: str  # "forward", "backward", "inference"
+    partitions: list[PartitionReport] = field(default_factory=list)
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (op, reason)
+    engines: list[str] = field(default_factory=list)
+
+    def native_ops(self) -> Counter[str]:
+        c: Counter[str] = Counter()
+        for p in self.partitions:
+            if p.status in ("compiled", "cache hit"):
+                c.update(op for op in p.ops if op != GETITEM)
+        return c
+
+
+def is_compute(op: str) -> bool:
+    return op != GETITEM and catalog.category(op) not in FREE_CATEGORIES
+
+
+def worth_a_partition(ops: list[str], min_size: int) -> bool:
+    if any(catalog.category(op) in HEAVY_CATEGORIES for op in ops):
+        return True
+    return sum(1 for op in ops if is_compute(op)) >= min_size
+
+
+class _EngineSupport(OperatorSupportBase):
+    def __init__(self, engine: Engine, infos: dict[torch.fx.Node, NodeInfo], reasons: dict[torch.fx.Node, list[str]]) -> None:
+        self.engine = engine
+        self.infos = infos
+        self.reasons = reasons
+        self.memo: dict[torch.fx.Node, bool] = {}
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        if node in self.memo:
+            return self.memo[node]
+        if node.target is operator.getitem:
+            parent = node.args[0]
+            ok = isinstance(parent, torch.fx.Node) and self.is_node_supported(submodules, parent)
+        elif not isinstance(node.target, torch._ops.OpOverload):
+            ok = False
+            self.reasons.setdefault(node, []).append(f"{self.engine.name}: not an ATen op")
+        else:
+            info = self.infos.get(node) or self.infos.setdefault(node, NodeInfo.of(node))
+            try:
+                reason = self.engine.check(info)
+            except Exception as exc:  # a buggy checker means "no", not a crash
+                reason = f"checker raised {type(exc).__name__}: {exc}"
+            ok = reason is None
+            if not ok:
+                self.reasons.setdefault(node, []).append(f"{self.engine.name}: {reason}")
+        self.memo[node] = ok
+        return ok
+
+
+def compile_graph(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, kind: str) -> tuple[Callable[..., Any], GraphReport]:
+    """Return (callable taking the graph's inputs, report). Never raises for engine trouble."""
+    report = GraphReport(kind, engines=[e.name for e in engines])
+    if not engines:
+        _record_fallbacks(gm, report, {}, "no engine selected")
+        return gm, report
+    work = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    try:
+        _partition_and_compile(work, engines, opts, report)
+        return work, report
+    except Exception as exc:
+        if opts.fallback == "error":
+            raise
+        warnings.warn(
+            f"torchburn could not partition this {kind} graph ({type(exc).__name__}: {exc}); "
+            "it runs in eager PyTorch",
+            TorchburnFallbackWarning,
+            stacklevel=2,
+        )
+        report = GraphReport(kind, engines=[e.name for e in engines])
+        _record_fallbacks(gm, report, {}, f"partitioning failed: {exc}")
+        return gm, report
+
+
+def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, report: GraphReport) -> None:
+    infos: dict[torch.fx.Node, NodeInfo] = {}
+    reasons: dict[torch.fx.Node, list[str]] = {}
+    small: dict[torch.fx.Node, str] = {}
+    cache = graph_cache()
+    for index, engine in enumerate(engines):
+        support = _EngineSupport(engine, infos, reasons)
+        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+        proposed = partitioner.propose_partitions()
+        kept = []
+        for part in proposed:
+            ops = [op_name(n.target) for n in part.nodes]
+            if worth_a_partition(ops, opts.min_partition_size):
+                kept.append(part)
+            else:
+                for n in part.nodes:
+                    small[n] = f"{engine.name}: below cost threshold (min_partition_size={opts.min_partition_size})"
+        if not kept:
+            continue
+        for part in kept:
+            for n in part.nodes:
+                small.pop(n, None)
+        prefix = f"tb_{index}_{engine.name}_"
+        partitioner.fuse_partitions(kept, prefix=prefix)
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and str(node.target).startswith(prefix):
+                _compile_partition(gm, node, engine, opts, cache, report)
+    gm.graph.lint()
+    gm.recompile()
+    for node, reason in small.items():
+        reasons[node] = [reason]
+    _record_fallbacks(gm, report, reasons, "no engine accepts it", engines)
+
+
+def _compile_partition(gm: torch.fx.GraphModule, node: torch.fx.Node, engine: Engine, opts: Options, cache: Any, report: GraphReport) -> None:
+    sub = getattr(gm, str(node.target))
+    plan = plan_from_graph_module(sub)
+    ops = list(plan.ops())
+    key = plan.key(engine.name, engine.version(), torch.__version__, str(PLUGIN_API_VERSION))
+    try:
+        if opts.cache:
+            hits_before = cache.stats.hits + cache.stats.disk_hits
+            compiled = cache.get_or_compile(key, engine, plan)
+            status = "cache hit" if cache.stats.hits + cache.stats.disk_hits > hits_before else "compiled"
+        else:
+            compiled = engine.compile(plan)
+            status = "compiled"
+    except Exception as exc:
+        if opts.fallback == "error":
+            raise
+        status = f"compile failed: {type(exc).__name__}: {exc}"
+        warnings.warn(
+            f"torchburn engine {engine.name!r} failed to compile a partition of {len(ops)} ops "
+            f"({type(exc).__name__}: {exc}); it runs in eager PyTorch",
+            TorchburnFallbackWarning,
+            stacklevel=2,
+        )
+        report.partitions.append(PartitionReport(engine.name, ops, status))
+        return  # the fused sub-module stays in the graph and runs eagerly
+    report.partitions.append(PartitionReport(engine.name, ops, status))
+    runner = _runner(compiled, sub, engine.name, len(report.partitions), opts)
+    with gm.graph.inserting_before(node):
+        call = gm.graph.call_function(runner, tuple(node.args), dict(node.kwargs))
+    call.meta = dict(node.meta)
+    node.replace_all_uses_with(call)
+    gm.graph.erase_node(node)
+    # Keep the eager sub-module reachable from the runner only.
+    delattr(gm, str(node.target))
+
+
+def _runner(compiled: Callable[..., Any], eager: Callable[..., Any], engine: str, index: int, opts: Options) -> Callable[..., Any]:
+    broken: list[BaseException] = []
+    strict = opts.fallback == "error"
+
+    def run(*args: Any) -> Any:
+        if broken:
+            return eager(*args)
+        try:
+            return compiled(*args)
+        except Exception as exc:
+            if strict:
+                raise
+            broken.append(exc)
+            warnings.warn(
+                f"torchburn engine {engine!r} failed while running a partition "
+                f"({type(exc).__name__}: {exc}); this partition runs in eager PyTorch from now on",
+                TorchburnFallbackWarning,
+                stacklevel=2,
+            )
+            return eager(*args)
+
+    run.__name__ = run.__qualname__ = f"tb_{engine}_partition_{index}"
+    run.torchburn_compiled = compiled  # type: ignore[attr-defined]
+    return run
+
+
+_warned: set[str] = set()
+MAX_FALLBACK_WARNINGS = 20
+
+
+def _record_fallbacks(
+    gm: torch.fx.GraphModule,
+    report: GraphReport,
+    reasons: dict[torch.fx.Node, list[str]],
+    default: str,
+    engines: list[Engine] = (),  # type: ignore[assignment]
+) -> None:
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        why = reasons.get(node)
+        if not why and engines:
+            # The partitioner may not have asked about this node (it was never a candidate):
+            # ask each engine now so the user sees a real reason.
+            support = _EngineSupport(engines[0], {}, {})
+            why = []
+            for engine in engines:
+                support.engine, support.memo = engine, {}
+                support.reasons = {}
+                if not support.is_node_supported(None, node):
+                    why.extend(support.reasons.get(node, []))
+        report.fallbacks.append((op_name(node.target), "; ".join(why or []) or default))
+
+
+def warn_fallbacks(report: GraphReport, opts: Options) -> None:
+    if not opts.warn or not report.engines:
+        return
+    for op, reason in report.fallbacks:
+        if op in _warned or not is_compute(op):
+            continue
+        if len(_warned) >= MAX_FALLBACK_WARNINGS:
+            return
+        _warned.add(op)
+        suffix = " (further fallback warnings are suppressed)" if len(_warned) == MAX_FALLBACK_WARNINGS else ""
+        warnings.warn(
+            f"torchburn: {op} runs in eager PyTorch ({reason}){suffix}",
+            TorchburnFallbackWarning,
+            stacklevel=3,
+        )
+
+
+def make_record(report: GraphReport) -> telemetry.GraphRecord:
+    native: Counter[str] = Counter()
+    for p in report.partitions:
+        if p.status in ("compiled", "cache hit"):
+            native.update(f"{p.engine}:{op}" for op in p.ops if op != GETITEM)
+    fallback: Counter[str] = Counter(op for op, _ in report.fallbacks)
+    for p in report.partitions:
+        if p.status.startswith("compile failed"):
+            fallback.update(op for op in p.ops if op != GETITEM)
+    return telemetry.new_record(native, fallback)
+
+
+__all__ = ["GraphReport", "PartitionReport", "compile_graph", "make_record", "warn_fallbacks", "Plan"]
