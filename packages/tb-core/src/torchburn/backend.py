@@ -22,9 +22,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """Core ATen decompositions, minus the ops engines want to see whole (see catalog.KEPT_OPS)."""
     from torch._decomp import core_aten_decompositions
 
+    from torchburn.decompositions import EXTRA_DECOMPOSITIONS
+
     table = dict(core_aten_decompositions())
     kept = set(kept_op_names())
-    return {op: fn for op, fn in table.items() if str(op) not in kept}
+    table = {op: fn for op, fn in table.items() if str(op) not in kept}
+    table.update(EXTRA_DECOMPOSITIONS)
+    return table
 
 
 def torchburn_backend(

@@ -1,0 +1,145 @@
+"""One entry point for everything: lint, tests per engine, rust, integration, bench, docs, build, demo.
+
+    nox -s ci        # what CI runs: lint + every test session + integration
+    nox -s demo      # the README demo
+    nox -l           # every session
+
+uv is the venv backend when present; torch comes from uv's cache, so a new environment links
+it instead of downloading ~3 GB again. Environments are reused between runs.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import nox
+
+ROOT = pathlib.Path(__file__).parent
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["ci"]
+
+PYTHON = "3.11"
+CORE = "packages/tb-core"
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout"]
+
+# engine name -> (package folder, extra pip args). Only packages that exist take part.
+ENGINE_PACKAGES: dict[str, str] = {
+    "example": "examples/tb-example-engine",
+    "native_cpu": "packages/tb-cpu-rust",
+    "cython_dispatch": "packages/tb-cython-dispatch",
+    "wgpu": "packages/tb-wgpu",
+    "llm": "packages/tb-llm",
+}
+ENGINES = ["core"] + [name for name, path in ENGINE_PACKAGES.items() if (ROOT / path / "pyproject.toml").exists()]
+
+
+def _install_core(session: nox.Session, *extra: str) -> None:
+    session.install(*TEST_TOOLS, "transformers>=4.40", "numpy")
+    session.install("-e", CORE, *extra)
+
+
+def _install_package(session: nox.Session, path: str) -> None:
+    if (ROOT / path / "Cargo.toml").exists():
+        # A release build: the tests measure nothing, but debug Rust kernels are 10-50x slower.
+        session.install("maturin>=1.5")
+        session.run("maturin", "develop", "--release", "-m", f"{path}/pyproject.toml", env={"VIRTUAL_ENV": session.virtualenv.location})
+    else:
+        session.install("-e", path)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("engine", ENGINES)
+def tests(session: nox.Session, engine: str) -> None:
+    """Each engine in its own environment with only tb-core + that engine installed."""
+    _install_core(session)
+    args = session.posargs or []
+    if engine == "core":
+        session.run("pytest", f"{CORE}/tests", *args)
+        return
+    path = ENGINE_PACKAGES[engine]
+    _install_package(session, path)
+    session.run("pytest", f"{path}/tests", *args)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6", "mypy>=1.10", "-e", CORE)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy", f"{CORE}/src/torchburn")
+    session.run("python", "scripts/generate_op_catalog.py", "--check")
+    session.run("python", "scripts/generate_docs.py", "--check")
+
+
+@nox.session(python=PYTHON)
+def rust(session: nox.Session) -> None:
+    """cargo test + clippy for tb-cpu-rust."""
+    manifest = ROOT / "packages/tb-cpu-rust/Cargo.toml"
+    if not manifest.exists():
+        session.skip("packages/tb-cpu-rust does not exist yet")
+    session.run("cargo", "test", "--release", "--manifest-path", str(manifest), external=True)
+    session.run("cargo", "clippy", "--release", "--manifest-path", str(manifest), "--", "-D", "warnings", external=True)
+
+
+def _install_everything(session: nox.Session) -> None:
+    _install_core(session)
+    for engine in ENGINES[1:]:
+        _install_package(session, ENGINE_PACKAGES[engine])
+
+
+@nox.session(python=PYTHON)
+def integration(session: nox.Session) -> None:
+    """Every installed engine together, on the model set."""
+    _install_everything(session)
+    session.run("pytest", "integration_tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: same-run interleaved ratios against eager and inductor; writes docs/benchmarks.md."""
+    _install_everything(session)
+    session.install("matplotlib")
+    session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Regenerate the generated doc pages (op coverage, env vars) and build the site."""
+    _install_everything(session)
+    session.install("mkdocs>=1.6")
+    session.run("python", "scripts/generate_docs.py")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Wheel + sdist of every package into dist/."""
+    session.install("build", "twine", "maturin>=1.5")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for path in [CORE, *[ENGINE_PACKAGES[e] for e in ENGINES[1:]]]:
+        if (ROOT / path / "Cargo.toml").exists():
+            session.run("maturin", "build", "--release", "--sdist", "-m", f"{path}/pyproject.toml", "-o", str(dist))
+        else:
+            session.run("python", "-m", "build", "--installer", "uv", "--outdir", str(dist), path)
+    session.run("twine", "check", *[str(p) for p in dist.iterdir()])
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """Compile the README model with every installed engine; check it against eager; print speed and coverage."""
+    _install_everything(session)
+    session.run("torchburn", "demo", *session.posargs)
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """Everything CI checks, in order; stops at the first failure."""
+    session.notify("lint")
+    for engine in ENGINES:
+        session.notify(f"tests(engine='{engine}')")
+    session.notify("rust")
+    session.notify("integration")
+
