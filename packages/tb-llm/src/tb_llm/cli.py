@@ -1,0 +1,107 @@
+"""``python -m tb_llm chat|generate|benchmark`` (also ``torchburn llm ...``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="llm_command", metavar="{chat,generate,benchmark}")
+    sub.required = True
+    for name, help_text in (
+        ("chat", "interactive multi-turn chat (the KV cache is kept across turns)"),
+        ("generate", "complete one prompt"),
+        ("benchmark", "prefill and decode speed, memory and engine"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--model", "-m", required=True, help="local folder or Hugging Face repo id")
+        p.add_argument("--quant", "-q", default="fp32", choices=["fp32", "bf16", "int8", "int4"])
+        p.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size")
+        p.add_argument("--device", "-d", default="auto", choices=["auto", "cpu", "gpu"])
+        p.add_argument("--engine", default=None, help="TorchBurn engine whose LLM backend to use (default: best installed)")
+        p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+        p.add_argument("--tokens", "-n", type=int, default=None, help="new tokens to generate")
+        p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+        if name == "benchmark":
+            p.add_argument("--prompt-tokens", type=int, default=128, help="prefill length")
+            p.add_argument("--repeat", type=int, default=3, help="runs; the median is reported")
+            continue
+        p.add_argument("--temperature", "-t", type=float, default=0.0 if name == "generate" else 0.7)
+        p.add_argument("--top-k", type=int, default=0)
+        p.add_argument("--top-p", type=float, default=1.0)
+        p.add_argument("--min-p", type=float, default=0.0)
+        p.add_argument("--repetition-penalty", type=float, default=1.0)
+        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+        if name == "generate":
+            p.add_argument("prompt", nargs="?", default=None, help="the prompt (default: read stdin)")
+            p.add_argument("--stream", action="store_true", help="print tokens as they come")
+            p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+        else:
+            p.add_argument("--system", default=None, help="system prompt")
+            p.add_argument("--stream", action="store_true", help="(chat always streams)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from tb_llm import LLM, LLMError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        llm = LLM.from_pretrained(args.model, quant=args.quant, device=args.device, engine=args.engine, revision=args.revision, group_size=args.group_size)
+    except (LLMError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.llm_command == "benchmark":
+        from tb_llm.bench import benchmark
+
+        r = benchmark(llm, prompt_tokens=args.prompt_tokens, new_tokens=args.tokens or 32, repeat=args.repeat)
+        print(f"model      {llm.path}")
+        print(f"engine     {r['engine']} on {r['device']}, quant {r['quant']}, {torch.get_num_threads()} threads")
+        print(f"load       {r['load_s']:.2f} s (to first token {r['first_token_s']:.2f} s)")
+        print(f"prefill    {r['prefill_tok_s']:.1f} tok/s ({r['prompt_tokens']} tokens)")
+        print(f"decode     {r['decode_tok_s']:.1f} tok/s, {r['ms_per_token']:.2f} ms/token ({r['new_tokens']} tokens)")
+        print(f"memory     weights {r['weight_mb']:.1f} MB, KV cache {r['kv_mb']:.1f} MB, peak RSS {r['peak_rss_mb']:.0f} MB")
+        return 0
+    sampling = dict(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+    if args.llm_command == "chat":
+        llm.chat(system_prompt=args.system, max_new_tokens=args.tokens or 512, **sampling)
+        return 0
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    message = [{"role": "user", "content": prompt}] if args.chat else prompt
+    n = args.tokens or 128
+    if args.stream:
+        out: list = []
+        for delta in llm.stream(message, max_new_tokens=n, result=out, **sampling):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        g = out[0]
+    else:
+        g = llm.generate(message, max_new_tokens=n, **sampling)
+        print(g.text)
+    t = g.timing
+    print(
+        f"[{len(g.token_ids)} tokens, {g.finish_reason}; prefill {t.prefill_tok_s:.1f} tok/s, decode {t.decode_tok_s:.1f} tok/s, engine {llm.engine}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tb_llm", description="Run Hugging Face decoder checkpoints with TorchBurn.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args)

@@ -1,0 +1,62 @@
+"""Where a checkpoint comes from: a local folder, or a Hub repo id through ``huggingface_hub``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tb_llm.errors import LLMError
+
+# Only what tb-llm reads: never *.bin / *.pt (pickles), never the original/ or onnx/ sub-folders.
+ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+IGNORE_PATTERNS = ["*/*"]
+
+
+def resolve(name_or_path: str | os.PathLike[str], revision: str | None = None, token: str | bool | None = None) -> Path:
+    """A local folder holding the checkpoint files (downloading them first if needed).
+
+    ``token``: the argument, else ``HF_TOKEN``, else the token saved by ``hf auth login``
+    (``huggingface_hub.get_token`` looks in both). ``HF_HUB_OFFLINE=1`` serves from the local
+    HF cache (``HF_HUB_CACHE`` / ``HF_HOME``) without touching the network.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    name = str(name_or_path)
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", ""):
+        raise LLMError(f"{name}: not a folder, and not a Hugging Face repo id (expected 'org/name')")
+    try:
+        import huggingface_hub
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - declared dependency
+        raise LLMError("loading from the Hub needs huggingface_hub: pip install huggingface_hub") from exc
+    if token is None:
+        token = huggingface_hub.get_token()
+    try:
+        folder = snapshot_download(
+            repo_id=name,
+            revision=revision,
+            token=token,
+            allow_patterns=ALLOW_PATTERNS,
+            ignore_patterns=IGNORE_PATTERNS,
+        )
+    except Exception as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hint = (
+            " (HF_HUB_OFFLINE is set: the repo must already be in the local HF cache"
+            f" {os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'})"
+            if offline
+            else " (check the repo id, the revision, your network, and HF_TOKEN for gated repos)"
+        )
+        raise LLMError(f"{name}: could not get the checkpoint from the Hugging Face Hub: {type(exc).__name__}: {exc}{hint}") from exc
+    return Path(folder)

@@ -1,0 +1,426 @@
+"""``LLM``: load a checkpoint, then ``generate`` / ``stream`` / ``chat``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+from tb_llm.backends import KernelBackend, resolve_device, select_backend
+from tb_llm.config import ModelConfig, load_config
+from tb_llm.hub import resolve
+from tb_llm.model import Decoder, check_weights
+from tb_llm.quant import QUANTS
+from tb_llm.safetensors_io import CheckpointWeights
+from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
+from tb_llm.tokenizer import IncrementalDecoder, Tokenizer
+
+Message = dict[str, Any]
+Prompt = Union[str, list[Message], list[int]]
+
+
+@dataclass
+class Timing:
+    load_seconds: float = 0.0
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.decode_seconds / self.decode_tokens if self.decode_tokens else 0.0
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str  # "stop": EOS or a stop string; "length": max_new_tokens reached
+    timing: Timing = field(default_factory=Timing)
+
+
+class _Seq:
+    def __init__(self, llm: LLM, prompt_ids: list[int], stop: Sequence[str]) -> None:
+        self.prompt_ids = prompt_ids
+        self.ids: list[int] = []
+        self.decoder = IncrementalDecoder(llm.tokenizer) if llm.tokenizer is not None else None
+        self.text = ""
+        self.emitted = 0
+        self.stop = list(stop)
+        self.finish_reason: str | None = None
+
+    def add(self, token: int, eos: bool) -> None:
+        self.ids.append(token)
+        if eos:
+            self.finish_reason = "stop"
+            return
+        if self.decoder is not None:
+            self.text += self.decoder.push(token)
+            for s in self.stop:
+                at = self.text.find(s)
+                if at >= 0:
+                    self.text = self.text[:at]
+                    self.finish_reason = "stop"
+
+    def finish(self, reason: str) -> None:
+        if self.finish_reason is None:
+            if self.decoder is not None:
+                self.text += self.decoder.flush()
+            self.finish_reason = reason
+
+    def take_delta(self) -> str:
+        """Text that can be shown now: all of it once finished, else all but what could still
+        turn out to be the start of a stop string."""
+        end = len(self.text)
+        if self.finish_reason is None:
+            for s in self.stop:
+                for n in range(min(len(s) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(s[:n]):
+                        end = min(end, len(self.text) - n)
+                        break
+        delta = self.text[self.emitted : end]
+        self.emitted = max(self.emitted, end)
+        return delta
+
+
+class LLM:
+    """A decoder-only language model ready to generate. Create it with :meth:`from_pretrained`."""
+
+    def __init__(self, model: Decoder, tokenizer: Tokenizer | None, path: Path, quant: str, load_seconds: float) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.quant = quant
+        self.load_seconds = load_seconds
+
+    # -- loading --------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        quant: str = "fp32",
+        device: str = "auto",
+        engine: str | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        group_size: int = 32,
+        progress: bool | None = None,
+    ) -> LLM:
+        """Load a Hugging Face decoder checkpoint.
+
+        ``name_or_path``: a folder with ``config.json``, safetensors weights (single file or
+        sharded with ``model.safetensors.index.json``) and ``tokenizer.json``; or a Hub repo id.
+        ``quant``: ``fp32``, ``bf16``, ``int8`` (per output channel) or ``int4`` (group-wise,
+        ``group_size`` 32/64/128). ``device``: ``auto`` (measured probe), ``cpu`` or ``gpu``.
+        ``engine``: an installed TorchBurn engine whose LLM backend to use; ``None`` picks the
+        best installed one, falling back to the PyTorch reference.
+        """
+        if quant not in QUANTS:
+            raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
+        start = time.perf_counter()
+        folder = resolve(name_or_path, revision=revision, token=token)
+        cfg = load_config(folder / "config.json")
+        weights = CheckpointWeights(folder)
+        check_weights(cfg, weights, str(folder / "config.json"))
+        tokenizer = Tokenizer(folder, cfg.raw) if (folder / "tokenizer.json").is_file() else None
+        backend = select_backend(resolve_device(device), engine)
+        bar = _progress_bar(Decoder.linear_count(cfg), f"loading {quant}", progress)
+        try:
+            model = Decoder(cfg, weights, backend, quant, group_size, progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        return cls(model, tokenizer, folder, quant, time.perf_counter() - start)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    @property
+    def backend(self) -> KernelBackend:
+        return self.model.backend
+
+    @property
+    def engine(self) -> str:
+        return str(self.model.backend.name)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.tokenizer is not None and self.tokenizer.eos_token_ids:
+            return self.tokenizer.eos_token_ids
+        return self.config.eos_token_ids
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"LLM({c.model_type}, {c.num_layers} layers, quant={self.quant}, engine={self.engine}, device={self.model.device})"
+
+    # -- prompts --------------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self._tok().encode(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)  # type: ignore[arg-type]
+        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            return self._tok().apply_chat_template(prompt)  # type: ignore[arg-type]
+        raise TypeError("a prompt is a string, a list of chat messages ({'role', 'content'}) or a list of token ids")
+
+    def _tok(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.path}: no tokenizer.json, so prompts must be token ids")
+        return self.tokenizer
+
+    @staticmethod
+    def _is_batch(prompt: Any) -> bool:
+        return isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt) and not all(
+            isinstance(p, dict) for p in prompt
+        )
+
+    # -- generation -----------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Prompt | list[Prompt],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> Generation | list[Generation]:
+        """Generate from one prompt (-> ``Generation``) or a list of prompts as one batch
+        (-> list). Greedy when ``temperature`` is 0."""
+        batch = self._is_batch(prompt)
+        prompts = list(prompt) if batch else [prompt]  # type: ignore[list-item, arg-type]
+        ids = [self.encode(p) for p in prompts]  # type: ignore[arg-type]
+        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
+        seqs = [_Seq(self, p, stop) for p in ids]
+        timing = Timing(load_seconds=self.load_seconds)
+        for _ in self._run(seqs, params, max_new_tokens, seed, ignore_eos, timing):
+            pass
+        out = [Generation(s.text, s.ids, s.prompt_ids, s.finish_reason or "length", timing) for s in seqs]
+        return out if batch else out[0]
+
+    def stream(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        result: list[Generation] | None = None,
+    ) -> Iterator[str]:
+        """Yield text deltas as they are generated; each delta is whole UTF-8 characters.
+        Pass ``result=[]`` to receive the final ``Generation`` in it."""
+        seq = _Seq(self, self.encode(prompt), stop)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
+        timing = Timing(load_seconds=self.load_seconds)
+        for _ in self._run([seq], params, max_new_tokens, seed, ignore_eos, timing):
+            delta = seq.take_delta()
+            if delta:
+                yield delta
+        delta = seq.take_delta()
+        if delta:
+            yield delta
+        if result is not None:
+            result.append(Generation(seq.text, seq.ids, seq.prompt_ids, seq.finish_reason or "length", timing))
+
+    def _run(
+        self,
+        seqs: list[_Seq],
+        params: SamplingParams,
+        max_new_tokens: int,
+        seed: int | None,
+        ignore_eos: bool,
+        timing: Timing,
+        cache: Any = None,
+        feed: list[list[int]] | None = None,
+        start: int = 0,
+    ) -> Iterator[None]:
+        """The prefill + decode loop over a batch; yields after every step.
+
+        ``cache``/``feed``/``start``: continue an existing cache (chat) by feeding only the
+        tokens after the shared prefix, which sit at positions ``start`` onwards.
+        """
+        model = self.model
+        dev = model.device
+        rows = feed if feed is not None else [s.prompt_ids for s in seqs]
+        if any(not r for r in rows):
+            raise ValueError("empty prompt: encode at least one token")
+        b, n = len(rows), max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+        ids = torch.full((b, n), pad, dtype=torch.long)
+        pos = torch.full((b, n), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, n - len(r) :] = torch.tensor(r)
+            pos[i, n - len(r) :] = torch.arange(start, start + len(r))
+        if cache is None:
+            cache = model.new_cache(b, n + max_new_tokens)
+        else:
+            cache.reserve(cache.length + n + max_new_tokens)
+        eos = set() if ignore_eos else set(self.eos_token_ids)
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        vocab = model.cfg.vocab_size
+        seen = None
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(b, vocab, dtype=torch.bool)
+            for i, s in enumerate(seqs):
+                seen[i, torch.tensor(s.prompt_ids, dtype=torch.long).clamp(0, vocab - 1)] = True
+        last = pos[:, -1].clone()
+        t0 = time.perf_counter()
+        logits = model.forward(ids.to(dev), pos.to(dev), cache)
+        for step in range(max_new_tokens):
+            if seen is not None:
+                logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
+            nxt = sample(logits.float().cpu(), params, gen)
+            now = time.perf_counter()
+            if step == 0:
+                timing.prefill_tokens += sum(len(r) for r in rows)
+                timing.prefill_seconds += now - t0
+            else:
+                timing.decode_tokens += sum(1 for s in seqs if s.finish_reason is None)
+                timing.decode_seconds += now - t0
+            for i, s in enumerate(seqs):
+                if s.finish_reason is None:
+                    tok = int(nxt[i])
+                    s.add(tok, tok in eos)
+            if seen is not None:
+                seen[torch.arange(b), nxt.clamp(0, vocab - 1)] = True
+            if step == max_new_tokens - 1:
+                for s in seqs:
+                    s.finish("length")
+            yield None
+            if all(s.finish_reason is not None for s in seqs):
+                break
+            last = last + 1
+            t0 = time.perf_counter()
+            logits = model.forward(nxt[:, None].to(dev), last[:, None].to(dev), cache)
+        for s in seqs:
+            s.finish("length")
+        self._last_cache = cache
+
+    # -- chat -----------------------------------------------------------------------------
+    def chat_session(self, system_prompt: str | None = None) -> ChatSession:
+        return ChatSession(self, system_prompt)
+
+    def chat(
+        self,
+        system_prompt: str | None = None,
+        max_new_tokens: int = 512,
+        input_fn: Callable[[str], str] = input,
+        output: Any = None,
+        **sampling: Any,
+    ) -> None:
+        """Interactive multi-turn chat on the terminal. ``/reset`` forgets the conversation,
+        ``/exit`` (or end of input) leaves. The KV cache is kept across turns: each turn only
+        prefills the tokens the previous turns did not already hold."""
+        out = output or sys.stdout
+        session = self.chat_session(system_prompt)
+        while True:
+            try:
+                line = input_fn(">>> ")
+            except (EOFError, KeyboardInterrupt):
+                out.write("\n")
+                break
+            if line.strip() in ("/exit", "/quit"):
+                break
+            if line.strip() == "/reset":
+                session.reset()
+                continue
+            if not line.strip():
+                continue
+            for delta in session.stream(line, max_new_tokens=max_new_tokens, **sampling):
+                out.write(delta)
+                out.flush()
+            t = session.last.timing if session.last else Timing()
+            out.write(f"\n[{t.prefill_tokens} prompt tokens at {t.prefill_tok_s:.1f} tok/s, {t.decode_tok_s:.1f} tok/s]\n")
+
+
+class ChatSession:
+    """A conversation whose KV cache survives between turns."""
+
+    def __init__(self, llm: LLM, system_prompt: str | None = None) -> None:
+        self.llm = llm
+        self.system_prompt = system_prompt
+        self.last: Generation | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        self.cache: Any = self.llm.model.new_cache(1, 256)
+        self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order
+
+    def send(self, text: str, **kwargs: Any) -> Generation:
+        for _ in self.stream(text, **kwargs):
+            pass
+        assert self.last is not None
+        return self.last
+
+    def stream(
+        self,
+        text: str,
+        max_new_tokens: int = 512,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        self.messages.append({"role": "user", "content": text})
+        ids = self.llm._tok().apply_chat_template(self.messages, add_generation_prompt=True)
+        common = 0
+        for a, b in zip(self.cached, ids[:-1]):  # keep >= 1 token to feed
+            if a != b:
+                break
+            common += 1
+        self.cache.truncate(common)
+        seq = _Seq(self.llm, ids, stop)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
+        timing = Timing()
+        for _ in self.llm._run([seq], params, max_new_tokens, seed, False, timing, cache=self.cache, feed=[ids[common:]], start=common):
+            delta = seq.take_delta()
+            if delta:
+                yield delta
+        delta = seq.take_delta()
+        if delta:
+            yield delta
+        # Every generated token but the last was fed back, so the cache holds prompt + those.
+        self.cached = ids + seq.ids[:-1]
+        self.messages.append({"role": "assistant", "content": seq.text})
+        self.last = Generation(seq.text, seq.ids, ids, seq.finish_reason or "length", timing)
+
+
+def _progress_bar(total: int, desc: str, enabled: bool | None) -> Any:
+    if enabled is None:
+        enabled = sys.stderr.isatty() and total > 64
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="tensor", leave=False)

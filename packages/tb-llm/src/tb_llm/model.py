@@ -1,0 +1,305 @@
+"""The decoder: config-driven, one implementation for every supported family.
+
+Weights are loaded from safetensors, checked against the config, quantized and handed to the
+kernel backend; the forward pass calls only backend kernels and cheap tensor glue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tb_llm.backends import KernelBackend
+from tb_llm.config import ModelConfig
+from tb_llm.errors import CheckpointError
+from tb_llm.kv_cache import KVCache
+from tb_llm.quant import QuantWeight, quantize
+from tb_llm.safetensors_io import CheckpointWeights
+
+
+@dataclass
+class Linear:
+    handle: Any
+    bias: torch.Tensor | None
+    out_features: int
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    post_attn_norm: torch.Tensor
+    pre_ff_norm: torch.Tensor | None
+    post_ff_norm: torch.Tensor | None
+    qkv: list[Linear]  # [q, k, v] or [qkv] when fused
+    o: Linear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    gate_up: list[Linear]  # [gate, up] or [gate_up] when fused
+    down: Linear
+    sliding: bool
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config implies, with its shape."""
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    fam = cfg.family
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        if fam.sandwich_norms:
+            out[p + "pre_feedforward_layernorm.weight"] = (h,)
+            out[p + "post_feedforward_layernorm.weight"] = (h,)
+        a = p + "self_attn."
+        if fam.fused_qkv:
+            out[a + "qkv_proj.weight"] = (q + 2 * kv, h)
+        else:
+            for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+                out[a + name + ".weight"] = (rows, h)
+                if cfg.attention_bias:
+                    out[a + name + ".bias"] = (rows,)
+        out[a + "o_proj.weight"] = (h, q)
+        if cfg.o_bias:
+            out[a + "o_proj.bias"] = (h,)
+        if fam.qk_norm:
+            out[a + "q_norm.weight"] = (d,)
+            out[a + "k_norm.weight"] = (d,)
+        m = p + "mlp."
+        if fam.fused_gate_up:
+            out[m + "gate_up_proj.weight"] = (2 * i, h)
+        else:
+            out[m + "gate_proj.weight"] = (i, h)
+            out[m + "up_proj.weight"] = (i, h)
+            if cfg.mlp_bias:
+                out[m + "gate_proj.bias"] = (i,)
+                out[m + "up_proj.bias"] = (i,)
+        out[m + "down_proj.weight"] = (h, i)
+        if cfg.mlp_bias:
+            out[m + "down_proj.bias"] = (h,)
+    return out
+
+
+def check_weights(cfg: ModelConfig, weights: CheckpointWeights, config_path: str) -> None:
+    want = expected_shapes(cfg)
+    for name, shape in want.items():
+        if name not in weights:
+            raise CheckpointError(
+                config_path, f"config implies tensor {name!r} {list(shape)}, but no safetensors file in {weights.folder} has it"
+            )
+        got = weights.info(name).shape
+        if got != shape:
+            raise CheckpointError(
+                weights.path_of(name), f"tensor {name!r} has shape {list(got)} but {config_path} implies {list(shape)}"
+            )
+    for name in weights:
+        if name.startswith("model.layers."):
+            idx = int(name.split(".")[2]) if name.split(".")[2].isdigit() else -1
+            if idx >= cfg.num_layers:
+                raise CheckpointError(
+                    weights.path_of(name),
+                    f"has tensor {name!r} for layer {idx}, but {config_path} says num_hidden_layers={cfg.num_layers}",
+                )
+
+
+class Decoder:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: CheckpointWeights,
+        backend: KernelBackend,
+        quant: str,
+        group_size: int = 32,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.cfg, self.backend, self.quant = cfg, backend, quant
+        self.dtype = backend.compute_dtype(quant)
+        self.device = backend.device
+        dev = self.device
+
+        def small(name: str) -> torch.Tensor:  # norms and biases stay in the compute dtype
+            t = weights.get(name)
+            return t.to(device=dev, dtype=torch.float32 if cfg.family.norm_offset else self.dtype)
+
+        def bias(name: str) -> torch.Tensor | None:
+            return weights.get(name).to(device=dev, dtype=self.dtype) if name in weights else None
+
+        def linear(name: str) -> Linear:
+            w = weights.get(name + ".weight")
+            handle = backend.prepare_linear(quantize(w, quant, group_size))
+            if progress:
+                progress(1)
+            return Linear(handle, bias(name + ".bias"), int(w.shape[0]))
+
+        embed = weights.get("model.embed_tokens.weight")
+        self.embed: QuantWeight = quantize(embed, quant, group_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head = Linear(backend.prepare_linear(self.embed), None, cfg.vocab_size)
+        else:
+            self.lm_head = linear("lm_head")
+        self.norm = small("model.norm.weight")
+        fam = cfg.family
+        self.layers: list[Layer] = []
+        for n in range(cfg.num_layers):
+            p = f"model.layers.{n}."
+            a, m = p + "self_attn.", p + "mlp."
+            self.layers.append(
+                Layer(
+                    input_norm=small(p + "input_layernorm.weight"),
+                    post_attn_norm=small(p + "post_attention_layernorm.weight"),
+                    pre_ff_norm=small(p + "pre_feedforward_layernorm.weight") if fam.sandwich_norms else None,
+                    post_ff_norm=small(p + "post_feedforward_layernorm.weight") if fam.sandwich_norms else None,
+                    qkv=[linear(a + "qkv_proj")] if fam.fused_qkv else [linear(a + x) for x in ("q_proj", "k_proj", "v_proj")],
+                    o=linear(a + "o_proj"),
+                    q_norm=small(a + "q_norm.weight") if fam.qk_norm else None,
+                    k_norm=small(a + "k_norm.weight") if fam.qk_norm else None,
+                    gate_up=[linear(m + "gate_up_proj")] if fam.fused_gate_up else [linear(m + "gate_proj"), linear(m + "up_proj")],
+                    down=linear(m + "down_proj"),
+                    sliding=cfg.sliding_layers[n] if cfg.sliding_layers else False,
+                )
+            )
+        self._inv_freq = _inv_freq(cfg)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def linear_count(cfg: ModelConfig) -> int:
+        per_layer = (1 if cfg.family.fused_qkv else 3) + 1 + (1 if cfg.family.fused_gate_up else 2) + 1
+        return cfg.num_layers * per_layer + (0 if cfg.tie_word_embeddings else 1)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        c = self.cfg
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, capacity, self.dtype, self.device)
+
+    # -- RoPE ---------------------------------------------------------------------------
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rope = self.cfg.rope
+        pos = positions.clamp(min=0)
+        if rope.rope_type == "dynamic":
+            inv = _inv_freq(self.cfg, seq_len=int(pos.max()) + 1)
+            freqs = pos[..., None].float() * inv.to(pos.device)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        need = int(pos.max()) + 1
+        if self._rope_cache is None or self._rope_cache[0].shape[0] < need:
+            n = max(need, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 256))
+            t = torch.arange(n, dtype=torch.float32)
+            freqs = t[:, None] * self._inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_cache = (emb.cos().to(self.device, self.dtype), emb.sin().to(self.device, self.dtype))
+        cos, sin = self._rope_cache
+        return cos[pos], sin[pos]
+
+    # -- forward ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = True) -> torch.Tensor:
+        """Run ``ids`` ``[B, T]`` at ``positions`` ``[B, T]`` (-1: padding) through the model,
+        appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
+        cfg, be = self.cfg, self.backend
+        b, t = ids.shape
+        cache.begin(positions)
+        x = be.embedding(ids, self.embed).to(self.dtype)
+        if cfg.family.embed_scale:
+            x = x * torch.tensor(math.sqrt(cfg.hidden_size), dtype=x.dtype)
+        cos, sin = self._cos_sin(positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        full_mask, window_mask = self._masks(positions, cache)
+        h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        eps, off = cfg.rms_norm_eps, cfg.family.norm_offset
+        x = x.reshape(b * t, -1)
+        for i, layer in enumerate(self.layers):
+            r = x
+            h = be.rms_norm(x, layer.input_norm, eps, off)
+            if len(layer.qkv) == 1:
+                qkv = be.linear(h, layer.qkv[0].handle, layer.qkv[0].bias)
+                q, k, v = qkv.split((h_q * d, h_kv * d, h_kv * d), dim=-1)
+            else:
+                q, k, v = (be.linear(h, lin.handle, lin.bias) for lin in layer.qkv)
+            q = q.reshape(b, t, h_q, d).transpose(1, 2)
+            k = k.reshape(b, t, h_kv, d).transpose(1, 2)
+            v = v.reshape(b, t, h_kv, d).transpose(1, 2)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = be.rms_norm(q, layer.q_norm, eps, off)
+                k = be.rms_norm(k, layer.k_norm, eps, off)
+            q = be.rope(q, cos, sin)
+            k = be.rope(k, cos, sin)
+            k_all, v_all = cache.write(i, k, v)
+            mask = window_mask if layer.sliding and window_mask is not None else full_mask
+            o = be.attention(q.contiguous(), k_all, v_all, mask, cfg.attn_scale, cfg.attn_softcap)
+            o = o.transpose(1, 2).reshape(b * t, h_q * d)
+            h = be.linear(o, layer.o.handle, layer.o.bias)
+            if layer.pre_ff_norm is not None:
+                h = be.rms_norm(h, layer.post_attn_norm, eps, off)
+                x = r + h
+                r = x
+                h = be.rms_norm(x, layer.pre_ff_norm, eps, off)
+            else:
+                x = r + h
+                r = x
+                h = be.rms_norm(x, layer.post_attn_norm, eps, off)
+            if len(layer.gate_up) == 1:
+                gu = be.linear(h, layer.gate_up[0].handle, layer.gate_up[0].bias)
+                gate, up = gu.chunk(2, dim=-1)
+            else:
+                gate = be.linear(h, layer.gate_up[0].handle, layer.gate_up[0].bias)
+                up = be.linear(h, layer.gate_up[1].handle, layer.gate_up[1].bias)
+            h = be.linear(be.gated_act(gate, up, cfg.hidden_act), layer.down.handle, layer.down.bias)
+            if layer.post_ff_norm is not None:
+                h = be.rms_norm(h, layer.post_ff_norm, eps, off)
+            x = r + h
+        cache.commit(t)
+        x = x.reshape(b, t, -1)
+        if last_only:
+            x = x[:, -1]
+        x = be.rms_norm(x, self.norm, eps, off)
+        shape = x.shape[:-1]
+        logits = be.linear(x.reshape(-1, x.shape[-1]), self.lm_head.handle, None).float().reshape(*shape, -1)
+        if cfg.final_softcap:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
+
+    def _masks(self, positions: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        end = cache.length + positions.shape[1]
+        kpos = cache.pos[:, :end]  # [B, S]
+        qpos = positions  # [B, T]
+        valid = (kpos >= 0)[:, None, :]
+        diff = qpos[:, :, None] - kpos[:, None, :]
+        full = valid & (diff >= 0)
+        window = None
+        if self.cfg.sliding_window is not None and any(self.cfg.sliding_layers):
+            window = full & (diff < self.cfg.sliding_window)
+        return _no_empty_rows(full).unsqueeze(1), (_no_empty_rows(window).unsqueeze(1) if window is not None else None)
+
+
+def _no_empty_rows(mask: torch.Tensor) -> torch.Tensor:
+    # A padding query sees no key; letting it see all of them avoids NaN (its output is unused).
+    empty = ~mask.any(dim=-1, keepdim=True)
+    return mask | empty
+
+
+def _inv_freq(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tensor:
+    rope = cfg.rope
+    dim = rope.rotary_dim
+    base = rope.theta
+    if rope.rope_type == "dynamic" and seq_len is not None and seq_len > cfg.max_position:
+        base = base * ((rope.factor * seq_len / cfg.max_position) - (rope.factor - 1)) ** (dim / (dim - 2))
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rope.rope_type == "linear":
+        inv = inv / rope.factor
+    elif rope.rope_type == "llama3":
+        old = rope.original_max_position
+        low_wl = old / rope.low_freq_factor
+        high_wl = old / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / rope.factor, inv)
+        smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv

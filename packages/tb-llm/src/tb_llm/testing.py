@@ -1,0 +1,133 @@
+"""Tiny random checkpoints for tests, docs and benchmarks (needs ``transformers``).
+
+``make_checkpoint(arch, folder)`` writes what a Hub repo holds: ``config.json``,
+``model.safetensors`` (through ``save_pretrained``), ``generation_config.json``, and a
+byte-level BPE ``tokenizer.json`` trained with ``tokenizers`` plus ``tokenizer_config.json``
+with a chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "TorchBurn runs language models on the hardware you already have.",
+    "Les élèves étudient à l'école; naïve café crème brûlée.",
+    "Grüße aus München: Straße, Äpfel, Öl, Übung.",
+    "日本語のテキストも少し含めます。東京は大きい都市です。",
+    "Emoji: 🙂 🚀 🔥 and symbols € £ ¥ — “quotes”.",
+    "def main():\n    print('hello')\n    return 0\n",
+]
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+SMALL: dict[str, Any] = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, head_dim=16
+)
+
+ARCHS: dict[str, dict[str, Any]] = {
+    "llama": dict(model_type="llama"),
+    "llama3-rope": dict(
+        model_type="llama",
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "llama-linear-rope": dict(model_type="llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3"),
+    "mistral": dict(model_type="mistral", sliding_window=8),
+    "phi3": dict(model_type="phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "gemma": dict(model_type="gemma"),
+    "gemma2": dict(model_type="gemma2", sliding_window=8, query_pre_attn_scalar=16),
+}
+
+
+def train_tokenizer(folder: Path, vocab_size: int = 384) -> int:
+    """Write tokenizer.json + tokenizer_config.json; return the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "chat_template": CHAT_TEMPLATE, "model_max_length": 2048},
+            indent=1,
+        )
+    )
+    return int(tok.get_vocab_size())
+
+
+def make_checkpoint(arch: str, folder: str | Path, seed: int = 0, std: float = 0.08, **overrides: Any) -> Path:
+    """A tiny random ``arch`` model saved as a Hub-style folder; returns the folder."""
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = train_tokenizer(folder)
+    spec = dict(ARCHS[arch])
+    model_type = spec.pop("model_type")
+    kwargs: dict[str, Any] = {**SMALL, "vocab_size": vocab, "max_position_embeddings": 2048, **spec, **overrides}
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    kwargs.update(bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"], pad_token_id=ids["<pad>"])
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():  # larger weights than HF's init: decisive argmaxes, real attention patterns
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if model_type.startswith("gemma") else 1.0))
+            else:
+                p.normal_(0.0, std)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [ids["<eos>"], ids["<|end|>"]], "bos_token_id": ids["<bos>"]}))
+    return folder
+
+
+def reference_greedy(folder: str | Path, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """Greedy continuation by transformers, recomputing the whole sequence each step (no cache)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([prompt_ids])
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(ids, use_cache=False).logits[0, -1]
+            nxt = int(logits.argmax())
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return out
+
+
+def reference_logits(folder: str | Path, ids: list[int]) -> Any:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids]), use_cache=False).logits[0]
