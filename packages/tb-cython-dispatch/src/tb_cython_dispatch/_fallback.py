@@ -1,0 +1,294 @@
+"""Pure-Python implementation of ``tb_cython_dispatch._dispatch`` (same API, same behaviour).
+
+Used where the extension is not built (an sdist installed without a compiler, or
+``TORCHBURN_DISPATCH_IMPL=python``). The test suite runs against this module and the compiled
+one alike. Keep the two in step: a change here is a change in ``_dispatch.pyx``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.modules.module as _module_mod
+
+IMPLEMENTATION = "python"
+
+_Tensor = torch.Tensor
+_strided = torch.strided
+_is_grad_enabled = torch.is_grad_enabled
+_is_inference = torch.is_inference_mode_enabled
+_is_tracing = torch._C._is_tracing
+_G = _module_mod.__dict__
+_linear = torch._C._nn.linear
+_relu_ = torch.relu_
+
+K_CALL, K_LINEAR, K_LINEAR_RELU, K_UNARY, K_UNARY_ARG, K_IDENTITY = range(6)
+
+
+class OpStats:
+    __slots__ = ("entries", "hits", "invalidations", "misses")
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.entries = self.invalidations = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "entries": self.entries, "invalidations": self.invalidations}
+
+
+class DispatchCache:
+    def __init__(self, enabled: bool = True, max_entries_per_site: int = 8) -> None:
+        self.enabled = enabled
+        self.epoch = 0
+        self.max_entries_per_site = max_entries_per_site
+        self._stats: dict[str, OpStats] = {}
+
+    def stats(self, op: str) -> OpStats:
+        s = self._stats.get(op)
+        if s is None:
+            s = self._stats[op] = OpStats()
+        return s
+
+    def info(self) -> dict[str, dict[str, int]]:
+        return {op: s.as_dict() for op, s in sorted(self._stats.items())}
+
+    def clear(self) -> None:
+        self.epoch += 1
+        self._stats = {}
+
+
+CACHE = DispatchCache()
+
+
+class Site:
+    __slots__ = ("epoch", "last_entry", "last_key", "op", "resolver", "stats", "table")
+
+    def __init__(self, op: str, resolver: Callable[[Any, Any], Any]) -> None:
+        self.op = op
+        self.resolver = resolver
+        self.last_key: Any = None
+        self.last_entry: Any = None
+        self.table: dict[Any, Any] = {}
+        self.epoch = CACHE.epoch
+        self.stats = CACHE.stats(op)
+
+    def lookup(self, owner: Any, key: Any) -> Any:
+        if self.epoch != CACHE.epoch:
+            self._reset()
+        if self.last_key is not None and (self.last_key is key or self.last_key == key):
+            self.stats.hits += 1
+            return self.last_entry
+        entry = self.table.get(key)
+        if entry is not None:
+            self.stats.hits += 1
+        else:
+            self.stats.misses += 1
+            entry = self.resolver(owner, key)
+            if len(self.table) >= CACHE.max_entries_per_site:
+                self.table.pop(next(iter(self.table)))
+                self.stats.invalidations += 1
+                self.stats.entries -= 1
+            self.table[key] = entry
+            self.stats.entries += 1
+        self.last_key = key
+        self.last_entry = entry
+        return entry
+
+    def invalidate(self) -> None:
+        self.stats.invalidations += len(self.table)
+        self.stats.entries -= len(self.table)
+        self.table.clear()
+        self.last_key = None
+        self.last_entry = None
+
+    def _reset(self) -> None:
+        self.stats = CACHE.stats(self.op)
+        self.table.clear()
+        self.last_key = None
+        self.last_entry = None
+        self.epoch = CACHE.epoch
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __del__(self) -> None:
+        try:
+            if self.epoch == CACHE.epoch:
+                self.stats.entries -= len(self.table)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def tensor_key(x: Any) -> Any:
+    if type(x) is not _Tensor or x.layout is not _strided:
+        return None
+    return (x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
+
+
+def call_key(x: Any) -> Any:
+    tk = tensor_key(x)
+    if tk is None:
+        return None
+    return (tk, _is_grad_enabled(), _is_inference())
+
+
+def hooks_free(module: Any) -> bool:
+    d = module.__dict__
+    if (
+        d.get("_forward_hooks")
+        or d.get("_forward_pre_hooks")
+        or d.get("_backward_hooks")
+        or d.get("_backward_pre_hooks")
+        or d.get("_compiled_call_impl") is not None
+        or "forward" in d
+    ):
+        return False
+    return True
+
+
+def _globals_free() -> bool:
+    return not (
+        _G["_global_forward_hooks"]
+        or _G["_global_forward_pre_hooks"]
+        or _G["_global_backward_hooks"]
+        or _G["_global_backward_pre_hooks"]
+    )
+
+
+def fast_ok(module: Any) -> bool:
+    return CACHE.enabled and _globals_free() and not _is_tracing() and hooks_free(module)
+
+
+def run_steps(steps: tuple[Any, ...], x: Any) -> Any:
+    for step in steps:
+        kind = step[0]
+        child = step[1]
+        if kind == K_CALL:
+            x = child(x)
+        elif kind == K_LINEAR_RELU:
+            params = step[2]
+            w = params.get("weight")
+            if (
+                w is None
+                or not hooks_free(child)
+                or not hooks_free(step[3])
+                or "weight" in child.__dict__
+                or "bias" in child.__dict__
+            ):
+                x = step[3](child(x))
+            else:
+                x = _relu_(_linear(x, w, params.get("bias")))
+        elif not hooks_free(child):
+            x = child(x)
+        elif kind == K_LINEAR:
+            params = step[2]
+            w = params.get("weight")
+            if w is None or "weight" in child.__dict__ or "bias" in child.__dict__:
+                x = child(x)
+            else:
+                x = _linear(x, w, params.get("bias"))
+        elif kind == K_UNARY:
+            x = step[2](x)
+        elif kind == K_UNARY_ARG:
+            x = step[2](x, child.__dict__[step[3]])
+    return x
+
+
+T_FORWARD, T_LINEAR, T_UNARY, T_UNARY_ATTR, T_SEQUENTIAL = range(5)
+_TYPES: dict[type, tuple[Any, ...]] = {}
+_resolvers: list[Any] = [None, None]
+_generic_call = torch.nn.Module.__call__
+SITE_ATTR = "_tb_site_python"
+
+
+def set_resolvers(resolve_type: Any, resolve_sequential: Any) -> None:
+    _resolvers[:] = [resolve_type, resolve_sequential]
+    _TYPES.clear()
+
+
+def module_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not (CACHE.enabled and _globals_free() and not _is_tracing() and hooks_free(module)):
+        return _generic_call(module, *args, **kwargs)
+    cls = type(module)
+    handler = _TYPES.get(cls)
+    if handler is None:
+        handler = _TYPES[cls] = _resolvers[0](cls)
+    kind = handler[0]
+    if kind == T_FORWARD or kwargs or len(args) != 1:
+        return module.forward(*args, **kwargs)
+    x = args[0]
+    if kind == T_LINEAR:
+        params = module._parameters
+        w = params.get("weight")
+        if w is None or "weight" in module.__dict__ or "bias" in module.__dict__:
+            return module.forward(x)
+        return _linear(x, w, params.get("bias"))
+    if type(x) is not _Tensor:  # a subclass may override __torch_function__: keep its forward
+        return module.forward(x)
+    if kind == T_UNARY:
+        return handler[1](x)
+    if kind == T_UNARY_ATTR:
+        return handler[1](x, module.__dict__[handler[2]])
+    key = call_key(x)
+    if key is None:
+        return module.forward(x)
+    site = module.__dict__.get(SITE_ATTR)
+    if site is None:
+        site = module.__dict__[SITE_ATTR] = Site("nn.Sequential", _resolvers[1])
+    children = tuple(module._modules.values())
+    entry = site.lookup(module, key)
+    if entry[0] != children or entry[1] != tuple([type(c) for c in children]):
+        site.invalidate()
+        entry = site.lookup(module, key)
+    return run_steps(entry[2], x)
+
+
+class PlanRunner:
+    def __init__(
+        self,
+        steps: list[tuple[Any, ...]],
+        n_slots: int,
+        n_inputs: int,
+        constants: tuple[Any, ...],
+        out_kinds: tuple[int, ...],
+        out_values: tuple[Any, ...],
+        single: bool,
+    ) -> None:
+        self._steps = steps
+        self._n_slots = n_slots
+        self._n_inputs = n_inputs
+        self._constants = constants
+        self._out_kinds = out_kinds
+        self._out_values = out_values
+        self._single = single
+
+    def __call__(self, *inputs: Any) -> Any:
+        if len(inputs) != self._n_inputs:
+            raise TypeError(f"this compiled partition takes {self._n_inputs} inputs, got {len(inputs)}")
+        values: list[Any] = [None] * self._n_slots
+        values[: self._n_inputs] = inputs
+        n = self._n_inputs
+        values[n : n + len(self._constants)] = self._constants
+        n += len(self._constants)
+        for fn, kinds, vals, kw_names, kw_kinds, kw_vals, release in self._steps:
+            args = [_bind(k, v, values) for k, v in zip(kinds, vals)]
+            if kw_names:
+                kwargs = {name: _bind(k, v, values) for name, k, v in zip(kw_names, kw_kinds, kw_vals)}
+                values[n] = fn(*args, **kwargs)
+            else:
+                values[n] = fn(*args)
+            for slot in release:
+                values[slot] = None
+            n += 1
+        if self._single:
+            return _bind(self._out_kinds[0], self._out_values[0], values)
+        return tuple(_bind(k, v, values) for k, v in zip(self._out_kinds, self._out_values))
+
+
+def _bind(kind: int, value: Any, values: list[Any]) -> Any:
+    if kind == 0:
+        return value
+    if kind == 1:
+        return values[value]
+    out = [_bind(k, v, values) for k, v in value]
+    return out if kind == 2 else tuple(out)
