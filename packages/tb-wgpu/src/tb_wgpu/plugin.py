@@ -1,0 +1,63 @@
+"""Entry-point module of the ``wgpu`` engine. It imports cheaply: no torch or wgpu at top level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torchburn
+
+PLUGIN_API_VERSION = 1
+
+# Priority when the adapter is a real GPU, and when it is a CPU rasterizer such as lavapipe
+# (slower than the CPU engines, so it is only chosen by name or when nothing else is there).
+GPU_PRIORITY = 40
+SOFTWARE_PRIORITY = 5
+
+
+class WgpuEngine(torchburn.Engine):
+    name = "wgpu"
+    device = "gpu"
+    distribution = "tb-wgpu"
+
+    @property  # type: ignore[override]
+    def priority(self) -> int:
+        from tb_wgpu.device import probe
+
+        ctx, _ = probe()
+        if ctx is None:
+            return 0
+        return SOFTWARE_PRIORITY if ctx.is_software else GPU_PRIORITY
+
+    def is_available(self) -> torchburn.Availability:
+        from tb_wgpu.device import probe
+
+        ctx, reason = probe()
+        return torchburn.Availability(ctx is not None, reason)
+
+    def describe(self) -> dict[str, Any]:
+        from tb_wgpu.device import probe
+
+        ctx, reason = probe()
+        return ctx.describe() if ctx is not None else {"reason": reason}
+
+    def check(self, node: torchburn.NodeInfo) -> str | None:
+        from tb_wgpu.support import check
+
+        return check(node)
+
+    def compile(self, plan: torchburn.Plan) -> Callable[..., Any]:
+        from tb_wgpu.compiler import compile_plan
+
+        return compile_plan(plan)
+
+    def serialize(self, compiled: Callable[..., Any], plan: torchburn.Plan) -> bytes | None:
+        return None  # pipelines live in the device; the plan is recompiled in a new process
+
+    def deserialize(self, payload: bytes, plan: torchburn.Plan) -> Callable[..., Any] | None:
+        return None
+
+
+@torchburn.hookimpl
+def tb_register_engines() -> list[Any]:
+    return [WgpuEngine]

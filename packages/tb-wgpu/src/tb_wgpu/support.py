@@ -1,0 +1,203 @@
+"""What the wgpu engine accepts, node by node (the reason is shown by ``torchburn.explain``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tb_wgpu.kernels import TABLE
+
+F32 = torch.float32
+INDEX = (torch.int64, torch.int32)
+VIEWS = frozenset(
+    {
+        "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
+        "aten.transpose.int", "aten.t.default", "aten.expand.default", "aten.unsqueeze.default",
+        "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.slice.Tensor",
+        "aten.select.int", "aten.alias.default", "aten.detach.default",
+    }
+)
+COMPARES = frozenset(f"aten.{n}.{k}" for n in ("gt", "lt", "ge", "le", "eq", "ne") for k in ("Tensor", "Scalar"))
+LOGICAL = frozenset(
+    {"aten.logical_not.default", "aten.bitwise_not.default", "aten.logical_and.default", "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor"}
+)
+
+
+def _arg(node: Any, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _metas(node: Any) -> list[Any]:
+    return [*node.inputs, *node.out_metas]
+
+
+def _dtypes_ok(node: Any, allowed: tuple[torch.dtype, ...]) -> str | None:
+    for m in _metas(node):
+        if m.dtype not in allowed:
+            return f"dtype {m.dtype} (wgpu kernels here are float32)"
+    return None
+
+
+def _check_matmul(node: Any) -> str | None:
+    for m in node.inputs:
+        if len(m.shape) not in (1, 2, 3) or (node.op != "aten.addmm.default" and node.op != "aten.baddbmm.default" and len(m.shape) == 1):
+            return f"rank {len(m.shape)} operand"
+    return None
+
+
+def _check_conv(node: Any) -> str | None:
+    if _arg(node, 6, "transposed", False):
+        return "transposed convolution"
+    if len(node.inputs[0].shape) != 4:
+        return "only 2-d convolution"
+    return None
+
+
+def _check_pool(node: Any) -> str | None:
+    ceil_index = 5 if node.op.startswith("aten.max_pool2d") else 4
+    if _arg(node, ceil_index, "ceil_mode", False):
+        return "ceil_mode"
+    if len(node.inputs[0].shape) not in (3, 4):
+        return "pooling needs 3-d or 4-d input"
+    return None
+
+
+def _check_sdpa(node: Any) -> str | None:
+    if _arg(node, 3, "dropout_p", 0.0):
+        return "dropout in attention"
+    q = node.inputs[0]
+    v = node.inputs[2]
+    if len(q.shape) != 4:
+        return "attention needs 4-d q/k/v"
+    if v.shape[-1] > 256:
+        return "value head dim above 256"
+    mask = node.kwargs.get("attn_mask")
+    if mask is not None and len(node.inputs) > 3 and node.inputs[3].dtype not in (F32, torch.bool):
+        return f"mask dtype {node.inputs[3].dtype}"
+    return None
+
+
+def _check_softmax(node: Any) -> str | None:
+    if node.op != "aten.logsumexp.default" and _arg(node, 2, "half_to_float", False):
+        return "half_to_float"
+    return None
+
+
+def _check_reduce(node: Any) -> str | None:
+    dtype = node.kwargs.get("dtype")
+    if dtype is not None and dtype != F32:
+        return f"accumulation dtype {dtype}"
+    return None
+
+
+Extra = Callable[[Any], "str | None"]
+# op -> (allowed dtypes of data tensors, extra checker); index tensors are handled below.
+RULES: dict[str, tuple[tuple[torch.dtype, ...], Extra | None]] = {}
+for _op in TABLE:
+    RULES[_op] = ((F32,), None)
+for _op in VIEWS:
+    RULES[_op] = ((F32, torch.bool, *INDEX), None)
+for _op in ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default"):
+    RULES[_op] = ((F32,), _check_matmul)
+RULES["aten.convolution.default"] = ((F32,), _check_conv)
+RULES["aten.max_pool2d_with_indices.default"] = ((F32, torch.int64), _check_pool)
+RULES["aten.avg_pool2d.default"] = ((F32,), _check_pool)
+RULES["aten._scaled_dot_product_flash_attention_for_cpu.default"] = ((F32, torch.bool), _check_sdpa)
+for _op in ("aten._softmax.default", "aten._log_softmax.default", "aten.logsumexp.default"):
+    RULES[_op] = ((F32,), _check_softmax)
+for _op in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.sum.default", "aten.mean.default"):
+    RULES[_op] = ((F32,), _check_reduce)
+for _op in ("aten.argmax.default", "aten.argmin.default"):
+    RULES[_op] = ((F32, torch.int64), None)
+for _op in COMPARES:
+    RULES[_op] = ((F32, torch.bool), None)
+for _op in LOGICAL:
+    RULES[_op] = ((torch.bool,), None)
+RULES["aten.where.self"] = ((F32, torch.bool), None)
+RULES["aten.clone.default"] = ((F32, torch.bool), None)
+RULES["aten._to_copy.default"] = ((F32, torch.bool, *INDEX), None)
+RULES["aten.full.default"] = ((F32, torch.bool), None)
+RULES["aten.scalar_tensor.default"] = ((F32, torch.bool), None)
+for _op in ("aten.embedding.default", "aten.index_select.default", "aten.gather.default"):
+    RULES[_op] = ((F32, *INDEX), None)
+RULES["aten.cat.default"] = ((F32, torch.bool), None)
+
+
+def check(node: Any) -> str | None:
+    """None if the wgpu engine takes ``node``, else why not."""
+    if node.op == "getitem":
+        return None
+    rule = RULES.get(node.op)
+    if rule is None:
+        return "no wgpu kernel"
+    if node.symbolic:
+        return "symbolic shape"
+    allowed, extra = rule
+    why = _dtypes_ok(node, allowed)
+    if why:
+        return why
+    for m in _metas(node):
+        if m.device != "cpu":
+            return f"device {m.device}"
+    why = _dtype_roles(node)
+    if why:
+        return why
+    why = _size_ok(node)
+    if why:
+        return why
+    return extra(node) if extra is not None else None
+
+
+def _dtype_roles(node: Any) -> str | None:
+    """Integer tensors only where they are indices; bool only where it is a mask or a result."""
+    op = node.op
+    outs = node.out_metas
+    if op in ("aten.embedding.default",):
+        if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
+            return "embedding needs float32 weights and integer indices"
+    elif op in ("aten.index_select.default", "aten.gather.default"):
+        if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
+            return "needs float32 data and integer indices"
+    elif op in ("aten.argmax.default", "aten.argmin.default", "aten.max_pool2d_with_indices.default"):
+        if node.inputs[0].dtype != F32:
+            return "needs float32 input"
+    elif op == "aten._to_copy.default":
+        if outs and outs[0].dtype not in (F32, torch.bool):
+            return f"conversion to {outs[0].dtype}"
+        if node.kwargs.get("device") not in (None, torch.device("cpu")):
+            return "device transfer"
+    elif op in COMPARES:
+        if any(m.dtype != F32 for m in node.inputs) or any(m.dtype != torch.bool for m in outs):
+            return "comparisons of float32 only"
+    elif op == "aten.where.self":
+        if node.inputs and node.inputs[0].dtype != torch.bool:
+            return "where needs a bool condition"
+        if any(m.dtype != F32 for m in [*node.inputs[1:], *outs]):
+            return "where of float32 only"
+    elif op in VIEWS or op in LOGICAL:
+        return None
+    elif op in ("aten.clone.default", "aten.cat.default", "aten.full.default", "aten.scalar_tensor.default"):
+        return None
+    elif op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
+        if any(m.dtype != F32 for m in node.inputs[:3]):
+            return "attention of float32 only"
+    else:
+        if any(m.dtype != F32 for m in _metas(node)):
+            return "float32 only"
+    return None
+
+
+def _size_ok(node: Any) -> str | None:
+    from tb_wgpu.device import probe
+
+    ctx, reason = probe()
+    if ctx is None:
+        return reason
+    for m in _metas(node):
+        if m.numel * 4 > ctx.max_binding:
+            return f"a tensor of {m.numel * 4} bytes exceeds the adapter's {ctx.max_binding}-byte binding limit"
+    return None
