@@ -60,6 +60,10 @@ class Engine:
 
         return registry().table(self.name)
 
+    def covered_ops(self) -> set[str]:
+        """Op overloads this engine has kernels for (some dtypes/layouts may still be refused)."""
+        return set(self.kernels())
+
     def check(self, node: NodeInfo) -> str | None:
         """None if this engine takes ``node``, else the reason it does not."""
         if node.op == GETITEM:

@@ -70,7 +70,7 @@ def worth_a_partition(ops: list[str], min_size: int) -> bool:
 
 
 class _EngineSupport(OperatorSupportBase):
-    def __init__(self, engine: Engine, infos: dict[torch.fx.Node, NodeInfo], reasons: dict[torch.fx.Node, list[str]]) -> None:
+    def __init__(self, engine: Engine, infos: dict[torch.fx.Node, NodeInfo], reasons: dict[str, list[str]]) -> None:
         self.engine = engine
         self.infos = infos
         self.reasons = reasons
@@ -86,7 +86,7 @@ class _EngineSupport(OperatorSupportBase):
             ok = isinstance(parent, torch.fx.Node) and self.is_node_supported(submodules, parent)
         elif not isinstance(node.target, torch._ops.OpOverload):
             ok = False
-            self.reasons.setdefault(node, []).append(f"{self.engine.name}: not an ATen op")
+            self.reasons.setdefault(node.name, []).append(f"{self.engine.name}: not an ATen op")
         else:
             info = self.infos.get(node) or self.infos.setdefault(node, NodeInfo.of(node))
             try:
@@ -95,7 +95,7 @@ class _EngineSupport(OperatorSupportBase):
                 reason = f"checker raised {type(exc).__name__}: {exc}"
             ok = reason is None
             if not ok:
-                self.reasons.setdefault(node, []).append(f"{self.engine.name}: {reason}")
+                self.reasons.setdefault(node.name, []).append(f"{self.engine.name}: {reason}")
         self.memo[node] = ok
         return ok
 
@@ -125,12 +125,13 @@ def compile_graph(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options
 
 
 def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, report: GraphReport) -> None:
-    infos: dict[torch.fx.Node, NodeInfo] = {}
-    reasons: dict[torch.fx.Node, list[str]] = {}
-    small: dict[torch.fx.Node, str] = {}
+    # Fusing re-creates the graph's nodes (a topological re-sort copies them), so anything kept
+    # across engine passes is keyed by node name, which the copy preserves.
+    reasons: dict[str, list[str]] = {}
+    small: dict[str, str] = {}
     cache = graph_cache()
     for index, engine in enumerate(engines):
-        support = _EngineSupport(engine, infos, reasons)
+        support = _EngineSupport(engine, {}, reasons)
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         proposed = partitioner.propose_partitions()
         kept = []
@@ -140,12 +141,12 @@ def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts
                 kept.append(part)
             else:
                 for n in part.nodes:
-                    small[n] = f"{engine.name}: below cost threshold (min_partition_size={opts.min_partition_size})"
+                    small[n.name] = f"{engine.name}: below cost threshold (min_partition_size={opts.min_partition_size})"
         if not kept:
             continue
         for part in kept:
             for n in part.nodes:
-                small.pop(n, None)
+                small.pop(n.name, None)
         prefix = f"tb_{index}_{engine.name}_"
         partitioner.fuse_partitions(kept, prefix=prefix)
         for node in list(gm.graph.nodes):
@@ -227,14 +228,14 @@ MAX_FALLBACK_WARNINGS = 20
 def _record_fallbacks(
     gm: torch.fx.GraphModule,
     report: GraphReport,
-    reasons: dict[torch.fx.Node, list[str]],
+    reasons: dict[str, list[str]],
     default: str,
     engines: list[Engine] = (),  # type: ignore[assignment]
 ) -> None:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        why = reasons.get(node)
+        why = reasons.get(node.name)
         if not why and engines:
             # The partitioner may not have asked about this node (it was never a candidate):
             # ask each engine now so the user sees a real reason.
@@ -244,7 +245,7 @@ def _record_fallbacks(
                 support.engine, support.memo = engine, {}
                 support.reasons = {}
                 if not support.is_node_supported(None, node):
-                    why.extend(support.reasons.get(node, []))
+                    why.extend(support.reasons.get(node.name, []))
         report.fallbacks.append((op_name(node.target), "; ".join(why or []) or default))
 
 

@@ -1,0 +1,3 @@
+from torchburn.cli import main
+
+raise SystemExit(main())
