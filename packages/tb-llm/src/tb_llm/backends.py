@@ -252,12 +252,13 @@ def _sync(device: torch.device) -> None:
 def select_backend(device: torch.device, engine: str | None) -> KernelBackend:
     """The backend for ``device``: the named engine's, else the best installed, else the reference."""
     candidates: list[Any] = []
-    try:
-        from torchburn.llm_backend import llm_backends
+    if _other_plugins_installed():
+        try:
+            from torchburn.llm_backend import llm_backends
 
-        candidates = llm_backends()
-    except Exception as exc:  # a broken plugin never stops the reference path
-        log.debug("listing LLM backends failed: %s", exc)
+            candidates = llm_backends()
+        except Exception as exc:  # a broken plugin never stops the reference path
+            log.debug("listing LLM backends failed: %s", exc)
     kind = "cpu" if device.type == "cpu" else "gpu"
     if engine is not None and engine not in ("reference", "torch", "eager"):
         named = [b for b in candidates if engine in (b.name, b.engine)]
@@ -291,3 +292,11 @@ def _load(desc: Any, device: torch.device, strict: bool) -> Any:
             raise BackendError(f"LLM backend {desc.name!r} of engine {desc.engine!r} failed to load: {exc}") from exc
         warnings.warn(f"tb-llm: LLM backend {desc.name!r} failed to load ({exc}); using the PyTorch reference", stacklevel=3)
         return None
+
+
+def _other_plugins_installed() -> bool:
+    """Whether any ``torchburn`` entry point besides tb-llm's own exists. ``import torchburn``
+    pulls in ``torch._dynamo`` (seconds), so with nothing to find it is not worth it."""
+    from importlib import metadata
+
+    return any(ep.name != "llm" for ep in metadata.entry_points(group="torchburn"))
