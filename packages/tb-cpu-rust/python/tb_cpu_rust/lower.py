@@ -1,0 +1,680 @@
+"""Lowering: a torchburn ``Plan`` -> the executor spec (buffers, strided views, steps).
+
+View ops are resolved here, at compile time, on meta tensors: they cost nothing at run time.
+Elementwise ops are fused greedily into register programs that run as one sweep (an
+intermediate value gets a buffer only if something outside its program reads it). Every other
+op becomes one Rust kernel step. The spec is validated again in Rust before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
+
+from tb_cpu_rust import ops_table as T
+
+F32, I64, BOOL = torch.float32, torch.int64, torch.bool
+DT_NAME = {F32: "float32", I64: "int64", BOOL: "bool"}
+
+
+class LoweringError(ValueError):
+    pass
+
+
+def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def _contig(shape: list[int]) -> list[int]:
+    out, acc = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        out[i] = acc
+        acc *= max(shape[i], 1)
+    return out
+
+
+@dataclass
+class Lazy:
+    """A value that lives only in a register of the open elementwise group."""
+
+    group: Group
+    reg: int
+    meta: TensorMeta
+
+
+@dataclass
+class Group:
+    shape: tuple[int, ...]
+    compute: str
+    prog: list[dict[str, Any]] = field(default_factory=list)
+    ins: list[int] = field(default_factory=list)
+    loads: dict[int, int] = field(default_factory=dict)  # value id -> register
+    nregs: int = 0
+    members: dict[int, Lazy] = field(default_factory=dict)  # slot -> lazy
+
+    def reg(self) -> int:
+        self.nregs += 1
+        return self.nregs - 1
+
+    def emit(self, op: str, a: list[int], f: list[float] | None = None) -> int:
+        r = self.reg()
+        self.prog.append({"op": op, "dst": r, "a": a, "f": f or []})
+        return r
+
+
+class Lowerer:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.buffers: list[dict[str, Any]] = []
+        self.values: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.slot: dict[int, Any] = {}
+        self.group: Group | None = None
+        self.uses: dict[int, int] = {}
+        self.used: dict[int, int] = {}
+        for node in plan.nodes:
+            for r in _refs((node.args, node.kwargs)):
+                self.uses[r] = self.uses.get(r, 0) + 1
+        for r in _refs(plan.outputs):
+            self.uses[r] = self.uses.get(r, 0) + 1
+
+    # -- values ---------------------------------------------------------------------------
+    def new_buffer(self, kind: str, meta: TensorMeta) -> int:
+        self.buffers.append({
+            "kind": kind, "dtype": DT_NAME[meta.dtype], "numel": _extent(meta.shape, meta.stride),
+            "sizes": list(meta.shape) if kind == "input" else [], "strides": list(meta.stride) if kind == "input" else [],
+        })
+        return len(self.buffers) - 1
+
+    def new_value(self, buf: int, offset: int, sizes: list[int], strides: list[int]) -> int:
+        self.values.append({"buf": buf, "offset": offset, "sizes": list(sizes), "strides": list(strides)})
+        return len(self.values) - 1
+
+    def fresh(self, meta: TensorMeta) -> int:
+        if meta.dtype not in DT_NAME:
+            raise LoweringError(f"dtype {meta.dtype}")
+        buf = self.new_buffer("temp", meta)
+        return self.new_value(buf, 0, list(meta.shape), list(meta.stride))
+
+    def dtype_of(self, v: int) -> torch.dtype:
+        return {"float32": F32, "int64": I64, "bool": BOOL}[self.buffers[self.values[v]["buf"]]["dtype"]]
+
+    def meta_tensor(self, v: int) -> torch.Tensor:
+        val = self.values[v]
+        buf = self.buffers[val["buf"]]
+        base = torch.empty(max(buf["numel"], 1), dtype=self.dtype_of(v), device="meta")
+        return base.as_strided(val["sizes"], val["strides"], val["offset"])
+
+    def view_of(self, v: int, t: torch.Tensor) -> int:
+        return self.new_value(self.values[v]["buf"], t.storage_offset(), list(t.shape), list(t.stride()))
+
+    def broadcast(self, v: int, shape: tuple[int, ...]) -> int:
+        val = self.values[v]
+        sizes, strides = val["sizes"], val["strides"]
+        pad = len(shape) - len(sizes)
+        if pad < 0:
+            raise LoweringError("cannot broadcast to a lower rank")
+        out = []
+        for d, n in enumerate(shape):
+            if d < pad:
+                out.append(0)
+            else:
+                s, st = sizes[d - pad], strides[d - pad]
+                if s == n:
+                    out.append(st if n != 1 else 0)
+                elif s == 1:
+                    out.append(0)
+                else:
+                    raise LoweringError(f"cannot broadcast {sizes} to {shape}")
+        return self.new_value(val["buf"], val["offset"], list(shape), out)
+
+    # -- the open elementwise group ---------------------------------------------------------
+    def flush(self) -> None:
+        g, self.group = self.group, None
+        if g is None:
+            return
+        outs = []
+        for slot, lz in g.members.items():
+            if self.used.get(slot, 0) < self.uses.get(slot, 0):
+                v = self.fresh(lz.meta)
+                g.prog.append({"op": "store", "dst": len(outs), "a": [lz.reg], "f": []})
+                outs.append(v)
+                self.slot[slot] = v
+            else:
+                self.slot[slot] = None  # fully consumed inside the program
+        if outs:
+            self.steps.append({"op": "ew", "compute": g.compute, "ins": g.ins, "outs": outs, "prog": g.prog})
+
+    def value(self, arg: Any) -> int:
+        """A materialised value id for a tensor argument."""
+        if not isinstance(arg, Ref):
+            raise LoweringError(f"expected a tensor, got {arg!r}")
+        self.used[arg.slot] = self.used.get(arg.slot, 0) + 1
+        v = self.slot.get(arg.slot)
+        if isinstance(v, Lazy):
+            self.used[arg.slot] -= 1  # the flush counts it as an outside use
+            self.flush()
+            self.used[arg.slot] += 1
+            v = self.slot[arg.slot]
+        if not isinstance(v, int):
+            raise LoweringError(f"slot {arg.slot} has no tensor value")
+        return v
+
+    def operand(self, g: Group, arg: Any) -> int:
+        """A register of ``g`` holding ``arg`` (a Ref or a Python scalar)."""
+        if isinstance(arg, Ref):
+            v = self.slot.get(arg.slot)
+            if isinstance(v, Lazy) and v.group is g:
+                self.used[arg.slot] = self.used.get(arg.slot, 0) + 1
+                return v.reg
+            vid = self.value(arg)
+            bv = self.broadcast(vid, g.shape)
+            if bv not in g.loads:
+                g.ins.append(bv)
+                r = g.reg()
+                g.prog.append({"op": "load", "dst": r, "a": [len(g.ins) - 1], "f": []})
+                g.loads[bv] = r
+            return g.loads[bv]
+        if isinstance(arg, bool):
+            return g.emit("const", [], [float(arg)])
+        if isinstance(arg, (int, float)):
+            if isinstance(arg, float) and g.compute == "i64" and not arg.is_integer():
+                raise LoweringError("float scalar in an integer program")
+            return g.emit("const", [], [float(arg)])
+        raise LoweringError(f"unsupported elementwise operand {arg!r}")
+
+    def open_group(self, shape: tuple[int, ...], compute: str, args: Any) -> Group:
+        g = self.group
+        if g is not None and (g.shape != shape or g.compute != compute):
+            # materialise what this node reads from the old group before starting a new one
+            self.flush()
+        if self.group is None:
+            self.group = Group(shape, compute)
+        return self.group
+
+    # -- main loop --------------------------------------------------------------------------
+    def lower(self) -> dict[str, Any]:
+        plan = self.plan
+        for i, meta in enumerate(plan.inputs):
+            if meta is None or meta.symbolic:
+                raise LoweringError("non-tensor or symbolic input")
+            buf = self.new_buffer("input", meta)
+            self.slot[i] = self.new_value(buf, 0, list(meta.shape), list(meta.stride))
+        base = len(plan.inputs)
+        for k, node in enumerate(plan.nodes):
+            slot = base + k
+            if node.op == GETITEM:
+                src, idx = node.args
+                self.used[src.slot] = self.used.get(src.slot, 0) + 1
+                parent = self.slot.get(src.slot)
+                if not isinstance(parent, tuple):
+                    raise LoweringError("getitem of a non-tuple")
+                item = parent[idx]
+                if isinstance(item, Lazy):
+                    item.group.members[slot] = item
+                self.slot[slot] = item
+                continue
+            self.slot[slot] = self.lower_node(node, slot)
+        self.flush()
+        outputs = []
+        for o in plan.outputs:
+            if isinstance(o, Ref):
+                outputs.append(("v", self.value(o)))
+            else:
+                outputs.append(("lit", o))
+        return self.finish(outputs)
+
+    def finish(self, outputs: list[Any]) -> dict[str, Any]:
+        out_bufs = []
+        for kind, v in outputs:
+            if kind == "v":
+                b = self.values[v]["buf"]
+                if self.buffers[b]["kind"] == "temp":
+                    self.buffers[b]["kind"] = "output"
+                if self.buffers[b]["kind"] == "output" and b not in out_bufs:
+                    out_bufs.append(b)
+        inputs = [i for i, b in enumerate(self.buffers) if b["kind"] == "input"]
+        temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp"]
+        order = inputs + out_bufs + temps
+        remap = {old: new for new, old in enumerate(order)}
+        buffers = [self.buffers[i] for i in order]
+        values = [{**v, "buf": remap[v["buf"]]} for v in self.values]
+        spec = {"buffers": buffers, "values": values, "steps": self.steps}
+        return {"spec": spec, "outputs": outputs, "values": values, "buffers": buffers, "n_inputs": len(inputs)}
+
+    # -- nodes --------------------------------------------------------------------------------
+    def lower_node(self, node: Any, slot: int) -> Any:
+        op = node.op
+        if op in T.VIEWS:
+            return self.lower_view(node)
+        if T.ew_instruction(op) is not None or op in T.SPECIAL_EW:
+            return self.lower_ew(node, slot)
+        if op in T.REDUCTIONS:
+            return self.lower_reduction(node)
+        if op in T.KERNELS:
+            return self.lower_kernel(node)
+        raise LoweringError(f"no lowering for {op}")
+
+    def lower_view(self, node: Any) -> Any:
+        args = list(node.args)
+        v = self.value(args[0])
+        t = self.meta_tensor(v)
+        rest = [a for a in args[1:]]
+        if any(isinstance(a, Ref) for a in rest):
+            raise LoweringError("view with tensor arguments")
+        result = node.target(t, *rest, **node.kwargs)
+        if isinstance(result, (tuple, list)):
+            return tuple(self.view_of(v, r) for r in result)
+        return self.view_of(v, result)
+
+    # elementwise -----------------------------------------------------------------------------
+    def lower_ew(self, node: Any, slot: int) -> Any:
+        op, args, kw = node.op, list(node.args), dict(node.kwargs)
+        out = node.out
+        if op == "aten._native_batch_norm_legit_no_training.default":
+            return self.lower_batch_norm(node, slot)
+        meta = out if isinstance(out, TensorMeta) else None
+        if meta is None:
+            raise LoweringError("elementwise op without a tensor result")
+        name = T.ew_instruction(op) or op.split(".")[1]
+        in_dtypes = [self.dtype_of_arg(a) for a in args if isinstance(a, Ref)]
+        if name in T.COMPARE:
+            compute = "f32" if F32 in in_dtypes or any(isinstance(a, float) for a in args) else "i64"
+        else:
+            compute = "f32" if meta.dtype == F32 else "i64"
+        if compute == "i64" and name not in T.INT_OK and op not in (
+            "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
+            "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar", "aten.where.self",
+        ):
+            raise LoweringError(f"{name} has no integer kernel")
+        g = self.open_group(tuple(meta.shape), compute, args)
+        o = self.operand
+        if op in ("aten.full.default",):
+            r = o(g, args[1])
+        elif op == "aten.scalar_tensor.default":
+            r = o(g, args[0])
+        elif op in ("aten.full_like.default", "aten.fill.Scalar"):
+            r = o(g, args[1])
+        elif op == "aten.zeros_like.default":
+            r = o(g, 0)
+        elif op == "aten.ones_like.default":
+            r = o(g, 1)
+        elif op == "aten.where.self":
+            r = g.emit("where", [o(g, args[0]), o(g, args[1]), o(g, args[2])])
+        elif op == "aten.masked_fill.Scalar":
+            r = g.emit("where", [o(g, args[1]), o(g, args[2]), o(g, args[0])])
+        elif op == "aten.gelu.default":
+            approx = kw.get("approximate", args[1] if len(args) > 1 else "none")
+            r = g.emit("gelu_tanh" if approx == "tanh" else "gelu", [o(g, args[0])])
+        elif op in ("aten.clamp.default", "aten.hardtanh.default", "aten.clamp_min.default", "aten.clamp_max.default"):
+            if op == "aten.clamp_min.default":
+                lo, hi = args[1], None
+            elif op == "aten.clamp_max.default":
+                lo, hi = None, args[1]
+            elif op == "aten.hardtanh.default":
+                lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
+            else:
+                lo = args[1] if len(args) > 1 else kw.get("min")
+                hi = args[2] if len(args) > 2 else kw.get("max")
+            if isinstance(lo, Ref) or isinstance(hi, Ref):
+                raise LoweringError("clamp with tensor bounds")
+            x = o(g, args[0])
+            if compute == "i64" and (isinstance(lo, float) or isinstance(hi, float)):
+                raise LoweringError("float clamp bounds on integers")
+            r = g.emit("clamp", [x], [-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)])
+        elif op == "aten.leaky_relu.default":
+            r = g.emit("leaky_relu", [o(g, args[0])], [float(args[1]) if len(args) > 1 else 0.01])
+        elif op == "aten.elu.default":
+            p = [float(a) for a in args[1:4]] + [1.0] * (3 - len(args[1:4]))
+            r = g.emit("elu", [o(g, args[0])], p)
+        elif op == "aten.softplus.default":
+            r = g.emit("softplus", [o(g, args[0])], [float(args[1]) if len(args) > 1 else 1.0, float(args[2]) if len(args) > 2 else 20.0])
+        elif op == "aten.hardsigmoid.default":
+            x = o(g, args[0])
+            t = g.emit("add", [x, g.emit("const", [], [3.0])], [1.0])
+            t = g.emit("clamp", [t], [0.0, 6.0])
+            r = g.emit("div", [t, g.emit("const", [], [6.0])])
+        elif op == "aten.hardswish.default":
+            x = o(g, args[0])
+            t = g.emit("add", [x, g.emit("const", [], [3.0])], [1.0])
+            t = g.emit("clamp", [t], [0.0, 6.0])
+            r = g.emit("div", [g.emit("mul", [x, t]), g.emit("const", [], [6.0])])
+        elif op == "aten.sigmoid_backward.default":
+            gr, y = o(g, args[0]), o(g, args[1])
+            one = g.emit("const", [], [1.0])
+            r = g.emit("mul", [gr, g.emit("mul", [y, g.emit("sub", [one, y], [1.0])])])
+        elif op == "aten.tanh_backward.default":
+            gr, y = o(g, args[0]), o(g, args[1])
+            one = g.emit("const", [], [1.0])
+            r = g.emit("mul", [gr, g.emit("sub", [one, g.emit("mul", [y, y])], [1.0])])
+        elif name in ("add", "sub"):
+            alpha = float(kw.get("alpha", args[2] if len(args) > 2 else 1))
+            r = g.emit(name, [o(g, args[0]), o(g, args[1])], [alpha])
+        elif name == "rsub":
+            alpha = float(kw.get("alpha", args[2] if len(args) > 2 else 1))
+            r = g.emit("sub", [o(g, args[1]), o(g, args[0])], [alpha])
+        elif name == "div_mode":
+            mode = kw.get("rounding_mode")
+            q = g.emit("div", [o(g, args[0]), o(g, args[1])])
+            r = q if mode is None else g.emit("floor" if mode == "floor" else "trunc", [q])
+        elif name == "pow_scalar":
+            e = args[1]
+            if isinstance(e, Ref):
+                raise LoweringError("pow exponent")
+            r = g.emit("pow_scalar", [o(g, args[0])], [float(e)])
+        elif name == "threshold_backward":
+            r = g.emit("threshold_backward", [o(g, args[0]), o(g, args[1])], [float(args[2])])
+        elif op in T.UNARY:
+            if op == "aten._to_copy.default":
+                if meta.dtype not in DT_NAME:
+                    raise LoweringError("_to_copy dtype")
+            if op == "aten.round.default" and kw.get("decimals"):
+                raise LoweringError("round with decimals")
+            r = g.emit(name, [o(g, args[0])])
+        else:
+            r = g.emit(name, [o(g, args[0]), o(g, args[1])])
+        lz = Lazy(g, r, meta)
+        g.members[slot] = lz
+        return lz
+
+    def dtype_of_arg(self, a: Ref) -> torch.dtype:
+        v = self.slot.get(a.slot)
+        if isinstance(v, Lazy):
+            return v.meta.dtype
+        if isinstance(v, int):
+            return self.dtype_of(v)
+        raise LoweringError("argument has no value")
+
+    def lower_batch_norm(self, node: Any, slot: int) -> Any:
+        x, w, b, mean, var, _momentum, eps = node.args
+        out = node.out
+        y_meta = out[0]
+        shape = tuple(y_meta.shape)
+        if len(shape) < 2 or y_meta.dtype != F32:
+            raise LoweringError("batch norm input")
+        g = self.open_group(shape, "f32", node.args)
+        c = shape[1]
+
+        def chan(arg: Any) -> int:
+            v = self.value(arg)
+            val = self.values[v]
+            if val["sizes"] != [c]:
+                raise LoweringError("batch norm stats shape")
+            strides = [0] * len(shape)
+            strides[1] = val["strides"][0]
+            bv = self.new_value(val["buf"], val["offset"], list(shape), strides)
+            g.ins.append(bv)
+            r = g.reg()
+            g.prog.append({"op": "load", "dst": r, "a": [len(g.ins) - 1], "f": []})
+            return r
+
+        xr = self.operand(g, x)
+        t = g.emit("sub", [xr, chan(mean)], [1.0])
+        inv = g.emit("rsqrt", [g.emit("add", [chan(var), g.emit("const", [], [float(eps)])], [1.0])])
+        t = g.emit("mul", [t, inv])
+        if w is not None:
+            t = g.emit("mul", [t, chan(w)])
+        if b is not None:
+            t = g.emit("add", [t, chan(b)], [1.0])
+        lz = Lazy(g, t, y_meta)
+        empties = tuple(self.fresh(m) for m in out[1:])
+        return (lz, *empties)
+
+    # reductions -------------------------------------------------------------------------------
+    def lower_reduction(self, node: Any) -> Any:
+        op, args, kw = node.op, list(node.args), dict(node.kwargs)
+        x = self.value(args[0])
+        xs = self.values[x]["sizes"]
+        rank = len(xs)
+        kind = T.REDUCTIONS[op]
+        corr = 0.0
+        keep = False
+        if op in ("aten.sum.default", "aten.mean.default", "aten.prod.default"):
+            dims: Any = None
+        elif op in ("aten.argmax.default", "aten.argmin.default"):
+            dims = args[1] if len(args) > 1 else kw.get("dim")
+            keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+            dims = None if dims is None else [dims]
+        elif op in ("aten.max.dim", "aten.min.dim", "aten.prod.dim_int"):
+            dims = [args[1]]
+            keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+        elif op in ("aten.var.correction", "aten.std.correction", "aten.var.dim"):
+            dims = args[1] if len(args) > 1 else kw.get("dim")
+            if op == "aten.var.dim":
+                unbiased = args[2] if len(args) > 2 else kw.get("unbiased", True)
+                corr = 1.0 if unbiased else 0.0
+                keep = bool(args[3] if len(args) > 3 else kw.get("keepdim", False))
+            else:
+                c = kw.get("correction", args[2] if len(args) > 2 else None)
+                corr = 1.0 if c is None else float(c)
+                keep = bool(kw.get("keepdim", args[3] if len(args) > 3 else False))
+            if op == "aten.std.correction":
+                raise LoweringError("std")
+        else:
+            dims = args[1] if len(args) > 1 else kw.get("dim")
+            keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+        if op in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.sum.default", "aten.mean.default"):
+            dt = kw.get("dtype")
+            if dt is not None and dt != F32:
+                raise LoweringError("reduction dtype")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            red = list(range(rank))
+        else:
+            red = sorted({d % max(rank, 1) for d in dims}) if rank else []
+        mask = [1 if d in red else 0 for d in range(rank)]
+        outs = node.out if isinstance(node.out, tuple) else (node.out,)
+        results = []
+        kinds = [kind] if op not in ("aten.max.dim", "aten.min.dim") else [kind, kind + 2]
+        for k, meta in zip(kinds, outs):
+            v = self.fresh(meta)
+            val = self.values[v]
+            # a keepdim view of the output: size 1 and stride 0 on reduced dims
+            sizes, strides, j = [], [], 0
+            for d in range(rank):
+                if mask[d]:
+                    sizes.append(1)
+                    strides.append(0)
+                    if keep:
+                        j += 1
+                else:
+                    sizes.append(val["sizes"][j])
+                    strides.append(val["strides"][j])
+                    j += 1
+            kv = self.new_value(val["buf"], val["offset"], sizes, strides)
+            self.steps.append({"op": "reduce", "ins": [x], "outs": [kv], "ints": [k, *mask], "floats": [corr]})
+            results.append(v)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    # kernels ----------------------------------------------------------------------------------
+    def lower_kernel(self, node: Any) -> Any:
+        op, a, kw = node.op, list(node.args), dict(node.kwargs)
+        out = node.out
+        step = self.steps.append
+        if op in ("aten.mm.default", "aten.bmm.default"):
+            x, y = self.value(a[0]), self.value(a[1])
+            c = self.fresh(out)
+            step({"op": "gemm", "ins": [x, y], "outs": [c], "floats": [1.0, 1.0]})
+            return c
+        if op in ("aten.addmm.default", "aten.baddbmm.default"):
+            bias, x, y = self.value(a[0]), self.value(a[1]), self.value(a[2])
+            beta = float(kw.get("beta", a[3] if len(a) > 3 else 1))
+            alpha = float(kw.get("alpha", a[4] if len(a) > 4 else 1))
+            c = self.fresh(out)
+            bb = self.broadcast(bias, tuple(out.shape))
+            step({"op": "gemm", "ins": [x, y, bb if beta != 0 else None], "outs": [c], "floats": [alpha, beta]})
+            return c
+        if op in ("aten._softmax.default", "aten._log_softmax.default"):
+            x = self.value(a[0])
+            y = self.fresh(out)
+            step({"op": "softmax" if "_softmax" == op[5:13] else "log_softmax", "ins": [x], "outs": [y], "ints": [a[1]]})
+            return y
+        if op in ("aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default"):
+            g, y = self.value(a[0]), self.value(a[1])
+            gi = self.fresh(out)
+            name = "log_softmax_bwd" if "log" in op else "softmax_bwd"
+            step({"op": name, "ins": [g, y], "outs": [gi], "ints": [a[2]]})
+            return gi
+        if op == "aten.native_layer_norm.default":
+            x, shape, w, b, eps = a
+            n = math.prod(shape)
+            outs = [self.fresh(m) for m in out]
+            ins = [self.value(x), self.value(w) if w is not None else None, self.value(b) if b is not None else None]
+            step({"op": "layer_norm", "ins": ins, "outs": outs, "ints": [n], "floats": [float(eps)]})
+            return tuple(outs)
+        if op == "aten._fused_rms_norm.default":
+            x, shape, w = a[0], a[1], a[2]
+            eps = a[3] if len(a) > 3 else kw.get("eps")
+            eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
+            outs = [self.fresh(m) for m in out]
+            ins = [self.value(x), self.value(w) if w is not None else None]
+            step({"op": "rms_norm", "ins": ins, "outs": outs, "ints": [math.prod(shape)], "floats": [eps]})
+            return tuple(outs)
+        if op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
+            q, k, v = (self.value(t) for t in a[:3])
+            causal = bool(a[4] if len(a) > 4 else kw.get("is_causal", False))
+            mask = kw.get("attn_mask")
+            scale = kw.get("scale")
+            qs = self.values[q]["sizes"]
+            scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+            outs = [self.fresh(m) for m in out]
+            mv = None
+            if mask is not None:
+                b_, h_, l_ = qs[0], qs[1], qs[2]
+                s_ = self.values[k]["sizes"][2]
+                mv = self.broadcast(self.value(mask), (b_, h_, l_, s_))
+            step({"op": "sdpa", "ins": [q, k, v, mv], "outs": outs, "ints": [int(causal)], "floats": [scale]})
+            return tuple(outs)
+        if op == "aten.embedding.default":
+            w, idx = self.value(a[0]), self.value(a[1])
+            o = self.fresh(out)
+            step({"op": "embedding", "ins": [w, idx], "outs": [o]})
+            return o
+        if op == "aten.index.Tensor":
+            x = self.value(a[0])
+            idx = [self.value(i) for i in a[1]]
+            bshape = torch.broadcast_shapes(*[tuple(self.values[i]["sizes"]) for i in idx])
+            idx = [self.broadcast(i, tuple(bshape)) for i in idx]
+            o = self.fresh(out)
+            step({"op": "index", "ins": [x, *idx], "outs": [o]})
+            return o
+        if op == "aten.gather.default":
+            x, idx = self.value(a[0]), self.value(a[2])
+            o = self.fresh(out)
+            step({"op": "gather", "ins": [x, idx], "outs": [o], "ints": [a[1]]})
+            return o
+        if op == "aten.index_select.default":
+            x, idx = self.value(a[0]), self.value(a[2])
+            o = self.fresh(out)
+            step({"op": "index_select", "ins": [x, idx], "outs": [o], "ints": [a[1]]})
+            return o
+        if op == "aten.cumsum.default":
+            x = self.value(a[0])
+            o = self.fresh(out)
+            step({"op": "cumsum", "ins": [x], "outs": [o], "ints": [a[1]]})
+            return o
+        if op.startswith("aten.arange."):
+            if op == "aten.arange.default":
+                start, step_ = 0, 1
+            elif op == "aten.arange.start":
+                start, step_ = a[0], 1
+            else:
+                start, step_ = a[0], (a[2] if len(a) > 2 else 1)
+            o = self.fresh(out)
+            step({"op": "arange", "outs": [o], "floats": [float(start), float(step_)]})
+            return o
+        if op == "aten.convolution.default":
+            x, w, b, stride, padding, dilation, transposed, _outpad, groups = a
+            if transposed or len(stride) != 2:
+                raise LoweringError("only 2-d non-transposed convolution")
+            o = self.fresh(out)
+            ins = [self.value(x), self.value(w), self.value(b) if b is not None else None]
+            ints = [stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups]
+            step({"op": "conv2d", "ins": ins, "outs": [o], "ints": ints})
+            return o
+        if op == "aten.max_pool2d_with_indices.default":
+            x = self.value(a[0])
+            k = _pair(a[1])
+            s = _pair(a[2] if len(a) > 2 and a[2] else a[1])
+            p = _pair(a[3] if len(a) > 3 else 0)
+            d = _pair(a[4] if len(a) > 4 else 1)
+            outs = [self.fresh(m) for m in out]
+            step({"op": "max_pool2d", "ins": [x], "outs": outs, "ints": [*k, *s, *p, *d]})
+            return tuple(outs)
+        if op == "aten.avg_pool2d.default":
+            x = self.value(a[0])
+            k = _pair(a[1])
+            s = _pair(a[2] if len(a) > 2 and a[2] else a[1])
+            p = _pair(a[3] if len(a) > 3 else 0)
+            include = a[5] if len(a) > 5 else True
+            div = a[6] if len(a) > 6 and a[6] is not None else 0
+            o = self.fresh(out)
+            step({"op": "avg_pool2d", "ins": [x], "outs": [o], "ints": [*k, *s, *p, int(include), int(div)]})
+            return o
+        if op == "aten.nll_loss_forward.default":
+            x, t, w, red, ignore = a
+            outs = [self.fresh(m) for m in out]
+            ins = [self.value(x), self.value(t), self.value(w) if w is not None else None]
+            step({"op": "nll_loss", "ins": ins, "outs": outs, "ints": [red, ignore]})
+            return tuple(outs)
+        if op == "aten.nll_loss_backward.default":
+            g, x, t, w, red, ignore, total = a
+            o = self.fresh(out)
+            ins = [self.value(g), self.value(x), self.value(t), self.value(w) if w is not None else None, self.value(total)]
+            step({"op": "nll_loss_bwd", "ins": ins, "outs": [o], "ints": [red, ignore]})
+            return o
+        if op in ("aten.cat.default", "aten.stack.default"):
+            tensors = [self.value(t) for t in a[0]]
+            dim = a[1] if len(a) > 1 else kw.get("dim", 0)
+            o = self.fresh(out)
+            rank = len(out.shape)
+            dim = dim % rank
+            full = self.meta_tensor(o)
+            pos = 0
+            for tv in tensors:
+                sizes = self.values[tv]["sizes"]
+                if op == "aten.cat.default" and sizes == [0] and rank > 1:
+                    continue  # legacy empty inputs of cat
+                n = 1 if op == "aten.stack.default" else sizes[dim]
+                part = full.narrow(dim, pos, n)
+                pos += n
+                pv = self.view_of(o, part)
+                src = tv if op == "aten.cat.default" else self.view_of(tv, self.meta_tensor(tv).unsqueeze(dim))
+                compute = "f32" if self.dtype_of(o) == F32 else "i64"
+                if compute == "i64" and self.dtype_of(src) == F32:
+                    raise LoweringError("cat of float into an integer result")
+                self.steps.append({
+                    "op": "ew", "compute": compute, "ins": [src], "outs": [pv],
+                    "prog": [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "store", "dst": 0, "a": [0], "f": []}],
+                })
+            return o
+        raise LoweringError(f"no lowering for {op}")
+
+
+def _pair(v: Any) -> list[int]:
+    if isinstance(v, int):
+        return [v, v]
+    v = list(v)
+    return v * 2 if len(v) == 1 else v[:2]
+
+
+def _refs(template: Any) -> list[int]:
+    if isinstance(template, Ref):
+        return [template.slot]
+    if isinstance(template, (tuple, list)):
+        return [r for t in template for r in _refs(t)]
+    if isinstance(template, dict):
+        return [r for t in template.values() for r in _refs(t)]
+    return []
+
+
+def lower(plan: Plan) -> dict[str, Any]:
+    result = Lowerer(plan).lower()
+    result["json"] = json.dumps(result["spec"])
+    return result

@@ -1,0 +1,155 @@
+"""What native_cpu accepts: the op table (data) and the per-node checker.
+
+Each entry says how an ATen overload is lowered: ``ew`` ops become instructions of a fused
+elementwise program, ``view`` ops become strided views (no step at all), ``kernel`` ops a Rust
+kernel step. Nothing here calls back into PyTorch at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+F32, I64, BOOL = torch.float32, torch.int64, torch.bool
+DTYPES = frozenset({F32, I64, BOOL})
+
+# elementwise unary: op -> instruction name
+UNARY: dict[str, str] = {
+    "aten.abs.default": "abs", "aten.neg.default": "neg", "aten.exp.default": "exp", "aten.exp2.default": "exp2",
+    "aten.log.default": "log", "aten.log2.default": "log2", "aten.log1p.default": "log1p", "aten.expm1.default": "expm1",
+    "aten.sqrt.default": "sqrt", "aten.rsqrt.default": "rsqrt", "aten.sin.default": "sin", "aten.cos.default": "cos",
+    "aten.tan.default": "tan", "aten.atan.default": "atan", "aten.asin.default": "asin", "aten.acos.default": "acos",
+    "aten.sinh.default": "sinh", "aten.cosh.default": "cosh", "aten.tanh.default": "tanh",
+    "aten.sigmoid.default": "sigmoid", "aten.relu.default": "relu", "aten.silu.default": "silu", "aten.erf.default": "erf",
+    "aten.floor.default": "floor", "aten.ceil.default": "ceil", "aten.round.default": "round", "aten.trunc.default": "trunc",
+    "aten.frac.default": "frac", "aten.sign.default": "sign", "aten.reciprocal.default": "reciprocal",
+    "aten.logical_not.default": "logical_not", "aten.isnan.default": "isnan", "aten.clone.default": "copy",
+    "aten._to_copy.default": "copy", "aten.lift_fresh_copy.default": "copy",
+}
+# elementwise binary (Tensor and Scalar overloads): op -> instruction name
+BINARY: dict[str, str] = {}
+for _name, _ins in {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",
+    "ge": "ge", "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "logical_and": "and",
+    "logical_or": "or", "logical_xor": "xor", "fmod": "fmod", "remainder": "remainder", "pow": "pow",
+}.items():
+    BINARY[f"aten.{_name}.Tensor"] = _ins
+    BINARY[f"aten.{_name}.Scalar"] = _ins
+BINARY.update({
+    "aten.maximum.default": "maximum", "aten.minimum.default": "minimum", "aten.atan2.default": "atan2",
+    "aten.pow.Tensor_Tensor": "pow", "aten.pow.Tensor_Scalar": "pow_scalar", "aten.pow.Scalar": "pow",
+    "aten.threshold_backward.default": "threshold_backward", "aten.rsub.Scalar": "rsub", "aten.rsub.Tensor": "rsub",
+    "aten.div.Tensor_mode": "div_mode", "aten.floor_divide.default": "floor_divide",
+})
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    BINARY[f"aten.{_name}.default"] = BINARY.pop(f"aten.{_name}.Tensor")
+    BINARY.pop(f"aten.{_name}.Scalar")
+BINARY.pop("aten.pow.Scalar", None)
+SPECIAL_EW = frozenset({
+    "aten.gelu.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
+    "aten.leaky_relu.default", "aten.elu.default", "aten.hardtanh.default", "aten.softplus.default",
+    "aten.where.self", "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default",
+    "aten.fill.Scalar", "aten.sigmoid_backward.default", "aten.tanh_backward.default",
+    "aten._native_batch_norm_legit_no_training.default", "aten.hardsigmoid.default", "aten.hardswish.default",
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar",
+})
+COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "logical_not", "isnan"})
+INT_OK = frozenset({
+    "copy", "neg", "abs", "add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and",
+    "or", "xor", "logical_not", "sign", "rsub", "clamp", "relu", "remainder", "floor_divide", "where", "const",
+})
+VIEWS = frozenset({
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
+    "aten.expand.default", "aten.slice.Tensor", "aten.select.int", "aten.unsqueeze.default",
+    "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.t.default", "aten.transpose.int",
+    "aten.alias.default", "aten.diagonal.default", "aten.split.Tensor", "aten.split_with_sizes.default",
+    "aten.unbind.int", "aten.detach.default", "aten.unfold.default", "aten.narrow.default",
+})
+REDUCTIONS: dict[str, int] = {
+    "aten.sum.dim_IntList": 0, "aten.sum.default": 0, "aten.mean.dim": 1, "aten.mean.default": 1, "aten.amax.default": 2,
+    "aten.amin.default": 3, "aten.argmax.default": 4, "aten.argmin.default": 5, "aten.var.correction": 6,
+    "aten.prod.dim_int": 7, "aten.prod.default": 7, "aten.logsumexp.default": 8, "aten.max.dim": 2, "aten.min.dim": 3,
+    "aten.var.dim": 6, "aten.std.correction": 6,
+}
+KERNELS = frozenset({
+    "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+    "aten._softmax.default", "aten._log_softmax.default", "aten._softmax_backward_data.default",
+    "aten._log_softmax_backward_data.default", "aten.native_layer_norm.default", "aten._fused_rms_norm.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.embedding.default", "aten.index.Tensor",
+    "aten.gather.default", "aten.index_select.default", "aten.cumsum.default", "aten.arange.start_step",
+    "aten.arange.default", "aten.arange.start", "aten.convolution.default", "aten.max_pool2d_with_indices.default",
+    "aten.avg_pool2d.default", "aten.nll_loss_forward.default", "aten.nll_loss_backward.default", "aten.cat.default",
+    "aten.stack.default",
+})
+FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
+    "aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.cumsum.default",
+    "aten.arange.start_step", "aten.arange.default", "aten.arange.start", "aten.cat.default", "aten.stack.default",
+    "aten.embedding.default", "aten.nll_loss_forward.default", "aten.nll_loss_backward.default",
+    "aten.max_pool2d_with_indices.default",
+})
+
+SUPPORTED = frozenset(UNARY) | frozenset(BINARY) | SPECIAL_EW | VIEWS | frozenset(REDUCTIONS) | KERNELS
+
+
+def ew_instruction(op: str) -> str | None:
+    return UNARY.get(op) or BINARY.get(op)
+
+
+def check(info: Any) -> str | None:
+    """None when native_cpu takes the node, else the reason (shown by ``torchburn.explain``)."""
+    op = info.op
+    if op not in SUPPORTED:
+        return "no native kernel"
+    if info.symbolic:
+        return "symbolic shape"
+    metas = [*info.inputs, *info.out_metas]
+    for m in metas:
+        if m.dtype not in DTYPES:
+            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool)"
+        if m.device != "cpu":
+            return f"device {m.device}"
+    kwargs = info.kwargs
+    if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
+        return "not a cpu tensor"
+    if op in FLOAT_ONLY_KERNELS or op in REDUCTIONS:
+        if any(m.dtype != F32 for m in info.inputs[:1]):
+            return "float32 input only"
+    if op in FLOAT_ONLY_KERNELS and any(m.dtype != F32 for m in info.out_metas if m.dtype != I64):
+        return "float32 only"
+    ins = ew_instruction(op)
+    if ins is not None or op in SPECIAL_EW:
+        name = ins or op.split(".")[1]
+        out = info.out_metas[0] if info.out_metas else None
+        dts = {m.dtype for m in info.inputs}
+        if out is not None:
+            compute_float = (F32 in dts) if name in COMPARE else out.dtype == F32 or F32 in dts and name == "copy"
+            if name == "where":
+                compute_float = out.dtype == F32
+            if not compute_float and name not in INT_OK and op not in (
+                "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
+                "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar",
+            ):
+                return f"{name} has no integer kernel"
+        if op == "aten.div.Tensor_mode" and kwargs.get("rounding_mode") not in (None, "floor", "trunc"):
+            return "rounding mode"
+        if op == "aten._to_copy.default" and kwargs.get("layout", torch.strided) not in (None, torch.strided):
+            return "layout"
+    if op == "aten.convolution.default":
+        if len(info.inputs[0].shape) != 4 or info.args[6]:
+            return "only 2-d, non-transposed convolution"
+    if op in ("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default") and len(info.inputs[0].shape) != 4:
+        return "only 4-d pooling input"
+    if op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
+        if len(info.args) > 3 and info.args[3]:
+            return "dropout"
+    if op == "aten.index.Tensor":
+        idx = info.args[1]
+        if any(i is None for i in idx):
+            return "index with None"
+        if any(m.dtype != I64 for m in info.inputs[1:]):
+            return "only int64 indices"
+    if op in ("aten.bmm.default", "aten.baddbmm.default", "aten.mm.default", "aten.addmm.default"):
+        if any(m.dtype != F32 for m in metas):
+            return "float32 only"
+    return None

@@ -1,0 +1,94 @@
+"""NativeProgram: the callable a compiled partition becomes.
+
+Per call: allocate the output buffers with ``torch.empty`` (only those whose values leave the
+partition), pass every tensor as (data pointer, sizes, strides, dtype), and make one call into
+Rust with the GIL released. Outputs that are views are made with ``as_strided``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torchburn.plan import Plan
+
+from tb_cpu_rust import _native
+from tb_cpu_rust.lower import lower
+
+_DT = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
+
+
+class NativeProgram:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        lowered = lower(plan)
+        self.executor = _native.Executor(lowered["json"])
+        self._constants = [plan.constants[k] for k in sorted(plan.constants)]
+        self._n_user_inputs = len(plan.inputs) - len(plan.constants)
+        buffers, values = lowered["buffers"], lowered["values"]
+        n_in = lowered["n_inputs"]
+        self._out_bufs = [(b["numel"], _DT[b["dtype"]]) for b in buffers[n_in : n_in + self.executor.n_outputs]]
+        # how each plan output is made: from an output buffer, an input, or a literal
+        self._outputs: list[tuple[str, Any]] = []
+        for kind, v in lowered["outputs"]:
+            if kind == "lit":
+                self._outputs.append(("lit", v))
+                continue
+            val = values[v]
+            b = val["buf"]
+            shape, stride, off = tuple(val["sizes"]), tuple(val["strides"]), val["offset"]
+            if b < n_in:
+                self._outputs.append(("in", (b, shape, stride, off)))
+            else:
+                whole = off == 0 and _extent(shape, stride) == buffers[b]["numel"]
+                self._outputs.append(("out", (b - n_in, shape, stride, off, whole)))
+        # an output buffer that backs exactly one whole output is allocated with its strides
+        self._direct: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        users: dict[int, int] = {}
+        for kind, spec in self._outputs:
+            if kind == "out":
+                users[spec[0]] = users.get(spec[0], 0) + 1
+        for kind, spec in self._outputs:
+            if kind == "out" and spec[4] and users[spec[0]] == 1:
+                self._direct[spec[0]] = (spec[1], spec[2])
+        self.single = plan.single_output
+
+    def __call__(self, *inputs: Any) -> Any:
+        tensors = [*inputs, *self._constants]
+        args = []
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"native_cpu expected a tensor input, got {type(t).__name__}")
+            args.append((t.data_ptr(), tuple(t.shape), t.stride(), _name(t.dtype)))
+        bufs = []
+        for i, (numel, dtype) in enumerate(self._out_bufs):
+            direct = self._direct.get(i)
+            bufs.append(torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype))
+        outs = [(b.data_ptr(), tuple(b.shape), b.stride(), _name(b.dtype)) for b in bufs]
+        self.executor.run(args, outs)
+        result = []
+        for kind, spec in self._outputs:
+            if kind == "lit":
+                result.append(spec)
+            elif kind == "in":
+                b, shape, stride, off = spec
+                t = tensors[b]
+                result.append(t.as_strided(shape, stride, t.storage_offset() + off))
+            else:
+                b, shape, stride, off, _ = spec
+                buf = bufs[b]
+                result.append(buf if b in self._direct else buf.as_strided(shape, stride, off))
+        return result[0] if self.single else tuple(result)
+
+
+def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return _NAMES.get(dtype, str(dtype))

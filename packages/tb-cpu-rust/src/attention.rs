@@ -1,0 +1,106 @@
+//! Scaled dot-product attention, tiled by query blocks: each task takes one (batch, head,
+//! 64-query block), computes its scores against the keys it may see with a packed GEMM,
+//! applies the mask and a numerically stable softmax in place, and multiplies by V. Only a
+//! 64×S tile of scores ever exists, never the L×S matrix; causal blocks skip masked keys.
+
+use crate::exec::{Mem, SPtr};
+use crate::gemm::{sgemm, Mat};
+use crate::mathfn;
+use crate::tensor::{DType, View};
+use rayon::prelude::*;
+
+const BQ: usize = 64;
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32) {
+    let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
+    let (s, ev) = (k.sizes[2], v.sizes[3]);
+    if b * h * l == 0 {
+        return;
+    }
+    let (pq, pk, pv, po, pl) = (mem.ptr::<f32>(q), mem.ptr::<f32>(k), mem.ptr::<f32>(v), mem.ptr::<f32>(o), mem.ptr::<f32>(lse));
+    let pm = mask.map(|m| (SPtr(mem.byte_ptr(m)), m));
+    let qblocks = l.div_ceil(BQ);
+    let tasks = b * h * qblocks;
+    let task = |t: usize| {
+        let (bh, qb) = (t / qblocks, t % qblocks);
+        let (bi, hi) = (bh / h, bh % h);
+        let i0 = qb * BQ;
+        let rows = BQ.min(l - i0);
+        let nk = if causal { s.min(i0 + rows) } else { s };
+        let qp = pq.add(bi * q.strides[0] + hi * q.strides[1] + i0 * q.strides[2]);
+        let kp = pk.add(bi * k.strides[0] + hi * k.strides[1]);
+        let vp = pv.add(bi * v.strides[0] + hi * v.strides[1]);
+        let op = po.add(bi * o.strides[0] + hi * o.strides[1] + i0 * o.strides[2]);
+        let lp = pl.add(bi * lse.strides[0] + hi * lse.strides[1] + i0 * lse.strides[2]);
+        let mut sc = vec![0f32; rows * nk.max(1)];
+        let scp = SPtr(sc.as_mut_ptr());
+        if nk > 0 {
+            sgemm(
+                rows,
+                nk,
+                e,
+                Mat { p: SPtr(qp), rs: q.strides[2] as isize, cs: q.strides[3] as isize },
+                Mat { p: SPtr(kp), rs: k.strides[3] as isize, cs: k.strides[2] as isize },
+                Mat { p: scp, rs: nk as isize, cs: 1 },
+                scale,
+                false,
+                1,
+            );
+        }
+        for r in 0..rows {
+            let row = &mut sc[r * nk..(r + 1) * nk];
+            let qi = i0 + r;
+            if let Some((mp, m)) = &pm {
+                let base = bi * m.strides[0] + hi * m.strides[1] + qi * m.strides[2];
+                for (j, x) in row.iter_mut().enumerate() {
+                    let at = base + j * m.strides[3];
+                    if m.dtype == DType::Bool {
+                        if *mp.add(at) == 0 {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    } else {
+                        *x += *(mp.get() as *const f32).add(at);
+                    }
+                }
+            }
+            if causal {
+                for x in row.iter_mut().skip(qi + 1) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            if mx == f32::NEG_INFINITY {
+                row.fill(0.0);
+                *lp.add(r * lse.strides[2]) = f32::NEG_INFINITY;
+                continue;
+            }
+            let mut sum = 0f32;
+            for x in row.iter_mut() {
+                *x = mathfn::exp(*x - mx);
+                sum += *x;
+            }
+            let inv = 1.0 / sum;
+            for x in row.iter_mut() {
+                *x *= inv;
+            }
+            *lp.add(r * lse.strides[2]) = mx + sum.ln();
+        }
+        sgemm(
+            rows,
+            ev,
+            nk,
+            Mat { p: scp, rs: nk as isize, cs: 1 },
+            Mat { p: SPtr(vp), rs: v.strides[2] as isize, cs: v.strides[3] as isize },
+            Mat { p: SPtr(op), rs: o.strides[2] as isize, cs: o.strides[3] as isize },
+            1.0,
+            false,
+            1,
+        );
+    };
+    if tasks > 1 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        task(0);
+    }
+}

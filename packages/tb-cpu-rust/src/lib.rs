@@ -1,0 +1,123 @@
+//! tb_cpu_rust._native: the thin pyo3 layer over the executor and kernels.
+//!
+//! Every function here converts Python values, calls into plain Rust that returns `Result`,
+//! and turns errors into Python `ValueError`s. Kernels run with the GIL released.
+
+pub mod attention;
+pub mod conv;
+pub mod ew;
+pub mod exec;
+pub mod gemm;
+pub mod isa;
+pub mod mathfn;
+pub mod ops;
+pub mod tensor;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+type TensorArg = (usize, Vec<i64>, Vec<i64>, String);
+
+fn err(e: String) -> PyErr {
+    PyValueError::new_err(e)
+}
+
+struct Ptrs(Vec<*mut u8>);
+// SAFETY: the pointers are only dereferenced by the executor while Python keeps the tensors
+// alive (the caller holds references for the duration of `run`).
+unsafe impl Send for Ptrs {}
+
+fn args(list: Vec<TensorArg>) -> Vec<exec::Arg> {
+    list.into_iter()
+        .map(|(ptr, sizes, strides, dtype)| exec::Arg { ptr, sizes, strides, dtype })
+        .collect()
+}
+
+/// A prepared partition: built once from the plan spec, called many times.
+#[pyclass(module = "tb_cpu_rust._native", frozen)]
+struct Executor {
+    inner: exec::Executor,
+}
+
+#[pymethods]
+impl Executor {
+    #[new]
+    fn new(spec: &str) -> PyResult<Self> {
+        exec::Executor::from_json(spec).map(|inner| Executor { inner }).map_err(err)
+    }
+
+    /// Runs the plan on `inputs`, writing `outputs`; each tensor is (data_ptr, sizes, strides, dtype).
+    fn run(&self, py: Python<'_>, inputs: Vec<TensorArg>, outputs: Vec<TensorArg>) -> PyResult<()> {
+        let ptrs = Ptrs(self.inner.bind(&args(inputs), &args(outputs)).map_err(err)?);
+        let inner = &self.inner;
+        py.detach(move || {
+            let ptrs = ptrs;
+            // SAFETY: `bind` validated dtypes, sizes, strides and overlap of every tensor.
+            unsafe { inner.run(ptrs.0) }
+        })
+        .map_err(err)
+    }
+
+    #[getter]
+    fn n_inputs(&self) -> usize {
+        self.inner.n_inputs
+    }
+
+    #[getter]
+    fn n_outputs(&self) -> usize {
+        self.inner.n_outputs
+    }
+
+    #[getter]
+    fn n_steps(&self) -> usize {
+        self.inner.steps.len()
+    }
+}
+
+/// Validates one tensor descriptor and returns the number of elements it spans.
+#[pyfunction]
+fn validate_tensor(ptr: usize, sizes: Vec<i64>, strides: Vec<i64>, dtype: &str) -> PyResult<usize> {
+    let dt = tensor::DType::parse(dtype).map_err(err)?;
+    let sizes = tensor::to_usize(&sizes, "sizes").map_err(err)?;
+    let strides = tensor::to_usize(&strides, "strides").map_err(err)?;
+    tensor::numel(&sizes).map_err(err)?;
+    let ext = tensor::extent(&sizes, &strides).map_err(err)?;
+    if ptr == 0 && ext > 0 {
+        return Err(err("null data pointer".into()));
+    }
+    if ptr % dt.size() != 0 {
+        return Err(err("misaligned data pointer".into()));
+    }
+    Ok(ext)
+}
+
+#[pyfunction(name = "isa")]
+fn isa_name() -> &'static str {
+    isa::describe()
+}
+
+#[pyfunction]
+fn gemm_backend() -> &'static str {
+    gemm::backend()
+}
+
+#[pyfunction]
+fn set_gemm_backend(name: &str) -> PyResult<()> {
+    gemm::set_backend(name).map_err(err)
+}
+
+#[pyfunction]
+fn num_threads() -> usize {
+    rayon::current_num_threads()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Executor>()?;
+    m.add_function(wrap_pyfunction!(validate_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(isa_name, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(set_gemm_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    Ok(())
+}

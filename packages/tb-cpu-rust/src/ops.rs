@@ -1,0 +1,863 @@
+//! Non-elementwise kernels: GEMM family, reductions, softmax, norms, attention, indexing,
+//! convolution, pooling, losses. `Kernel::new` checks every shape relation a kernel relies on,
+//! so `run` only indexes inside validated views.
+
+use crate::ew::Un;
+use crate::exec::{Mem, SPtr};
+use crate::gemm::{epilogue, sgemm, Mat};
+use crate::mathfn;
+use crate::tensor::{DType, Result, View};
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Red {
+    Sum,
+    Mean,
+    Amax,
+    Amin,
+    Argmax,
+    Argmin,
+    Var(f64),
+    Prod,
+    LogSumExp,
+    Any,
+    All,
+}
+
+pub enum Kernel {
+    Gemm { a: View, b: View, c: View, bias: Option<View>, alpha: f32, beta: f32, epi: Vec<Un> },
+    Reduce { kind: Red, x: View, out: View },
+    Softmax { x: View, y: View, dim: usize, log: bool },
+    SoftmaxBwd { g: View, y: View, gi: View, dim: usize, log: bool },
+    LayerNorm { x: View, w: Option<View>, b: Option<View>, y: View, mean: View, rstd: View, n: usize, eps: f32 },
+    RmsNorm { x: View, w: Option<View>, y: View, rstd: View, n: usize, eps: f32 },
+    Sdpa { q: View, k: View, v: View, mask: Option<View>, o: View, lse: View, causal: bool, scale: f32 },
+    Embedding { w: View, idx: View, out: View },
+    Index { x: View, idx: Vec<View>, out: View },
+    Gather { x: View, idx: View, out: View, dim: usize },
+    IndexSelect { x: View, idx: View, out: View, dim: usize },
+    Cumsum { x: View, y: View, dim: usize },
+    Arange { y: View, start: f64, step: f64 },
+    Conv2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7], epi: Vec<Un> },
+    MaxPool { x: View, y: View, idx: View, p: [usize; 8] },
+    AvgPool { x: View, y: View, p: [usize; 6], include_pad: bool, divisor: usize },
+    Nll { x: View, t: View, w: Option<View>, out: View, total: View, reduction: i64, ignore: i64 },
+    NllBwd { g: View, x: View, t: View, w: Option<View>, total: View, gi: View, reduction: i64, ignore: i64 },
+}
+
+fn need(cond: bool, what: &str) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.to_string())
+    }
+}
+
+fn f32s(vs: &[&View]) -> Result<()> {
+    need(vs.iter().all(|v| v.dtype == DType::F32), "operand is not float32")
+}
+
+fn take(ins: &[Option<View>], i: usize) -> Result<View> {
+    ins.get(i).cloned().flatten().ok_or_else(|| format!("missing operand {i}"))
+}
+
+fn opt(ins: &[Option<View>], i: usize) -> Option<View> {
+    ins.get(i).cloned().flatten()
+}
+
+fn out(outs: &[View], i: usize) -> Result<View> {
+    outs.get(i).cloned().ok_or_else(|| format!("missing output {i}"))
+}
+
+fn int(ints: &[i64], i: usize) -> Result<i64> {
+    ints.get(i).copied().ok_or_else(|| format!("missing integer parameter {i}"))
+}
+
+fn uint(ints: &[i64], i: usize) -> Result<usize> {
+    usize::try_from(int(ints, i)?).map_err(|_| format!("parameter {i} must be non-negative"))
+}
+
+fn dim(ints: &[i64], i: usize, rank: usize) -> Result<usize> {
+    let d = int(ints, i)?;
+    let r = rank as i64;
+    let d = if d < 0 { d + r } else { d };
+    need(d >= 0 && d < r.max(1), "dimension out of range")?;
+    Ok(d as usize)
+}
+
+/// Iterates every multi-index of `sizes`, passing the offsets of each operand.
+fn for_each<const K: usize>(sizes: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
+    if sizes.contains(&0) {
+        return;
+    }
+    let nd = sizes.len();
+    let mut idx = vec![0usize; nd];
+    let mut offs = [0usize; K];
+    loop {
+        f(offs);
+        let mut d = nd;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..K {
+                offs[k] += strides[k][d];
+            }
+            if idx[d] < sizes[d] {
+                break;
+            }
+            for k in 0..K {
+                offs[k] -= strides[k][d] * sizes[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Offsets of operand `strides` at multi-index number `linear` of `sizes` (row-major).
+fn offset_of(linear: usize, sizes: &[usize], strides: &[usize]) -> usize {
+    let mut r = linear;
+    let mut o = 0;
+    for d in (0..sizes.len()).rev() {
+        o += (r % sizes[d]) * strides[d];
+        r /= sizes[d];
+    }
+    o
+}
+
+fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
+    v.iter().enumerate().filter(|&(i, _)| i != d).map(|(_, &x)| x).collect()
+}
+
+impl Kernel {
+    pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<Un>) -> Result<Kernel> {
+        let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
+        let k = match op {
+            "gemm" => {
+                let (a, b, c) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                let bias = opt(&ins, 2);
+                f32s(&[&a, &b, &c])?;
+                let r = c.rank();
+                need(r == 2 || r == 3, "gemm operands must be 2-d or 3-d")?;
+                need(a.rank() == r && b.rank() == r, "gemm operands differ in rank")?;
+                let (m, kk, n) = (a.sizes[r - 2], a.sizes[r - 1], b.sizes[r - 1]);
+                need(b.sizes[r - 2] == kk && c.sizes[r - 2] == m && c.sizes[r - 1] == n, "gemm shapes do not agree")?;
+                if r == 3 {
+                    need(a.sizes[0] == c.sizes[0] && b.sizes[0] == c.sizes[0], "bmm batch sizes differ")?;
+                }
+                if let Some(bv) = &bias {
+                    f32s(&[bv])?;
+                    need(bv.sizes == c.sizes, "gemm bias must be broadcast to the output shape")?;
+                }
+                Kernel::Gemm { a, b, c, bias, alpha: fl(0, 1.0) as f32, beta: fl(1, 1.0) as f32, epi }
+            }
+            "reduce" => {
+                let (x, o) = (take(&ins, 0)?, out(&outs, 0)?);
+                need(x.rank() == o.rank(), "reduction output must keep the reduced dims")?;
+                for d in 0..x.rank() {
+                    need(o.sizes[d] == x.sizes[d] || o.sizes[d] == 1, "reduction shapes do not agree")?;
+                }
+                let kind = match int(ints, 0)? {
+                    0 => Red::Sum,
+                    1 => Red::Mean,
+                    2 => Red::Amax,
+                    3 => Red::Amin,
+                    4 => Red::Argmax,
+                    5 => Red::Argmin,
+                    6 => Red::Var(fl(0, 1.0)),
+                    7 => Red::Prod,
+                    8 => Red::LogSumExp,
+                    9 => Red::Any,
+                    10 => Red::All,
+                    k => return Err(format!("unknown reduction {k}")),
+                };
+                let reduced: Vec<bool> = ints.iter().skip(1).map(|&v| v != 0).collect();
+                need(reduced.len() == x.rank(), "reduction mask has the wrong rank")?;
+                for d in 0..x.rank() {
+                    need(!reduced[d] || o.sizes[d] == 1, "reduced dim must have size 1 in the output")?;
+                    need(reduced[d] || o.sizes[d] == x.sizes[d], "kept dim must keep its size")?;
+                }
+                f32s(&[&x])?;
+                match kind {
+                    Red::Argmax | Red::Argmin => need(o.dtype == DType::I64, "argmax output is int64")?,
+                    Red::Any | Red::All => need(o.dtype == DType::Bool, "any/all output is bool")?,
+                    _ => f32s(&[&o])?,
+                }
+                // Argmax over several dims needs the row-major position: keep the mask in the view
+                let mut x = x;
+                for d in 0..x.rank() {
+                    if !reduced[d] && x.sizes[d] == 1 {
+                        x.strides[d] = 0;
+                    }
+                }
+                let mut o = o;
+                for d in 0..o.rank() {
+                    if reduced[d] {
+                        o.strides[d] = 0;
+                    }
+                }
+                Kernel::Reduce { kind, x, out: o }
+            }
+            "softmax" | "log_softmax" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                f32s(&[&x, &y])?;
+                need(x.sizes == y.sizes, "softmax shapes differ")?;
+                let d = dim(ints, 0, x.rank())?;
+                Kernel::Softmax { x, y, dim: d, log: op == "log_softmax" }
+            }
+            "softmax_bwd" | "log_softmax_bwd" => {
+                let (g, y, gi) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                f32s(&[&g, &y, &gi])?;
+                need(g.sizes == y.sizes && y.sizes == gi.sizes, "softmax backward shapes differ")?;
+                let d = dim(ints, 0, g.rank())?;
+                Kernel::SoftmaxBwd { g, y, gi, dim: d, log: op == "log_softmax_bwd" }
+            }
+            "layer_norm" | "rms_norm" => {
+                let x = take(&ins, 0)?;
+                let y = out(&outs, 0)?;
+                let n = uint(ints, 0)?;
+                f32s(&[&x, &y])?;
+                need(x.is_contiguous() && y.is_contiguous() && x.sizes == y.sizes, "norm needs contiguous input/output")?;
+                need(n > 0 && x.numel() % n == 0, "normalized size does not divide the input")?;
+                let rows = x.numel() / n;
+                let w = opt(&ins, 1);
+                for p in w.iter().chain(opt(&ins, 2).iter()) {
+                    f32s(&[p])?;
+                    need(p.is_contiguous() && p.numel() == n, "norm weight/bias must have the normalized shape")?;
+                }
+                let eps = fl(0, 1e-5) as f32;
+                if op == "layer_norm" {
+                    let (mean, rstd) = (out(&outs, 1)?, out(&outs, 2)?);
+                    f32s(&[&mean, &rstd])?;
+                    need(mean.numel() == rows && rstd.numel() == rows && mean.is_contiguous() && rstd.is_contiguous(), "layer norm stats shape")?;
+                    Kernel::LayerNorm { x, w, b: opt(&ins, 2), y, mean, rstd, n, eps }
+                } else {
+                    let rstd = out(&outs, 1)?;
+                    f32s(&[&rstd])?;
+                    need(rstd.numel() == rows && rstd.is_contiguous(), "rms norm stats shape")?;
+                    Kernel::RmsNorm { x, w, y, rstd, n, eps }
+                }
+            }
+            "sdpa" => {
+                let (q, k, v, o, lse) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?, out(&outs, 1)?);
+                f32s(&[&q, &k, &v, &o, &lse])?;
+                need(q.rank() == 4 && k.rank() == 4 && v.rank() == 4 && o.rank() == 4 && lse.rank() == 3, "sdpa needs 4-d q/k/v")?;
+                let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
+                let s = k.sizes[2];
+                need(k.sizes == [b, h, s, e] && v.sizes[..3] == [b, h, s] && o.sizes == [b, h, l, v.sizes[3]], "sdpa shapes")?;
+                need(lse.sizes == [b, h, l], "sdpa logsumexp shape")?;
+                let mask = opt(&ins, 3);
+                if let Some(m) = &mask {
+                    need(m.sizes == [b, h, l, s], "sdpa mask must be broadcast to (B, H, L, S)")?;
+                }
+                Kernel::Sdpa { q, k, v, mask, o, lse, causal: int(ints, 0)? != 0, scale: fl(0, 1.0 / (e as f64).sqrt()) as f32 }
+            }
+            "embedding" => {
+                let (w, idx, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                f32s(&[&w, &o])?;
+                need(w.rank() == 2 && idx.dtype == DType::I64, "embedding takes a 2-d weight and int64 indices")?;
+                let mut expect = idx.sizes.clone();
+                expect.push(w.sizes[1]);
+                need(o.sizes == expect, "embedding output shape")?;
+                Kernel::Embedding { w, idx, out: o }
+            }
+            "index" => {
+                let x = take(&ins, 0)?;
+                let idx: Vec<View> = (1..ins.len()).map(|i| take(&ins, i)).collect::<Result<_>>()?;
+                let o = out(&outs, 0)?;
+                need(!idx.is_empty() && idx.len() <= x.rank(), "index needs 1..rank index tensors")?;
+                need(o.dtype == x.dtype, "index output dtype")?;
+                let bshape = idx[0].sizes.clone();
+                need(idx.iter().all(|i| i.dtype == DType::I64 && i.sizes == bshape), "index tensors must be int64 and broadcast")?;
+                let mut expect = bshape;
+                expect.extend_from_slice(&x.sizes[idx.len()..]);
+                need(o.sizes == expect, "index output shape")?;
+                Kernel::Index { x, idx, out: o }
+            }
+            "gather" | "index_select" => {
+                let (x, idx, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                let d = dim(ints, 0, x.rank())?;
+                need(idx.dtype == DType::I64 && o.dtype == x.dtype && o.rank() == x.rank().max(1), "gather dtypes/rank")?;
+                if op == "gather" {
+                    need(idx.sizes == o.sizes && idx.rank() == x.rank(), "gather shapes")?;
+                    for i in 0..x.rank() {
+                        need(i == d || idx.sizes[i] <= x.sizes[i], "gather index larger than input")?;
+                    }
+                    Kernel::Gather { x, idx, out: o, dim: d }
+                } else {
+                    need(idx.rank() <= 1 && x.rank() >= 1, "index_select takes a 1-d index")?;
+                    let mut expect = x.sizes.clone();
+                    expect[d] = idx.numel();
+                    need(o.sizes == expect, "index_select output shape")?;
+                    Kernel::IndexSelect { x, idx, out: o, dim: d }
+                }
+            }
+            "cumsum" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                need(x.sizes == y.sizes, "cumsum shapes")?;
+                need(y.dtype != DType::Bool && !(y.dtype == DType::I64 && x.dtype == DType::F32), "cumsum dtypes")?;
+                Kernel::Cumsum { dim: dim(ints, 0, x.rank())?, x, y }
+            }
+            "arange" => {
+                let y = out(&outs, 0)?;
+                need(y.rank() == 1 && y.dtype != DType::Bool, "arange output")?;
+                Kernel::Arange { y, start: fl(0, 0.0), step: fl(1, 1.0) }
+            }
+            "conv2d" => {
+                let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                let bias = opt(&ins, 2);
+                f32s(&[&x, &w, &y])?;
+                need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv2d takes 4-d tensors")?;
+                let p: [usize; 7] = [uint(ints, 0)?, uint(ints, 1)?, uint(ints, 2)?, uint(ints, 3)?, uint(ints, 4)?, uint(ints, 5)?, uint(ints, 6)?];
+                let (sh, sw, ph, pw, dh, dw, g) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+                need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv2d stride/dilation/groups must be positive")?;
+                let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
+                let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
+                need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0, "conv2d channel counts")?;
+                let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d kernel larger than input")?;
+                let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d kernel larger than input")?;
+                need(y.sizes == [n, oc, eh / sh + 1, ew_ / sw + 1], "conv2d output shape")?;
+                need(w.strides[1] == kh * w.strides[2] && w.strides[2] == kw * w.strides[3] || cg * kh * kw == 1, "conv2d weight layout")?;
+                need(y.strides[2] == y.sizes[3] * y.strides[3] || y.sizes[2] == 1, "conv2d output layout")?;
+                if let Some(b) = &bias {
+                    need(b.sizes == [oc] && b.dtype == DType::F32, "conv2d bias shape")?;
+                }
+                Kernel::Conv2d { x, w, bias, y, p, epi }
+            }
+            "max_pool2d" | "avg_pool2d" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                f32s(&[&x, &y])?;
+                need(x.rank() == 4 && y.rank() == 4 && x.sizes[..2] == y.sizes[..2], "pool takes 4-d tensors")?;
+                let vals: Vec<usize> = (0..if op == "max_pool2d" { 8 } else { 6 }).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                need(vals[0] > 0 && vals[1] > 0 && vals[2] > 0 && vals[3] > 0, "pool kernel/stride must be positive")?;
+                need(vals[4] <= vals[0] / 2 && vals[5] <= vals[1] / 2, "pool padding larger than half the kernel")?;
+                if op == "max_pool2d" {
+                    let idx = out(&outs, 1)?;
+                    need(idx.sizes == y.sizes && idx.dtype == DType::I64, "max_pool2d indices")?;
+                    need(vals[6] > 0 && vals[7] > 0, "pool dilation must be positive")?;
+                    let mut p = [0usize; 8];
+                    p.copy_from_slice(&vals);
+                    Kernel::MaxPool { x, y, idx, p }
+                } else {
+                    let mut p = [0usize; 6];
+                    p.copy_from_slice(&vals);
+                    Kernel::AvgPool { x, y, p, include_pad: int(ints, 6)? != 0, divisor: uint(ints, 7)? }
+                }
+            }
+            "nll_loss" | "nll_loss_bwd" => {
+                let fwd = op == "nll_loss";
+                let off = if fwd { 0 } else { 1 };
+                let (x, t) = (take(&ins, off)?, take(&ins, off + 1)?);
+                let w = opt(&ins, off + 2);
+                f32s(&[&x])?;
+                need(x.rank() == 1 || x.rank() == 2, "nll_loss input must be 1-d or 2-d")?;
+                need(t.dtype == DType::I64 && t.numel() == if x.rank() == 2 { x.sizes[0] } else { 1 }, "nll_loss target")?;
+                let classes = *x.sizes.last().unwrap_or(&0);
+                if let Some(wv) = &w {
+                    need(wv.sizes == [classes] && wv.dtype == DType::F32, "nll_loss weight")?;
+                }
+                let reduction = int(ints, 0)?;
+                need((0..=2).contains(&reduction), "nll_loss reduction")?;
+                let ignore = int(ints, 1)?;
+                if fwd {
+                    let (o, total) = (out(&outs, 0)?, out(&outs, 1)?);
+                    f32s(&[&o, &total])?;
+                    need(total.numel() == 1, "nll_loss total weight")?;
+                    need(if reduction == 0 { o.numel() == t.numel() } else { o.numel() == 1 }, "nll_loss output")?;
+                    Kernel::Nll { x, t, w, out: o, total, reduction, ignore }
+                } else {
+                    let (g, total, gi) = (take(&ins, 0)?, take(&ins, 4)?, out(&outs, 0)?);
+                    f32s(&[&g, &total, &gi])?;
+                    need(gi.sizes == x.sizes && total.numel() == 1, "nll_loss_backward shapes")?;
+                    need(if reduction == 0 { g.numel() == t.numel() } else { g.numel() == 1 }, "nll_loss_backward grad")?;
+                    Kernel::NllBwd { g, x, t, w, total, gi, reduction, ignore }
+                }
+            }
+            other => return Err(format!("unknown kernel {other:?}")),
+        };
+        Ok(k)
+    }
+
+    pub fn run(&self, mem: &Mem) -> Result<()> {
+        unsafe { self.run_unchecked(mem) }
+    }
+
+    unsafe fn run_unchecked(&self, mem: &Mem) -> Result<()> {
+        let threads = rayon::current_num_threads();
+        match self {
+            Kernel::Gemm { a, b, c, bias, alpha, beta, epi } => {
+                let r = c.rank();
+                let (m, k, n) = (a.sizes[r - 2], a.sizes[r - 1], b.sizes[r - 1]);
+                let batch = if r == 3 { c.sizes[0] } else { 1 };
+                let (pa, pb, pc) = (mem.ptr::<f32>(a), mem.ptr::<f32>(b), mem.ptr::<f32>(c));
+                if let Some(bv) = bias {
+                    let pbias = mem.ptr::<f32>(bv);
+                    let beta = *beta;
+                    for_each(&c.sizes, [&bv.strides, &c.strides], |[ob, oc]| {
+                        *pc.add(oc) = beta * *pbias.add(ob);
+                    });
+                }
+                let mat = |p: SPtr<f32>, v: &View, i: usize| {
+                    let off = if r == 3 { i * v.strides[0] } else { 0 };
+                    Mat { p: SPtr(p.add(off)), rs: v.strides[r - 2] as isize, cs: v.strides[r - 1] as isize }
+                };
+                let one = |i: usize, t: usize| {
+                    let cm = mat(pc, c, i);
+                    sgemm(m, n, k, mat(pa, a, i), mat(pb, b, i), cm, *alpha, bias.is_some(), t);
+                    epilogue(m, n, cm, epi);
+                };
+                if batch > 1 && m * n * k < 256 * 256 * 256 {
+                    (0..batch).into_par_iter().for_each(|i| one(i, 1));
+                } else {
+                    for i in 0..batch {
+                        one(i, threads);
+                    }
+                }
+            }
+            Kernel::Reduce { kind, x, out } => reduce(mem, *kind, x, out),
+            Kernel::Softmax { x, y, dim, log } => {
+                let (px, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y));
+                let n = x.sizes[*dim];
+                let (sx, sy) = (x.strides[*dim], y.strides[*dim]);
+                let osz = drop_dim(&x.sizes, *dim);
+                let (osx, osy) = (drop_dim(&x.strides, *dim), drop_dim(&y.strides, *dim));
+                let rows: usize = osz.iter().product();
+                let row = |r: usize| {
+                    let (bx, by) = (px.add(offset_of(r, &osz, &osx)), py.add(offset_of(r, &osz, &osy)));
+                    softmax_row(bx, sx, by, sy, n, *log);
+                };
+                par_rows(rows, rows * n, row);
+            }
+            Kernel::SoftmaxBwd { g, y, gi, dim, log } => {
+                let (pg, py, po) = (mem.ptr::<f32>(g), mem.ptr::<f32>(y), mem.ptr::<f32>(gi));
+                let n = g.sizes[*dim];
+                let st = [g.strides[*dim], y.strides[*dim], gi.strides[*dim]];
+                let osz = drop_dim(&g.sizes, *dim);
+                let os = [drop_dim(&g.strides, *dim), drop_dim(&y.strides, *dim), drop_dim(&gi.strides, *dim)];
+                let rows: usize = osz.iter().product();
+                par_rows(rows, rows * n, |r| {
+                    let bg = pg.add(offset_of(r, &osz, &os[0]));
+                    let by = py.add(offset_of(r, &osz, &os[1]));
+                    let bo = po.add(offset_of(r, &osz, &os[2]));
+                    let mut acc = 0f64;
+                    for i in 0..n {
+                        let gv = *bg.add(i * st[0]);
+                        acc += if *log { gv as f64 } else { (gv * *by.add(i * st[1])) as f64 };
+                    }
+                    let acc = acc as f32;
+                    for i in 0..n {
+                        let (gv, yv) = (*bg.add(i * st[0]), *by.add(i * st[1]));
+                        *bo.add(i * st[2]) = if *log { gv - mathfn::exp(yv) * acc } else { yv * (gv - acc) };
+                    }
+                });
+            }
+            Kernel::LayerNorm { x, w, b, y, mean, rstd, n, eps } => {
+                let (px, py, pm, pr) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<f32>(mean), mem.ptr::<f32>(rstd));
+                let pw = w.as_ref().map(|v| mem.ptr::<f32>(v));
+                let pb = b.as_ref().map(|v| mem.ptr::<f32>(v));
+                let n = *n;
+                let rows = x.numel() / n;
+                par_rows(rows, x.numel(), |r| {
+                    let xs = std::slice::from_raw_parts(px.add(r * n), n);
+                    let ys = std::slice::from_raw_parts_mut(py.add(r * n), n);
+                    let mu = xs.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+                    let var = xs.iter().map(|&v| (v as f64 - mu) * (v as f64 - mu)).sum::<f64>() / n as f64;
+                    let rs = 1.0 / (var + *eps as f64).sqrt();
+                    let (mu32, rs32) = (mu as f32, rs as f32);
+                    for i in 0..n {
+                        let mut v = (xs[i] - mu32) * rs32;
+                        if let Some(pw) = pw {
+                            v *= *pw.add(i);
+                        }
+                        if let Some(pb) = pb {
+                            v += *pb.add(i);
+                        }
+                        ys[i] = v;
+                    }
+                    *pm.add(r) = mu32;
+                    *pr.add(r) = rs32;
+                });
+            }
+            Kernel::RmsNorm { x, w, y, rstd, n, eps } => {
+                let (px, py, pr) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<f32>(rstd));
+                let pw = w.as_ref().map(|v| mem.ptr::<f32>(v));
+                let n = *n;
+                let rows = x.numel() / n;
+                par_rows(rows, x.numel(), |r| {
+                    let xs = std::slice::from_raw_parts(px.add(r * n), n);
+                    let ys = std::slice::from_raw_parts_mut(py.add(r * n), n);
+                    let ms = xs.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
+                    let rs = (1.0 / (ms + *eps as f64).sqrt()) as f32;
+                    for i in 0..n {
+                        ys[i] = xs[i] * rs * pw.map(|p| *p.add(i)).unwrap_or(1.0);
+                    }
+                    *pr.add(r) = rs;
+                });
+            }
+            Kernel::Sdpa { q, k, v, mask, o, lse, causal, scale } => crate::attention::sdpa(mem, q, k, v, mask.as_ref(), o, lse, *causal, *scale),
+            Kernel::Embedding { w, idx, out } => {
+                let (pw, pi, po) = (mem.ptr::<f32>(w), mem.ptr::<i64>(idx), mem.ptr::<f32>(out));
+                let (rows, d) = (w.sizes[0] as i64, w.sizes[1]);
+                let od = *out.strides.last().unwrap_or(&1);
+                let os = &out.strides[..out.rank() - 1];
+                let mut bad = None;
+                for_each(&idx.sizes, [&idx.strides, os], |[oi, oo]| {
+                    let i = *pi.add(oi);
+                    if i < 0 || i >= rows {
+                        bad = Some(i);
+                        return;
+                    }
+                    let src = pw.add(i as usize * w.strides[0]);
+                    for j in 0..d {
+                        *po.add(oo + j * od) = *src.add(j * w.strides[1]);
+                    }
+                });
+                if let Some(i) = bad {
+                    return Err(format!("embedding index {i} out of range for {rows} rows"));
+                }
+            }
+            Kernel::Index { x, idx, out } => {
+                let es = x.dtype.size();
+                let (px, po) = (mem.byte_ptr(x), mem.byte_ptr(out));
+                let k = idx.len();
+                let ptrs: Vec<SPtr<i64>> = idx.iter().map(|v| mem.ptr::<i64>(v)).collect();
+                let bshape = &idx[0].sizes;
+                let nb: usize = bshape.iter().product();
+                let rest = &x.sizes[k..];
+                let (xrest, orest) = (&x.strides[k..], &out.strides[bshape.len()..]);
+                for lin in 0..nb {
+                    let mut base = 0usize;
+                    for j in 0..k {
+                        let raw = *ptrs[j].add(offset_of(lin, bshape, &idx[j].strides));
+                        let dsz = x.sizes[j] as i64;
+                        let i = if raw < 0 { raw + dsz } else { raw };
+                        if i < 0 || i >= dsz {
+                            return Err(format!("index {raw} is out of bounds for dimension {j} with size {dsz}"));
+                        }
+                        base += i as usize * x.strides[j];
+                    }
+                    let obase = offset_of(lin, bshape, &out.strides[..bshape.len()]);
+                    for_each(rest, [xrest, orest], |[a, b]| {
+                        std::ptr::copy_nonoverlapping(px.add((base + a) * es), po.add((obase + b) * es), es);
+                    });
+                }
+            }
+            Kernel::Gather { x, idx, out, dim } | Kernel::IndexSelect { x, idx, out, dim } => {
+                let gather = matches!(self, Kernel::Gather { .. });
+                let es = x.dtype.size();
+                let (px, pi, po) = (mem.byte_ptr(x), mem.ptr::<i64>(idx), mem.byte_ptr(out));
+                let dsz = *x.sizes.get(*dim).unwrap_or(&1) as i64;
+                let mut xs = x.strides.clone();
+                let xd = xs.get(*dim).copied().unwrap_or(0);
+                if !xs.is_empty() {
+                    xs[*dim] = 0;
+                }
+                let istr: Vec<usize> = if gather {
+                    idx.strides.clone()
+                } else {
+                    (0..out.rank()).map(|d| if d == *dim { *idx.strides.first().unwrap_or(&0) } else { 0 }).collect()
+                };
+                let mut bad = None;
+                for_each(&out.sizes, [&xs, &istr, &out.strides], |[a, ii, b]| {
+                    let raw = *pi.add(ii);
+                    let i = if raw < 0 { raw + dsz } else { raw };
+                    if i < 0 || i >= dsz {
+                        bad = Some(raw);
+                        return;
+                    }
+                    std::ptr::copy_nonoverlapping(px.add((a + i as usize * xd) * es), po.add(b * es), es);
+                });
+                if let Some(i) = bad {
+                    return Err(format!("index {i} is out of bounds for dimension {dim} with size {dsz}"));
+                }
+            }
+            Kernel::Cumsum { x, y, dim } => {
+                let n = x.sizes[*dim];
+                let (sx, sy) = (x.strides[*dim], y.strides[*dim]);
+                let osz = drop_dim(&x.sizes, *dim);
+                let (px, py) = (mem.byte_ptr(x), mem.byte_ptr(y));
+                for_each(&osz, [&drop_dim(&x.strides, *dim), &drop_dim(&y.strides, *dim)], |[a, b]| {
+                    let (mut fa, mut ia) = (0f64, 0i64);
+                    for i in 0..n {
+                        let xi = a + i * sx;
+                        match x.dtype {
+                            DType::F32 => fa += *(px as *const f32).add(xi) as f64,
+                            DType::I64 => ia = ia.wrapping_add(*(px as *const i64).add(xi)),
+                            DType::Bool => ia += (*px.add(xi) != 0) as i64,
+                        }
+                        let yi = b + i * sy;
+                        match y.dtype {
+                            DType::F32 => *(py as *mut f32).add(yi) = if x.dtype == DType::F32 { fa as f32 } else { ia as f32 },
+                            _ => *(py as *mut i64).add(yi) = ia,
+                        }
+                    }
+                });
+            }
+            Kernel::Arange { y, start, step } => {
+                let p = mem.byte_ptr(y);
+                for i in 0..y.sizes[0] {
+                    let v = start + step * i as f64;
+                    match y.dtype {
+                        DType::F32 => *(p as *mut f32).add(i * y.strides[0]) = v as f32,
+                        _ => *(p as *mut i64).add(i * y.strides[0]) = v as i64,
+                    }
+                }
+            }
+            Kernel::Conv2d { x, w, bias, y, p, epi } => crate::conv::conv2d(mem, x, w, bias.as_ref(), y, p, epi, threads),
+            Kernel::MaxPool { x, y, idx, p } => crate::conv::max_pool(mem, x, y, idx, p),
+            Kernel::AvgPool { x, y, p, include_pad, divisor } => crate::conv::avg_pool(mem, x, y, p, *include_pad, *divisor),
+            Kernel::Nll { x, t, w, out, total, reduction, ignore } => {
+                let (px, pt, po, ptot) = (mem.ptr::<f32>(x), mem.ptr::<i64>(t), mem.ptr::<f32>(out), mem.ptr::<f32>(total));
+                let pw = w.as_ref().map(|v| (mem.ptr::<f32>(v), v.strides[0]));
+                let (rows, c) = if x.rank() == 2 { (x.sizes[0], x.sizes[1]) } else { (1, x.sizes[0]) };
+                let (rs, cs) = if x.rank() == 2 { (x.strides[0], x.strides[1]) } else { (0, x.strides[0]) };
+                let ts = t.strides.first().copied().unwrap_or(0);
+                let os = out.strides.first().copied().unwrap_or(0);
+                let (mut sum, mut wsum) = (0f64, 0f64);
+                for r in 0..rows {
+                    let tv = *pt.add(r * ts);
+                    let mut loss = 0f32;
+                    if tv != *ignore {
+                        if tv < 0 || tv as usize >= c {
+                            return Err(format!("target {tv} is out of bounds for {c} classes"));
+                        }
+                        let wv = pw.map(|(p, s)| *p.add(tv as usize * s)).unwrap_or(1.0);
+                        loss = -wv * *px.add(r * rs + tv as usize * cs);
+                        wsum += wv as f64;
+                    }
+                    sum += loss as f64;
+                    if *reduction == 0 {
+                        *po.add(r * os) = loss;
+                    }
+                }
+                match reduction {
+                    1 => *po.get() = (sum / wsum) as f32,
+                    2 => *po.get() = sum as f32,
+                    _ => {}
+                }
+                *ptot.get() = if *reduction == 0 { 0.0 } else { wsum as f32 };
+            }
+            Kernel::NllBwd { g, x, t, w, total, gi, reduction, ignore } => {
+                let (pg, pt, ptot, po) = (mem.ptr::<f32>(g), mem.ptr::<i64>(t), mem.ptr::<f32>(total), mem.ptr::<f32>(gi));
+                let pw = w.as_ref().map(|v| (mem.ptr::<f32>(v), v.strides[0]));
+                for_each(&gi.sizes, [&gi.strides], |[o]| *po.add(o) = 0.0);
+                let (rows, c) = if x.rank() == 2 { (x.sizes[0], x.sizes[1]) } else { (1, x.sizes[0]) };
+                let (rs, cs) = if gi.rank() == 2 { (gi.strides[0], gi.strides[1]) } else { (0, gi.strides[0]) };
+                let ts = t.strides.first().copied().unwrap_or(0);
+                let gs = g.strides.first().copied().unwrap_or(0);
+                let tot = *ptot.get();
+                for r in 0..rows {
+                    let tv = *pt.add(r * ts);
+                    if tv == *ignore {
+                        continue;
+                    }
+                    if tv < 0 || tv as usize >= c {
+                        return Err(format!("target {tv} is out of bounds for {c} classes"));
+                    }
+                    let wv = pw.map(|(p, s)| *p.add(tv as usize * s)).unwrap_or(1.0);
+                    let gv = match reduction {
+                        0 => *pg.add(r * gs),
+                        1 => *pg.get() / tot,
+                        _ => *pg.get(),
+                    };
+                    *po.add(r * rs + tv as usize * cs) = -wv * gv;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `row(r)` for every row, in parallel when the work is large enough to pay for it.
+fn par_rows(rows: usize, work: usize, row: impl Fn(usize) + Sync) {
+    if work >= 1 << 15 && rows > 1 {
+        let tasks = (rayon::current_num_threads() * 4).min(rows);
+        let per = rows.div_ceil(tasks);
+        (0..tasks).into_par_iter().for_each(|t| (t * per..((t + 1) * per).min(rows)).for_each(&row));
+    } else {
+        (0..rows).for_each(row);
+    }
+}
+
+unsafe fn softmax_row(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize, log: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa::has_avx2() {
+            return softmax_row_avx2(x, sx, y, sy, n, log);
+        }
+    }
+    softmax_row_generic(x, sx, y, sy, n, log)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_avx2(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize, log: bool) {
+    softmax_row_generic(x, sx, y, sy, n, log)
+}
+
+#[inline(always)]
+unsafe fn softmax_row_generic(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize, log: bool) {
+    if n == 0 {
+        return;
+    }
+    if sx == 1 && sy == 1 {
+        let xs = std::slice::from_raw_parts(x, n);
+        let ys = std::slice::from_raw_parts_mut(y, n);
+        let mut m = f32::NEG_INFINITY;
+        let mut nan = false;
+        for &v in xs {
+            m = if v > m { v } else { m };
+            nan |= v.is_nan();
+        }
+        if nan {
+            ys.fill(f32::NAN);
+            return;
+        }
+        let m = if m == f32::NEG_INFINITY { 0.0 } else { m };
+        let mut sum = 0f32;
+        for (o, &v) in ys.iter_mut().zip(xs) {
+            let e = mathfn::exp(v - m);
+            *o = e;
+            sum += e;
+        }
+        if log {
+            let l = sum.ln() + m;
+            for (o, &v) in ys.iter_mut().zip(xs) {
+                *o = v - l;
+            }
+        } else {
+            let inv = 1.0 / sum;
+            for o in ys.iter_mut() {
+                *o *= inv;
+            }
+        }
+        return;
+    }
+    let mut m = f32::NEG_INFINITY;
+    let mut nan = false;
+    for i in 0..n {
+        let v = *x.add(i * sx);
+        m = if v > m { v } else { m };
+        nan |= v.is_nan();
+    }
+    if nan {
+        for i in 0..n {
+            *y.add(i * sy) = f32::NAN;
+        }
+        return;
+    }
+    let m = if m == f32::NEG_INFINITY { 0.0 } else { m };
+    let mut sum = 0f32;
+    for i in 0..n {
+        let e = mathfn::exp(*x.add(i * sx) - m);
+        *y.add(i * sy) = e;
+        sum += e;
+    }
+    let l = sum.ln() + m;
+    for i in 0..n {
+        *y.add(i * sy) = if log { *x.add(i * sx) - l } else { *y.add(i * sy) / sum };
+    }
+}
+
+pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
+    let nd = x.rank();
+    let red: Vec<usize> = (0..nd).filter(|&d| out.sizes[d] == 1 && x.sizes[d] != 1).collect();
+    let rsz: Vec<usize> = red.iter().map(|&d| x.sizes[d]).collect();
+    let rst: Vec<usize> = red.iter().map(|&d| x.strides[d]).collect();
+    let n: usize = rsz.iter().product();
+    let outer: usize = out.numel();
+    let xk: Vec<usize> = (0..nd).map(|d| if red.contains(&d) { 0 } else { x.strides[d] }).collect();
+    let px = mem.byte_ptr(x);
+    let po = SPtr(mem.byte_ptr(out));
+    let px = SPtr(px);
+    let one = |o: usize| {
+        let xb = offset_of(o, &out.sizes, &xk);
+        let ob = offset_of(o, &out.sizes, &out.strides);
+        let xf = px.get() as *const f32;
+        let mut vals = Vec::new();
+        let mut get = |f: &mut dyn FnMut(usize, f32)| {
+            let mut i = 0;
+            for_each(&rsz, [&rst], |[off]| {
+                f(i, *xf.add(xb + off));
+                i += 1;
+            });
+        };
+        let r: f64 = match kind {
+            Red::Sum | Red::Mean => {
+                let mut s = 0f64;
+                get(&mut |_, v| s += v as f64);
+                if kind == Red::Mean {
+                    s / n as f64
+                } else {
+                    s
+                }
+            }
+            Red::Prod => {
+                let mut s = 1f64;
+                get(&mut |_, v| s *= v as f64);
+                s
+            }
+            Red::Amax | Red::Amin | Red::Argmax | Red::Argmin => {
+                let maxish = matches!(kind, Red::Amax | Red::Argmax);
+                let (mut best, mut at) = (if maxish { f32::NEG_INFINITY } else { f32::INFINITY }, 0usize);
+                let mut first = true;
+                get(&mut |i, v| {
+                    let better = if best.is_nan() {
+                        false
+                    } else if v.is_nan() {
+                        true
+                    } else if maxish {
+                        v > best
+                    } else {
+                        v < best
+                    };
+                    if first || better {
+                        best = v;
+                        at = i;
+                        first = false;
+                    }
+                });
+                if matches!(kind, Red::Argmax | Red::Argmin) {
+                    *(po.get() as *mut i64).add(ob) = at as i64;
+                    return;
+                }
+                best as f64
+            }
+            Red::Var(corr) => {
+                get(&mut |_, v| vals.push(v as f64));
+                let mu = vals.iter().sum::<f64>() / n as f64;
+                let ss: f64 = vals.iter().map(|v| (v - mu) * (v - mu)).sum();
+                let d = n as f64 - corr;
+                if d <= 0.0 {
+                    f64::NAN
+                } else {
+                    ss / d
+                }
+            }
+            Red::LogSumExp => {
+                get(&mut |_, v| vals.push(v as f64));
+                let m = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if vals.iter().any(|v| v.is_nan()) {
+                    f64::NAN
+                } else if m == f64::NEG_INFINITY || m == f64::INFINITY {
+                    m
+                } else {
+                    m + vals.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+                }
+            }
+            Red::Any | Red::All => {
+                let (mut any, mut all) = (false, true);
+                get(&mut |_, v| {
+                    any |= v != 0.0;
+                    all &= v != 0.0;
+                });
+                *po.add(ob) = if kind == Red::Any { any } else { all } as u8;
+                return;
+            }
+        };
+        *(po.get() as *mut f32).add(ob) = r as f32;
+    };
+    par_rows(outer, outer * n.max(1), one);
+}
