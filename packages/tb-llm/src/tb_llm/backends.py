@@ -297,6 +297,9 @@ def _load(desc: Any, device: torch.device, strict: bool) -> Any:
 def _other_plugins_installed() -> bool:
     """Whether any ``torchburn`` entry point besides tb-llm's own exists. ``import torchburn``
     pulls in ``torch._dynamo`` (seconds), so with nothing to find it is not worth it."""
+    import sys
     from importlib import metadata
 
+    if "torchburn" in sys.modules:  # already paid for; may hold plugins registered in process
+        return True
     return any(ep.name != "llm" for ep in metadata.entry_points(group="torchburn"))

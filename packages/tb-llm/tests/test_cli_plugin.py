@@ -1,0 +1,95 @@
+"""CLI smoke tests, the `torchburn llm` command, and engine backends through tb_register_llm_backends."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tb_llm import LLM, BackendError
+from tb_llm.backends import ReferenceBackend
+
+
+def test_cli_generate_and_benchmark(llama_dir: Path) -> None:
+    # One process for both sub-commands keeps the suite fast (torch imports once).
+    code = (
+        "import sys; from tb_llm.cli import main;"
+        f"r1 = main(['generate', '--model', {str(llama_dir)!r}, '--device', 'cpu', '--tokens', '6', '--stream', 'Hello']);"
+        f"r2 = main(['benchmark', '--model', {str(llama_dir)!r}, '--quant', 'int4', '--tokens', '4', '--prompt-tokens', '16', '--repeat', '1']);"
+        f"r3 = main(['generate', '--model', {str(llama_dir / 'nope')!r}, 'x']);"
+        "print('RC', r1, r2, r3)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr
+    assert "RC 0 0 2" in out.stdout
+    assert "6 tokens, length" in out.stderr
+    for word in ("prefill", "decode", "ms/token", "memory", "engine     reference"):
+        assert word in out.stdout
+    assert "not a folder" in out.stderr
+
+
+def test_python_dash_m_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "tb_llm", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "chat" in out.stdout and "benchmark" in out.stdout
+
+
+def test_torchburn_llm_command(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tb_llm.plugin as plugin
+    from torchburn.cli.command import Command
+
+    assert plugin.PLUGIN_API_VERSION == 1
+    (cmd,) = plugin.tb_register_commands()
+    assert isinstance(cmd, Command) and cmd.name == "llm"
+    parser = argparse.ArgumentParser(prog="torchburn llm")
+    assert cmd.add_arguments is not None
+    cmd.add_arguments(parser)
+    args = parser.parse_args(["generate", "--model", str(llama_dir), "--device", "cpu", "--tokens", "3", "Hi"])
+    assert cmd.run(args) == 0
+    assert "3 tokens" in capsys.readouterr().err
+
+
+def test_entry_point_is_declared() -> None:
+    from importlib import metadata
+
+    eps = [ep for ep in metadata.entry_points(group="torchburn") if ep.name == "llm"]
+    assert eps and eps[0].value == "tb_llm.plugin"
+
+
+class _CountingBackend(ReferenceBackend):
+    name = "counting"
+    calls = 0
+
+    def linear(self, x, handle, bias):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        return super().linear(x, handle, bias)
+
+
+class _Plugin:
+    PLUGIN_API_VERSION = 1
+
+    @staticmethod
+    def tb_register_llm_backends():  # type: ignore[no-untyped-def]
+        from torchburn.llm_backend import LLMBackend
+
+        return [LLMBackend(name="counting", engine="counting_engine", device="cpu", load=lambda: _CountingBackend("cpu"), priority=5)]
+
+
+def test_engine_backend_is_used(llama_dir: Path, llama: LLM) -> None:
+    import torchburn
+
+    torchburn.hookimpl(_Plugin.tb_register_llm_backends)
+    torchburn.register_plugin(_Plugin, name="counting-test")
+    try:
+        llm = LLM.from_pretrained(llama_dir, device="cpu", engine="counting_engine")
+        assert llm.engine == "counting"
+        g = llm.generate("Hello", max_new_tokens=5, ignore_eos=True)
+        assert _CountingBackend.calls > 0
+        assert g.token_ids == llama.generate("Hello", max_new_tokens=5, ignore_eos=True).token_ids
+        with pytest.raises(BackendError, match="engine 'nope' offers no LLM backend"):
+            LLM.from_pretrained(llama_dir, device="cpu", engine="nope")
+    finally:
+        torchburn.unregister_plugin("counting-test")
