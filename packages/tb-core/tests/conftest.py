@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ class ToyEngine(torchburn.Engine):
 
     name = "toy"
     priority = 5
-    compiled_plans: list[Any] = []
+    compiled_plans: ClassVar[list[Any]] = []
     fail_compile = False
     fail_run = False
 

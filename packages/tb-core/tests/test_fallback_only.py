@@ -35,7 +35,7 @@ def test_training_20_steps_adam_matches_eager() -> None:
 
 
 def test_dynamic_shapes_never_raise() -> None:
-    model, (x,) = MODELS["readme_mlp"]()
+    model, _ = MODELS["readme_mlp"]()
     compiled = torch.compile(model, backend="torchburn", dynamic=True)
     with torch.no_grad():
         for batch in (3, 5, 9):

@@ -61,7 +61,9 @@ def site(tmp_path: pathlib.Path) -> pathlib.Path:
 def torchburn_cli(site: pathlib.Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBURN_")}
     environment.update({"PYTHONPATH": str(site), "TORCHBURN_PLUGIN_IMPORT_TIMEOUT": "2", **env})
-    return subprocess.run([sys.executable, "-m", "torchburn", *args], capture_output=True, text=True, env=environment, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "torchburn", *args], capture_output=True, text=True, env=environment, timeout=300
+    )
 
 
 def test_engines_lists_every_plugin_with_its_reason(site: pathlib.Path) -> None:
@@ -104,7 +106,11 @@ def test_import_torchburn_survives_broken_plugins(site: pathlib.Path) -> None:
 def test_allow_list(site: pathlib.Path) -> None:
     out = torchburn_cli(site, "engines", "--format", "json", TORCHBURN_LOAD_PLUGINS="good")
     plugins = {p["name"]: p["status"] for p in json.loads(out.stdout)["plugins"] if p["name"] in PLUGINS}
-    assert plugins == {"good": "loaded", "broken": "not allowed", "oldapi": "not allowed", "oldengine": "not allowed", "hangs": "not allowed"}
+    assert plugins == {
+        "good": "loaded",
+        "broken": "not allowed",
+        "oldapi": "not allowed",
+        "oldengine": "not allowed",
+        "hangs": "not allowed",
+    }
     assert "TorchburnPluginWarning" not in out.stderr
-
-

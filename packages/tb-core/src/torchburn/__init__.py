@@ -9,6 +9,7 @@ not fully native.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from torchburn._version import PLUGIN_API_VERSION, __version__
@@ -58,10 +59,9 @@ def __getattr__(name: str) -> Any:
 def _register_backend() -> None:
     from torchburn.backend import register
 
-    try:
+    # Registered already through the entry point: both paths are fine.
+    with contextlib.suppress(Exception):
         register()
-    except Exception:  # registered already through the entry point: both paths are fine
-        pass
 
 
 _register_backend()

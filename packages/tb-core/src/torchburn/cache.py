@@ -157,12 +157,15 @@ def graph_cache() -> GraphCache:
     return _cache
 
 
-def configure(maxsize: int | None = None, disk_dir: str | os.PathLike[str] | None = ...) -> GraphCache:  # type: ignore[assignment]
-    """Replace the process-wide cache (a new size limit or disk directory); returns it."""
+_KEEP = "keep"
+
+
+def configure(maxsize: int | None = None, disk_dir: str | os.PathLike[str] | None = _KEEP) -> GraphCache:
+    """Replace the process-wide cache (a new size limit, or a disk directory; None turns disk off)."""
     global _cache
     current = graph_cache()
     _cache = GraphCache(
         maxsize=current.maxsize if maxsize is None else maxsize,
-        disk_dir=current.disk_dir if disk_dir is ... else disk_dir,
+        disk_dir=current.disk_dir if disk_dir is _KEEP else disk_dir,
     )
     return _cache

@@ -100,7 +100,9 @@ class _EngineSupport(OperatorSupportBase):
         return ok
 
 
-def compile_graph(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, kind: str) -> tuple[Callable[..., Any], GraphReport]:
+def compile_graph(
+    gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, kind: str
+) -> tuple[Callable[..., Any], GraphReport]:
     """Return (callable taking the graph's inputs, report). Never raises for engine trouble."""
     report = GraphReport(kind, engines=[e.name for e in engines])
     if not engines:
@@ -114,8 +116,7 @@ def compile_graph(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options
         if opts.fallback == "error":
             raise
         warnings.warn(
-            f"torchburn could not partition this {kind} graph ({type(exc).__name__}: {exc}); "
-            "it runs in eager PyTorch",
+            f"torchburn could not partition this {kind} graph ({type(exc).__name__}: {exc}); it runs in eager PyTorch",
             TorchburnFallbackWarning,
             stacklevel=2,
         )
@@ -141,7 +142,9 @@ def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts
                 kept.append(part)
             else:
                 for n in part.nodes:
-                    small[n.name] = f"{engine.name}: below cost threshold (min_partition_size={opts.min_partition_size})"
+                    small[n.name] = (
+                        f"{engine.name}: below cost threshold (min_partition_size={opts.min_partition_size})"
+                    )
         if not kept:
             continue
         for part in kept:
@@ -159,7 +162,9 @@ def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts
     _record_fallbacks(gm, report, reasons, "no engine accepts it", engines)
 
 
-def _compile_partition(gm: torch.fx.GraphModule, node: torch.fx.Node, engine: Engine, opts: Options, cache: Any, report: GraphReport) -> None:
+def _compile_partition(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, engine: Engine, opts: Options, cache: Any, report: GraphReport
+) -> None:
     sub = getattr(gm, str(node.target))
     plan = plan_from_graph_module(sub)
     ops = list(plan.ops())
@@ -195,7 +200,9 @@ def _compile_partition(gm: torch.fx.GraphModule, node: torch.fx.Node, engine: En
     delattr(gm, str(node.target))
 
 
-def _runner(compiled: Callable[..., Any], eager: Callable[..., Any], engine: str, index: int, opts: Options) -> Callable[..., Any]:
+def _runner(
+    compiled: Callable[..., Any], eager: Callable[..., Any], engine: str, index: int, opts: Options
+) -> Callable[..., Any]:
     broken: list[BaseException] = []
     strict = opts.fallback == "error"
 
@@ -278,4 +285,4 @@ def make_record(report: GraphReport) -> telemetry.GraphRecord:
     return telemetry.new_record(native, fallback)
 
 
-__all__ = ["GraphReport", "PartitionReport", "compile_graph", "make_record", "warn_fallbacks", "Plan"]
+__all__ = ["GraphReport", "PartitionReport", "Plan", "compile_graph", "make_record", "warn_fallbacks"]

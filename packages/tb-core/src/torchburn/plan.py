@@ -105,9 +105,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {
             "inputs": [m.to_json() if m is not None else None for m in self.inputs],
-            "nodes": [
-                [n.op, _encode(n.args), _encode(n.kwargs), _encode_out(n.out)] for n in self.nodes
-            ],
+            "nodes": [[n.op, _encode(n.args), _encode(n.kwargs), _encode_out(n.out)] for n in self.nodes],
             "outputs": _encode(self.outputs),
             "single_output": self.single_output,
             "constants": {str(k): _tensor_digest(v) for k, v in sorted(self.constants.items())},
@@ -127,9 +125,7 @@ class Plan:
     def from_json(data: dict[str, Any], constants: dict[int, torch.Tensor] | None = None) -> Plan:
         nodes = []
         for op, args, kwargs, out in data["nodes"]:
-            nodes.append(
-                PlanNode(op, tuple(_decode(args)), _decode(kwargs), _decode_out(out), resolve_op(op))
-            )
+            nodes.append(PlanNode(op, tuple(_decode(args)), _decode(kwargs), _decode_out(out), resolve_op(op)))
         return Plan(
             inputs=[TensorMeta.from_json(m) if m is not None else None for m in data["inputs"]],
             nodes=nodes,

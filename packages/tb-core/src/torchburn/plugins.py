@@ -77,9 +77,7 @@ class PluginState:
             dist = ep.dist.name if ep.dist is not None else "?"
             version = ep.dist.version if ep.dist is not None else "?"
             if ep.name in deny or dist in deny:
-                self.records.append(
-                    PluginRecord(ep.name, dist, version, "disabled", "in TORCHBURN_DISABLED_PLUGINS")
-                )
+                self.records.append(PluginRecord(ep.name, dist, version, "disabled", "in TORCHBURN_DISABLED_PLUGINS"))
                 continue
             if allow and ep.name not in allow and dist not in allow:
                 self.records.append(
@@ -110,7 +108,7 @@ class PluginState:
             if impl.plugin is not module:
                 continue
             try:
-                provided = impl.function() or []
+                provided: list[Any] = list(impl.function() or [])  # type: ignore[call-overload]
                 for item in provided:
                     engine = item() if isinstance(item, type) else item
                     if not isinstance(engine, Engine) or not engine.name:
@@ -152,7 +150,7 @@ class PluginState:
 
 _state: PluginState | None = None
 _lock = threading.RLock()
-_extra: list[tuple[Any, str]] = []
+_extra: list[tuple[Any, str]] = []  # (plugin object, name)
 
 
 def state() -> PluginState:
@@ -172,8 +170,7 @@ def state() -> PluginState:
             if problems:
                 listing = "; ".join(f"{r.name} ({r.distribution}): {r.reason}" for r in problems)
                 warnings.warn(
-                    f"torchburn skipped {len(problems)} plugin(s): {listing}. "
-                    "Run `torchburn engines` for details.",
+                    f"torchburn skipped {len(problems)} plugin(s): {listing}. Run `torchburn engines` for details.",
                     TorchburnPluginWarning,
                     stacklevel=3,
                 )
@@ -183,7 +180,7 @@ def state() -> PluginState:
 def register_plugin(module: Any, name: str | None = None) -> None:
     """Register a plugin object in this process (as if it came from an entry point)."""
     with _lock:
-        _extra.append((module, name or getattr(module, "__name__", repr(module))))
+        _extra.append((module, str(name or getattr(module, "__name__", repr(module)))))
         reload()
 
 
@@ -220,7 +217,7 @@ def _load_with_timeout(load: Callable[[], Any], timeout: float) -> tuple[str, st
     def run() -> None:
         try:
             box["module"] = load()
-        except BaseException as exc:  # noqa: BLE001 - SystemExit from a plugin must not exit us
+        except BaseException as exc:
             box["error"] = exc
 
     worker = threading.Thread(target=run, name="torchburn-plugin-import", daemon=True)

@@ -17,7 +17,9 @@ class KernelProgram:
         self.plan = plan
         self._n_inputs = len(plan.inputs) - len(plan.constants)
         self._constants = [plan.constants[k] for k in sorted(plan.constants)]
-        self._steps: list[tuple[Callable[..., Any], Callable[[list[Any]], tuple[Any, ...]], Callable[[list[Any]], dict[str, Any]]]] = []
+        self._steps: list[
+            tuple[Callable[..., Any], Callable[[list[Any]], tuple[Any, ...]], Callable[[list[Any]], dict[str, Any]]]
+        ] = []
         for node in plan.nodes:
             if node.op == GETITEM:
                 fn: Callable[..., Any] = _getitem
@@ -35,8 +37,7 @@ class KernelProgram:
         for fn, args, kwargs in self._steps:
             values.append(fn(*args(values), **kwargs(values)))
         out = tuple(
-            values[slot] if slot is not None else self._literal_outputs[i]
-            for i, slot in enumerate(self._outputs)
+            values[slot] if slot is not None else self._literal_outputs[i] for i, slot in enumerate(self._outputs)
         )
         return out[0] if self.plan.single_output else out
 
@@ -72,4 +73,3 @@ def _has_ref(template: Any) -> bool:
     if isinstance(template, dict):
         return any(_has_ref(t) for t in template.values())
     return False
-

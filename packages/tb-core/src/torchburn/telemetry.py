@@ -13,7 +13,7 @@ from typing import Any
 
 
 class GraphRecord:
-    __slots__ = ("native", "fallback", "calls", "__weakref__")
+    __slots__ = ("__weakref__", "calls", "fallback", "native")
 
     def __init__(self, native: Counter[str], fallback: Counter[str]) -> None:
         self.native = native  # "engine:op" -> nodes per call

@@ -27,13 +27,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import torchburn
+    from torchburn.options import Options, select_engines
     from torchburn.testing.models import readme_mlp
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model, (x,) = readme_mlp(batch=32)
     options = {"engine": args.engine} if args.engine else {}
-    engines = [e.name for e in torchburn.select_engines(torchburn.Options.from_user(options))]
+    engines = [e.name for e in select_engines(Options.from_user(options))]
     print(f"README model: Linear(512->1024) -> ReLU -> Linear(1024->256), batch 32, {torch.get_num_threads()} threads")
     print(f"engines in force: {', '.join(engines) or 'none (everything runs in eager PyTorch)'}")
     torchburn.reset_stats()
@@ -62,4 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7)
 
 
-COMMAND = Command("demo", "Compile the README model, check it against eager, print speed and op coverage.", run, add_arguments)
+COMMAND = Command(
+    "demo", "Compile the README model, check it against eager, print speed and op coverage.", run, add_arguments
+)

@@ -8,7 +8,19 @@ import platform
 
 from torchburn.cli.command import Command
 
-CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "sve")
+CPU_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
 
 
 def cpu_features() -> list[str]:
@@ -64,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     for i, adapter in enumerate(gpu_adapters()):
         print(f"{'gpu adapters' if i == 0 else '':<14} {adapter}")
     info = torchburn.cache_info()
-    print(f"graph cache    {info['entries']}/{info['maxsize']} entries, disk {info['disk_dir'] or 'off (set TORCHBURN_CACHE_DIR)'}")
+    print(
+        f"graph cache    {info['entries']}/{info['maxsize']} entries, disk {info['disk_dir'] or 'off (set TORCHBURN_CACHE_DIR)'}"
+    )
     env = {k: v for k, v in os.environ.items() if k.startswith("TORCHBURN_")}
     print(f"environment    {' '.join(f'{k}={v}' for k, v in sorted(env.items())) or '(no TORCHBURN_* variables set)'}")
     print()

@@ -43,7 +43,14 @@ def collect() -> dict[str, object]:
             }
         )
     plugins = [
-        {"name": r.name, "distribution": r.distribution, "version": r.version, "status": r.status, "reason": r.reason, "engines": r.engines}
+        {
+            "name": r.name,
+            "distribution": r.distribution,
+            "version": r.version,
+            "status": r.status,
+            "reason": r.reason,
+            "engines": r.engines,
+        }
         for r in st.records
     ]
     return {"in_force": in_force, "engines": engines, "plugins": plugins}
@@ -60,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
         [e["name"], e["version"], e["device"], "yes" if e["available"] else f"no: {e['reason']}", str(e["priority"])]
         for e in engines
     ]
-    print(render_table(["engine", "version", "device", "available", "priority"], rows) if rows else "no engines installed (pip install tb-cpu-rust)")
+    print(
+        render_table(["engine", "version", "device", "available", "priority"], rows)
+        if rows
+        else "no engines installed (pip install tb-cpu-rust)"
+    )
     for e in engines:
         if e["details"]:
             print(f"  {e['name']}: " + ", ".join(f"{k}={v}" for k, v in e["details"].items()))

@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="?", default="readme_mlp", help="a model-set name or module:factory returning (model, args)")
+    parser.add_argument(
+        "target", nargs="?", default="readme_mlp", help="a model-set name or module:factory returning (model, args)"
+    )
     parser.add_argument("--engine", help="engine name or comma list")
 
 

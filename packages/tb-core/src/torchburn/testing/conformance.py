@@ -26,7 +26,14 @@ def compile_with(engine: str, fn: Any, **options: Any) -> tuple[Any, list[Any]]:
     from torchburn.backend import torchburn_backend
 
     sink: list[Any] = []
-    opts = {"engine": engine, "fallback": "error", "min_partition_size": 1, "warn": False, "report_sink": sink, **options}
+    opts = {
+        "engine": engine,
+        "fallback": "error",
+        "min_partition_size": 1,
+        "warn": False,
+        "report_sink": sink,
+        **options,
+    }
 
     def backend(gm: Any, inputs: Any) -> Any:
         return torchburn_backend(gm, inputs, options=opts)

@@ -69,6 +69,7 @@ def small_cnn(batch: int = 4) -> tuple[nn.Module, tuple[Any, ...]]:
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
+                assert m.running_mean is not None and m.running_var is not None
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 1.5)
     return model.eval(), (torch.randn(batch, 3, 16, 16),)
@@ -93,7 +94,7 @@ def tiny_causal_lm(seq: int = 12) -> tuple[nn.Module, tuple[Any, ...]]:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa",  # type: ignore[call-arg]
     )
     model = LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 128, (1, seq))

@@ -1,0 +1,64 @@
+"""Every environment variable TorchBurn reads, in one table (docs/environment.md is generated from it)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class EnvVar(NamedTuple):
+    name: str
+    default: str
+    read_by: str
+    meaning: str
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "TORCHBURN_ENGINE",
+        "(unset)",
+        "tb-core",
+        "Engine name or comma list in priority order; `eager` for none. Overrides the default choice; `options={'engine': ...}` overrides it.",
+    ),
+    EnvVar(
+        "TORCHBURN_DEVICE", "auto", "tb-core", "`cpu`, `gpu` or `auto`: which engines the default choice considers."
+    ),
+    EnvVar(
+        "TORCHBURN_CACHE_DIR",
+        "(unset: no disk cache)",
+        "tb-core",
+        "Directory of the on-disk structural graph cache (compiled engine plans that survive the process).",
+    ),
+    EnvVar("TORCHBURN_CACHE_SIZE", "512", "tb-core", "Entries of the in-memory structural graph cache (LRU)."),
+    EnvVar(
+        "TORCHBURN_LOAD_PLUGINS",
+        "(unset: all)",
+        "tb-core",
+        "Comma allow-list of plugin entry-point or distribution names to load.",
+    ),
+    EnvVar(
+        "TORCHBURN_DISABLED_PLUGINS",
+        "(unset)",
+        "tb-core",
+        "Comma list of plugin entry-point or distribution names not to load.",
+    ),
+    EnvVar("TORCHBURN_TRACE_PLUGINS", "0", "tb-core", "`1` prints plugin loading and pluggy hook calls to stderr."),
+    EnvVar(
+        "TORCHBURN_PLUGIN_IMPORT_TIMEOUT",
+        "30",
+        "tb-core",
+        "Seconds to wait for one plugin's import before reporting it as hung and going on.",
+    ),
+    EnvVar(
+        "TORCHBURN_WGPU_BACKEND",
+        "(unset: any)",
+        "tb-wgpu",
+        "`vulkan`, `metal`, `dx12` or `gl`: the wgpu backend to request.",
+    ),
+    EnvVar(
+        "TORCHBURN_DISPATCH_CACHE",
+        "1",
+        "tb-cython-dispatch",
+        "`0` turns off turbo_torch's dispatch cache (for A/B comparison).",
+    ),
+    EnvVar("TORCHBURN_API_KEY", "(unset)", "tb-llm", "API key that `tb_llm serve` requires when set."),
+)
