@@ -583,3 +583,28 @@ TABLE["aten.avg_pool2d.default"] = lambda L, ctx, x, kernel_size, stride=(), pad
 )
 
 __all__ = ["TABLE", "Leaf"]
+
+
+# -- loss --------------------------------------------------------------------------------------------
+def _nll_loss(L: Lowerer, ctx: Any, x: Any, target: Any, weight: Any, reduction: int, ignore_index: int) -> tuple[TV, TV]:
+    tx, tt = L.as_tv(x), L.as_tv(target)
+    n, c = tx.shape
+    out = L.new_tv(tuple(ctx.out[0].shape), torch.float32)
+    total = L.new_tv(tuple(ctx.out[1].shape), torch.float32)
+    inputs = [tx.storage, tt.storage]
+    if weight is not None:
+        tw = L.as_tv(weight)
+        inputs.append(tw.storage)
+        weight_expr = f"return weight[{tw.offset}u + u32(t) * {tw.stride[0]}u];"
+    else:
+        inputs.append(tx.storage)
+        weight_expr = "return 1.0;"
+    src = shaders.render(
+        "nll_loss", ROWS_PRELUDE=shaders.source("rows_prelude"), N=n, C=c, REDUCTION=int(reduction), IGNORE=int(ignore_index),
+        WEIGHT_EXPR=weight_expr, T_OFF=tt.offset, T_S=tt.stride[0], X_OFF=tx.offset, X_SN=tx.stride[0], X_SC=tx.stride[1],
+    )
+    L.launch(src, inputs, [out.storage, total.storage], (1, 1, 1), name="nll_loss")
+    return out, total
+
+
+TABLE["aten.nll_loss_forward.default"] = _nll_loss

@@ -30,6 +30,10 @@ class _Out:
 
 class Program:
     def __init__(self, ctx: GpuContext, lowered: Lowered, plan: Any) -> None:
+        self._build(ctx, lowered, plan)
+        self._loss_reported = False
+
+    def _build(self, ctx: GpuContext, lowered: Lowered, plan: Any) -> None:
         self.ctx = ctx
         self.lowered = lowered
         self.plan = plan
@@ -103,18 +107,34 @@ class Program:
 
     # -- per call ------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
+        if self.ctx.lost:
+            self._recover()
         ctx = self.ctx
         with ctx.lock:
-            if ctx.lost:
-                raise WgpuDeviceLostError(
-                    f"the wgpu device on {ctx.adapter_name} was lost; this partition cannot run on it any more"
-                )
             try:
                 return self._run(args)
             except WgpuError:
                 raise
             except Exception as exc:  # noqa: BLE001 - wgpu raises many types; the user gets one
                 raise ctx.translate(exc, "running a partition") from exc
+
+    def _recover(self) -> None:
+        """First call after a device loss: a clear error (tb-core's runner falls back to eager for
+        that graph). Later calls (the structural cache hands this program to new graphs) rebuild
+        it on a freshly opened device."""
+        if not self._loss_reported:
+            self._loss_reported = True
+            raise WgpuDeviceLostError(
+                f"the wgpu device on {self.ctx.adapter_name} was lost; this partition runs eagerly "
+                "and the engine opens a new device for the next compile"
+            )
+        from tb_wgpu.compiler import lower_plan
+        from tb_wgpu.device import context
+
+        ctx = context()
+        with ctx.lock:
+            self._build(ctx, lower_plan(self.plan, ctx), self.plan)
+        self._loss_reported = False
 
     def _run(self, args: tuple[Any, ...]) -> Any:
         ctx = self.ctx

@@ -127,6 +127,15 @@ for _op in ("aten.embedding.default", "aten.index_select.default", "aten.gather.
 RULES["aten.cat.default"] = ((F32, torch.bool), None)
 
 
+def _check_nll(node: Any) -> str | None:
+    if len(node.inputs[0].shape) != 2:
+        return "nll_loss on (N, C) input only"
+    return None
+
+
+RULES["aten.nll_loss_forward.default"] = ((F32, *INDEX), _check_nll)
+
+
 def check(node: Any) -> str | None:
     """None if the wgpu engine takes ``node``, else why not."""
     if node.op == "getitem":
@@ -159,6 +168,9 @@ def _dtype_roles(node: Any) -> str | None:
     if op in ("aten.embedding.default",):
         if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
             return "embedding needs float32 weights and integer indices"
+    elif op == "aten.nll_loss_forward.default":
+        if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
+            return "needs float32 log-probabilities and integer targets"
     elif op in ("aten.index_select.default", "aten.gather.default"):
         if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
             return "needs float32 data and integer indices"

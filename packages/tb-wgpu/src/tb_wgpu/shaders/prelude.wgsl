@@ -33,7 +33,7 @@ fn tb_relu(x: f32) -> f32 {
 }
 
 fn tb_sign(x: f32) -> f32 {
-    if (tb_isnan(x)) { return x; }
+    if (tb_isnan(x)) { return 0.0; }
     return select(select(0.0, -1.0, x < 0.0), 1.0, x > 0.0);
 }
 
@@ -69,7 +69,9 @@ fn tb_erf(x: f32) -> f32 {
     return sign(x) * (1.0 - poly * exp(-a * a));
 }
 
+// torch's CPU kernel gives NaN at +-inf; the engine matches eager, not the limit.
 fn tb_gelu(x: f32) -> f32 {
+    if (abs(x) == tb_inf()) { return tb_nan(); }
     return x * 0.5 * (1.0 + tb_erf(x * 0.70710678118654752));
 }
 
