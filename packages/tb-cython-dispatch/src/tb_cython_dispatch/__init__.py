@@ -14,8 +14,19 @@ missing or ``TORCHBURN_DISPATCH_IMPL=python``.
 
 from __future__ import annotations
 
-from tb_cython_dispatch._impl import COMPILED_AVAILABLE, core, implementation, set_implementation
+from typing import Any
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that the entry-point module (tb_cython_dispatch.plugin) imports neither torch nor
+    # the extension: torchburn loads every plugin at startup.
+    if name in ("COMPILED_AVAILABLE", "core", "implementation", "set_implementation"):
+        from tb_cython_dispatch import _impl
+
+        return getattr(_impl, name)
+    raise AttributeError(f"module 'tb_cython_dispatch' has no attribute {name!r}")
+
 
 __all__ = ["COMPILED_AVAILABLE", "__version__", "core", "implementation", "set_implementation"]
