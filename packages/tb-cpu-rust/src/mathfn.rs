@@ -76,7 +76,13 @@ pub fn erf(x: f32) -> f32 {
 
 #[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+    let y = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+    // PyTorch's CPU kernel gives NaN for both infinities; match it
+    if x.is_infinite() {
+        f32::NAN
+    } else {
+        y
+    }
 }
 
 #[inline(always)]

@@ -674,7 +674,22 @@ def _refs(template: Any) -> list[int]:
     return []
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no inf: ±3.4e39 is finite in f64 and becomes ±inf when Rust narrows to f32."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise LoweringError("NaN literal")
+        if math.isinf(value):
+            return math.copysign(3.4e39, value)
+        return value
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
 def lower(plan: Plan) -> dict[str, Any]:
     result = Lowerer(plan).lower()
-    result["json"] = json.dumps(result["spec"])
+    result["json"] = json.dumps(_finite(result["spec"]), allow_nan=False)
     return result

@@ -1,0 +1,93 @@
+"""Engine-level behaviour: models run fully native, training, fusion, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchburn
+from torchburn.testing.conformance import compile_with, native_and_fallback
+from torchburn.testing.models import MODELS, train_losses
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_runs_fully_native_with_the_env_selection(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if name == "tiny_causal_lm":
+        pytest.importorskip("transformers")
+    monkeypatch.setenv("TORCHBURN_ENGINE", "native_cpu")
+    model, args = MODELS[name]()
+    torch._dynamo.reset()
+    torchburn.reset_stats()
+    with torch.no_grad():
+        expected = model(*args)
+        actual = torch.compile(model, backend="torchburn", options={"warn": False})(*args)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    cov = torchburn.op_coverage()
+    assert not cov["fallback"], cov["fallback"]
+    assert cov["native"]
+
+
+def test_training_step_matches_eager_and_runs_native() -> None:
+    torch._dynamo.reset()
+    torchburn.reset_stats()
+    eager = train_losses(None, steps=5)
+    compiled = train_losses(
+        lambda m: torch.compile(m, backend="torchburn", options={"engine": "native_cpu", "warn": False, "fallback": "error"}),
+        steps=5,
+    )
+    assert max(abs(a - b) for a, b in zip(eager, compiled)) <= 1e-4
+    cov = torchburn.op_coverage()
+    assert "aten.mm.default" in cov["native"] or "native_cpu:aten.mm.default" in cov["native"], cov
+    assert not cov["fallback"], cov["fallback"]
+
+
+def test_elementwise_chain_is_one_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tb_cpu_rust import program
+
+    made: list[program.NativeProgram] = []
+    original = program.NativeProgram.__init__
+
+    def record(self: program.NativeProgram, plan: object) -> None:
+        original(self, plan)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(program.NativeProgram, "__init__", record)
+
+    def chain(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x * w + b) * torch.sigmoid(x) + x
+
+    fn, reports = compile_with("native_cpu", chain, cache=False)
+    x, w, b = torch.randn(16, 32), torch.randn(32), torch.randn(32)
+    torch.testing.assert_close(fn(x, w, b), chain(x, w, b), rtol=1e-5, atol=1e-5)
+    assert not native_and_fallback(reports)[1]
+    assert len(made) == 1 and made[0].executor.n_steps == 1
+
+
+def test_unsupported_dtype_is_left_to_eager() -> None:
+    explanation = torchburn.explain(
+        lambda a, b: torch.add(a, b) * 2, torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64),
+        options={"engine": "native_cpu", "min_partition_size": 1},
+    )
+    assert "aten.add.Tensor" in explanation.fallback_reasons
+
+
+def test_non_contiguous_and_broadcast_inputs() -> None:
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a.t() @ b) + b.sum(0)
+
+    fn, _ = compile_with("native_cpu", f)
+    a, b = torch.randn(40, 24)[:, ::2], torch.randn(40, 7)
+    torch.testing.assert_close(fn(a, b), f(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_masked_sdpa_matches_eager() -> None:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 70, 16, generator=g) for _ in range(3))
+    m = torch.randn(70, 70, generator=g) > -0.5
+    fn, reports = compile_with("native_cpu", f)
+    torch.testing.assert_close(fn(q, k, v, m), f(q, k, v, m), rtol=1e-4, atol=1e-4)
+    assert not native_and_fallback(reports)[1]
