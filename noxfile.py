@@ -23,7 +23,16 @@ nox.options.sessions = ["ci"]
 PYTHON = "3.11"
 CORE = "packages/tb-core"
 # Paths held to ruff (check + format); a package joins once it is clean.
-LINTED = [CORE, "examples", "scripts", "noxfile.py", "integration_tests", "benchmarks/__main__.py", "benchmarks/harness.py", "benchmarks/bench_core.py"]
+LINTED = [
+    CORE,
+    "examples",
+    "scripts",
+    "noxfile.py",
+    "integration_tests",
+    "benchmarks/__main__.py",
+    "benchmarks/harness.py",
+    "benchmarks/bench_core.py",
+]
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout"]
 
 # engine name -> (package folder, extra pip args). Only packages that exist take part.
@@ -74,7 +83,7 @@ def tests(session: nox.Session, engine: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6", "mypy>=1.10", "transformers>=4.40", "-e", CORE)
+    session.install("ruff>=0.6", "mypy>=1.10", "pytest>=8", "transformers>=4.40", "-e", CORE)
     session.run("ruff", "check", *LINTED)
     session.run("ruff", "format", "--check", *LINTED)
     session.run("mypy", f"{CORE}/src/torchburn")
