@@ -116,7 +116,11 @@ def test_model_set_matches_eager_with_ops_native(name: str) -> None:
     if name == "tiny_causal_lm":
         # The mask is built with int64 arithmetic (arange, cumsum, index), which stays eager;
         # every float op of the decoder runs on wgpu.
-        assert {"aten.mm.default", "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.embedding.default"} <= native
+        assert {
+            "aten.mm.default",
+            "aten._scaled_dot_product_flash_attention_for_cpu.default",
+            "aten.embedding.default",
+        } <= native
         assert not {op for op in cov["fallback"] if op in {"aten.mm.default", "aten.mean.dim", "aten.silu.default"}}
     else:
         assert native, cov
@@ -150,3 +154,23 @@ def test_device_loss_is_a_clear_error_and_falls_back_to_eager() -> None:
     again = _compile(model, fallback="error")
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "direct"])
+@pytest.mark.parametrize("shape", [(17, 33, 9), (70, 130, 65), (3, 64, 128)])
+def test_both_matmul_kernels_match_eager(
+    kernel: str, shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHBURN_WGPU_MATMUL", kernel)
+    m, k, n = shape
+
+    def f(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(torch.addmm(bias, a, b.t()))
+
+    torch._dynamo.reset()
+    torchburn.clear_cache()
+    compiled = torch.compile(
+        f, backend="torchburn", options={"engine": "wgpu", "fallback": "error", "warn": False, "cache": False}
+    )
+    a, b, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    torch.testing.assert_close(compiled(a, b, bias), f(a, b, bias), rtol=1e-4, atol=1e-4)

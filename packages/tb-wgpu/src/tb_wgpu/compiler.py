@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
-
 from tb_wgpu.device import context
 from tb_wgpu.kernels import TABLE
 from tb_wgpu.lower import TV, Lazy, Lowered, Lowerer, LoweringError, contiguous_strides
 from tb_wgpu.program import Program
+from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 
 
 @dataclass

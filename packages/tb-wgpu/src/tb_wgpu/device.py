@@ -8,6 +8,7 @@ when a compiled partition raises).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -69,9 +70,7 @@ def requested_backend() -> str | None:
     if not raw:
         return None
     if raw not in BACKENDS:
-        raise WgpuUnavailableError(
-            f"TORCHBURN_WGPU_BACKEND={raw!r} is not one of vulkan, metal, dx12, gl"
-        )
+        raise WgpuUnavailableError(f"TORCHBURN_WGPU_BACKEND={raw!r} is not one of vulkan, metal, dx12, gl")
     return BACKENDS[raw]
 
 
@@ -94,17 +93,28 @@ def _rank(adapter: Any, power: str) -> tuple[int, int]:
     return order.get(kind, 4), 1 if backend == "opengl" else 0
 
 
+def _load_llvm_users_first() -> None:
+    """Import torch's compiler stack (which loads triton's bundled LLVM) before any Vulkan driver.
+
+    lavapipe links the system libLLVM; loading triton's LLVM after it crashes the process
+    (segfault inside triton's module init). Loaded in this order, both coexist.
+    """
+    with contextlib.suppress(Exception):  # torch without dynamo/triton: nothing to order
+        import torch._dynamo  # noqa: F401
+
+
 def pick_adapter() -> Any:
     """The adapter the engine uses, honouring TORCHBURN_WGPU_BACKEND and TORCHBURN_WGPU_POWER."""
+    _load_llvm_users_first()
     try:
         import wgpu
-    except Exception as exc:  # noqa: BLE001 - any import failure means "unavailable"
+    except Exception as exc:
         raise WgpuUnavailableError(f"the wgpu package cannot be imported ({exc}); pip install wgpu") from exc
     backend = requested_backend()
     power = requested_power()
     try:
         adapters = list(wgpu.gpu.enumerate_adapters_sync())
-    except Exception as exc:  # noqa: BLE001 - no Vulkan loader, no driver...
+    except Exception as exc:
         raise WgpuUnavailableError(f"no WebGPU adapter: {type(exc).__name__}: {exc}") from exc
     if backend is not None:
         adapters = [a for a in adapters if str(a.info.get("backend_type", "")).lower() == backend]
@@ -149,7 +159,7 @@ class GpuContext:
         features = ["shader-f16"] if self.shader_f16 else []
         try:
             self.device = self.adapter.request_device_sync(required_features=features, required_limits=wanted)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise WgpuUnavailableError(f"could not open a device on {self.adapter_name}: {exc}") from exc
         self.limits = dict(self.device.limits)
         self.max_buffer = int(self.limits["max-buffer-size"])
@@ -215,7 +225,7 @@ class GpuContext:
             buffer = self.device.create_buffer(size=size, usage=flags)
         except MemoryError as exc:
             raise WgpuOutOfMemoryError(f"the device ran out of memory allocating {size} bytes: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise self.translate(exc, f"allocating {size} bytes") from exc
         COUNTERS.buffers_created += 1
         return buffer
@@ -239,13 +249,17 @@ class GpuContext:
         if cached is not None:
             return cached
         if n_in + n_out > self.max_storage_buffers:
-            raise WgpuError(f"a kernel needs {n_in + n_out} storage buffers; the adapter allows {self.max_storage_buffers}")
+            raise WgpuError(
+                f"a kernel needs {n_in + n_out} storage buffers; the adapter allows {self.max_storage_buffers}"
+            )
         self.ensure_alive()
         _, playout = self.layout(n_in, n_out)
         try:
             module = self.device.create_shader_module(code=source)
-            pipe = self.device.create_compute_pipeline(layout=playout, compute={"module": module, "entry_point": "main"})
-        except Exception as exc:  # noqa: BLE001
+            pipe = self.device.create_compute_pipeline(
+                layout=playout, compute={"module": module, "entry_point": "main"}
+            )
+        except Exception as exc:
             raise self.translate(exc, "compiling a WGSL kernel") from exc
         COUNTERS.pipelines_compiled += 1
         self._pipelines[key] = pipe
@@ -347,5 +361,5 @@ def probe() -> tuple[GpuContext | None, str]:
     """(context, "") when an adapter is usable, else (None, reason). Never raises."""
     try:
         return context(), ""
-    except Exception as exc:  # noqa: BLE001 - availability is a value, not a crash
+    except Exception as exc:
         return None, str(exc) or type(exc).__name__

@@ -93,7 +93,9 @@ TABLE["aten.add.Tensor"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alph
 TABLE["aten.add.Scalar"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alpha)
 TABLE["aten.sub.Tensor"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alpha, "-")
 TABLE["aten.sub.Scalar"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alpha, "-")
-TABLE["aten.rsub.Scalar"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, b, a, alpha, "-") if alpha == 1 else _lazy(L, ctx, "{1} - {0} * {2}", a, b, float(alpha))
+TABLE["aten.rsub.Scalar"] = lambda L, ctx, a, b, alpha=1: (
+    _add(L, ctx, b, a, alpha, "-") if alpha == 1 else _lazy(L, ctx, "{1} - {0} * {2}", a, b, float(alpha))
+)
 
 
 def _div_mode(L: Lowerer, ctx: Any, a: Any, b: Any, rounding_mode: str | None = None) -> Lazy:
@@ -112,7 +114,7 @@ def _gelu(L: Lowerer, ctx: Any, x: Any, approximate: str = "none") -> Lazy:
 TABLE["aten.gelu.default"] = _gelu
 
 
-def _clamp(L: Lowerer, ctx: Any, x: Any, min: Any = None, max: Any = None) -> Lazy:  # noqa: A002
+def _clamp(L: Lowerer, ctx: Any, x: Any, min: Any = None, max: Any = None) -> Lazy:
     lo = float("-inf") if min is None else float(min)
     hi = float("inf") if max is None else float(max)
     return _lazy(L, ctx, "tb_clamp({0}, {1}, {2})", x, lo, hi)
@@ -147,7 +149,12 @@ for _name, _sym in COMPARE.items():
 def _where(L: Lowerer, ctx: Any, cond: Any, a: Any, b: Any) -> Lazy:
     ty = DEV_TYPE[ctx.out.dtype]
     c = L.as_expr(cond, "u32")
-    return Lazy(Op(ty, "select({2}, {1}, {0} != 0u)", (c, L.as_expr(a, ty), L.as_expr(b, ty))), tuple(ctx.out.shape), ctx.out.dtype, ctx.uses)
+    return Lazy(
+        Op(ty, "select({2}, {1}, {0} != 0u)", (c, L.as_expr(a, ty), L.as_expr(b, ty))),
+        tuple(ctx.out.shape),
+        ctx.out.dtype,
+        ctx.uses,
+    )
 
 
 TABLE["aten.where.self"] = _where
@@ -163,10 +170,7 @@ def _copy_like(L: Lowerer, ctx: Any, x: Any, **kwargs: Any) -> Lazy:
     """clone / _to_copy: a cast to the output dtype (layout is the lowering's business)."""
     ty = DEV_TYPE[ctx.out.dtype]
     e = L.as_expr(x)
-    if e.ty != ty:
-        e = cast(e, ty)
-    else:
-        e = Op(ty, "{0}", (e,))
+    e = cast(e, ty) if e.ty != ty else Op(ty, "{0}", (e,))
     return Lazy(e, tuple(ctx.out.shape), ctx.out.dtype, ctx.uses)
 
 
@@ -183,7 +187,9 @@ TABLE["aten.full.default"] = _full
 TABLE["aten.scalar_tensor.default"] = lambda L, ctx, value, **kw: _full(L, ctx, (), value)
 
 
-def _batch_norm_eval(L: Lowerer, ctx: Any, x: Any, weight: Any, bias: Any, mean: Any, var: Any, momentum: float, eps: float) -> tuple[Any, ...]:
+def _batch_norm_eval(
+    L: Lowerer, ctx: Any, x: Any, weight: Any, bias: Any, mean: Any, var: Any, momentum: float, eps: float
+) -> tuple[Any, ...]:
     shape = tuple(ctx.info_inputs[0].shape)
     if len(shape) < 2:
         raise LoweringError("batch norm needs a channel dimension")

@@ -7,6 +7,7 @@ view of a device storage), ``Lazy`` (an elementwise expression) or tuples of the
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -80,8 +81,8 @@ def _unsqueeze(L: Lowerer, ctx: Any, x: Any, dim: int) -> TV:
     tv = L.as_tv(x)
     dim = _norm_dim(dim, len(tv.shape) + 1)
     inner = tv.stride[dim] * tv.shape[dim] if dim < len(tv.shape) else 1
-    shape = tv.shape[:dim] + (1,) + tv.shape[dim:]
-    return tv.with_view(shape, tv.stride[:dim] + (inner,) + tv.stride[dim:])
+    shape = (*tv.shape[:dim], 1, *tv.shape[dim:])
+    return tv.with_view(shape, (*tv.stride[:dim], inner, *tv.stride[dim:]))
 
 
 TABLE["aten.unsqueeze.default"] = _unsqueeze
@@ -108,10 +109,10 @@ def _slice(L: Lowerer, ctx: Any, x: Any, dim: int = 0, start: Any = None, end: A
     tv = L.as_tv(x)
     dim = _norm_dim(dim, len(tv.shape))
     size = tv.shape[dim]
-    lo, hi, _ = slice(start, end, step).indices(size)
+    lo = slice(start, end, step).indices(size)[0]
     n = tuple(ctx.out.shape)[dim]
-    shape = tv.shape[:dim] + (n,) + tv.shape[dim + 1 :]
-    stride = tv.stride[:dim] + (tv.stride[dim] * step,) + tv.stride[dim + 1 :]
+    shape = (*tv.shape[:dim], n, *tv.shape[dim + 1 :])
+    stride = (*tv.stride[:dim], tv.stride[dim] * step, *tv.stride[dim + 1 :])
     return tv.with_view(shape, stride, tv.offset + (lo * tv.stride[dim] if n else 0))
 
 
@@ -122,7 +123,9 @@ def _select(L: Lowerer, ctx: Any, x: Any, dim: int, index: int) -> TV:
     tv = L.as_tv(x)
     dim = _norm_dim(dim, len(tv.shape))
     index = index + tv.shape[dim] if index < 0 else index
-    return tv.with_view(tv.shape[:dim] + tv.shape[dim + 1 :], tv.stride[:dim] + tv.stride[dim + 1 :], tv.offset + index * tv.stride[dim])
+    return tv.with_view(
+        tv.shape[:dim] + tv.shape[dim + 1 :], tv.stride[:dim] + tv.stride[dim + 1 :], tv.offset + index * tv.stride[dim]
+    )
 
 
 TABLE["aten.select.int"] = _select
@@ -142,9 +145,17 @@ def _matmul(L: Lowerer, ctx: Any, a: Any, b: Any, bias: Any = None, alpha: float
     out = L.new_tv((batch, m, n) if batched else (m, n), torch.float32)
     inputs = [ta.storage, tb.storage]
     subs: dict[str, Any] = {
-        "M": m, "N": n, "K": k,
-        "A_OFF": ta.offset, "A_SB": ta.stride[0], "A_SM": ta.stride[1], "A_SK": ta.stride[2],
-        "B_OFF": tb.offset, "B_SB": tb.stride[0], "B_SK": tb.stride[1], "B_SN": tb.stride[2],
+        "M": m,
+        "N": n,
+        "K": k,
+        "A_OFF": ta.offset,
+        "A_SB": ta.stride[0],
+        "A_SM": ta.stride[1],
+        "A_SK": ta.stride[2],
+        "B_OFF": tb.offset,
+        "B_SB": tb.stride[0],
+        "B_SK": tb.stride[1],
+        "B_SN": tb.stride[2],
         "ALPHA": f32_literal(alpha),
         "OUT_BINDING": 2,
         "BIAS_BINDING": "",
@@ -167,12 +178,21 @@ def _matmul(L: Lowerer, ctx: Any, a: Any, b: Any, bias: Any = None, alpha: float
             f"return {f32_literal(beta)} * bias[{tbias.offset}u + batch * {st[0]}u + m * {st[1]}u + n * {st[2]}u];"
         )
 
+    # Workgroup-memory tiles on GPUs; register blocks without barriers on CPU adapters.
+    # TORCHBURN_WGPU_MATMUL=tiled|direct overrides the choice (tests run both on lavapipe).
+    choice = os.environ.get("TORCHBURN_WGPU_MATMUL", "").strip().lower()
+    kernel = {"tiled": "matmul", "direct": "matmul_direct"}.get(
+        choice, "matmul_direct" if L.ctx.is_software else "matmul"
+    )
+
     def rebuild(epilogue: str) -> str:
-        return shaders.render("matmul", EPILOGUE=epilogue, **subs)
+        return shaders.render(kernel, EPILOGUE=epilogue, **subs)
 
     if batch > L.ctx.max_workgroups:
         raise LoweringError("batch larger than the adapter's dispatch limit")
-    index = L.launch(rebuild("return v;"), inputs, [out.storage], (-(-n // 64), -(-m // 64), batch), rebuild=rebuild, name="matmul")
+    tile = 32 if kernel == "matmul_direct" else 64
+    grid = (-(-n // tile), -(-m // tile), batch)
+    index = L.launch(rebuild("return v;"), inputs, [out.storage], grid, rebuild=rebuild, name=kernel)
     if ctx.uses == 1 and m * n * batch > 0:
         L.epilogue_open[out.storage] = index
     return out
@@ -180,8 +200,12 @@ def _matmul(L: Lowerer, ctx: Any, a: Any, b: Any, bias: Any = None, alpha: float
 
 TABLE["aten.mm.default"] = lambda L, ctx, a, b: _matmul(L, ctx, a, b)
 TABLE["aten.bmm.default"] = lambda L, ctx, a, b: _matmul(L, ctx, a, b)
-TABLE["aten.addmm.default"] = lambda L, ctx, bias, a, b, beta=1, alpha=1: _matmul(L, ctx, a, b, bias, float(alpha), float(beta))
-TABLE["aten.baddbmm.default"] = lambda L, ctx, bias, a, b, beta=1, alpha=1: _matmul(L, ctx, a, b, bias, float(alpha), float(beta))
+TABLE["aten.addmm.default"] = lambda L, ctx, bias, a, b, beta=1, alpha=1: _matmul(
+    L, ctx, a, b, bias, float(alpha), float(beta)
+)
+TABLE["aten.baddbmm.default"] = lambda L, ctx, bias, a, b, beta=1, alpha=1: _matmul(
+    L, ctx, a, b, bias, float(alpha), float(beta)
+)
 
 
 # -- row kernels ----------------------------------------------------------------------------------
@@ -209,7 +233,11 @@ def _row_grid(L: Lowerer, rows: int) -> tuple[int, int, int]:
 def _reduce(kind: str) -> Lower:
     def lower(L: Lowerer, ctx: Any, x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
         rank = len(L.as_tv(x).shape)
-        dims = list(range(rank)) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else ([dim] if isinstance(dim, int) else list(dim))
+        dims = (
+            list(range(rank))
+            if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0)
+            else ([dim] if isinstance(dim, int) else list(dim))
+        )
         tv, kept, r, _ = _rows(L, x, dims)
         rows = 1
         for s in kept:
@@ -222,7 +250,15 @@ def _reduce(kind: str) -> Lower:
             "amin": ("tb_inf()", "return tb_min(a, b);", "r"),
             "prod": ("1.0", "return a * b;", "r"),
         }[kind]
-        src = shaders.render("reduce", ROWS_PRELUDE=shaders.source("rows_prelude"), R=r, ROWS=rows, INIT=init, COMBINE=combine, FINISH=finish)
+        src = shaders.render(
+            "reduce",
+            ROWS_PRELUDE=shaders.source("rows_prelude"),
+            R=r,
+            ROWS=rows,
+            INIT=init,
+            COMBINE=combine,
+            FINISH=finish,
+        )
         if rows:
             L.launch(src, [tv.storage], [out.storage], _row_grid(L, rows), name=kind)
         return out
@@ -318,7 +354,9 @@ def _cumsum(L: Lowerer, ctx: Any, x: Any, dim: int, dtype: Any = None) -> TV:
 TABLE["aten.cumsum.default"] = _cumsum
 
 
-def _layer_norm(L: Lowerer, ctx: Any, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: float) -> tuple[TV, TV, TV]:
+def _layer_norm(
+    L: Lowerer, ctx: Any, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: float
+) -> tuple[TV, TV, TV]:
     rank = len(L.as_tv(x).shape)
     dims = list(range(rank - len(normalized_shape), rank))
     tv, kept, r, _ = _rows(L, x, dims)
@@ -346,7 +384,9 @@ def _layer_norm(L: Lowerer, ctx: Any, x: Any, normalized_shape: Any, weight: Any
 TABLE["aten.native_layer_norm.default"] = _layer_norm
 
 
-def _rms_norm(L: Lowerer, ctx: Any, x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> tuple[TV, TV]:
+def _rms_norm(
+    L: Lowerer, ctx: Any, x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None
+) -> tuple[TV, TV]:
     rank = len(L.as_tv(x).shape)
     dims = list(range(rank - len(normalized_shape), rank))
     tv, kept, r, _ = _rows(L, x, dims)
@@ -372,7 +412,18 @@ TABLE["aten._fused_rms_norm.default"] = _rms_norm
 
 
 # -- attention --------------------------------------------------------------------------------------
-def _sdpa(L: Lowerer, ctx: Any, q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask: Any = None, scale: Any = None) -> tuple[TV, TV]:
+def _sdpa(
+    L: Lowerer,
+    ctx: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: Any = None,
+    scale: Any = None,
+) -> tuple[TV, TV]:
     tq, tk, tvv = L.as_tv(q), L.as_tv(k), L.as_tv(v)
     b, h, lq, e = tq.shape
     s = tk.shape[2]
@@ -449,7 +500,15 @@ def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any]) -> Lazy:
     return Lazy(Gather(ty, "@SRC@[" + index + "]", tuple(args), tv), tuple(ctx.out.shape), ctx.out.dtype, ctx.uses)
 
 
-def _embedding(L: Lowerer, ctx: Any, weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> Lazy:
+def _embedding(
+    L: Lowerer,
+    ctx: Any,
+    weight: Any,
+    indices: Any,
+    padding_idx: int = -1,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Lazy:
     ti = L.as_tv(indices)
     rank = len(ti.shape)
     idx = ti.with_view((*ti.shape, 1), (*ti.stride, 0))
@@ -462,7 +521,10 @@ def _index_select(L: Lowerer, ctx: Any, x: Any, dim: int, index: Any) -> Lazy:
     dim = _norm_dim(dim, rank)
     ti = L.as_tv(index)
     shape = tuple(ctx.out.shape)
-    view = ti.with_view(tuple(shape[d] if d == dim else 1 for d in range(rank)), tuple(ti.stride[0] if d == dim else 0 for d in range(rank)))
+    view = ti.with_view(
+        tuple(shape[d] if d == dim else 1 for d in range(rank)),
+        tuple(ti.stride[0] if d == dim else 0 for d in range(rank)),
+    )
     coords: list[Any] = [view if d == dim else d for d in range(rank)]
     return _gather_lazy(L, ctx, tx, coords)
 
@@ -505,9 +567,21 @@ TABLE["aten.cat.default"] = _cat
 
 
 # -- convolution and pooling --------------------------------------------------------------------------
-def _conv(L: Lowerer, ctx: Any, x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int) -> TV:
+def _conv(
+    L: Lowerer,
+    ctx: Any,
+    x: Any,
+    w: Any,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+) -> TV:
     tx, tw = L.as_tv(x), L.as_tv(w)
-    n, cin, ih, iw = tx.shape
+    _, _, ih, iw = tx.shape
     cout, cin_g, kh, kw = tw.shape
     out_shape = tuple(ctx.out.shape)
     _, _, oh, ow = out_shape
@@ -521,11 +595,32 @@ def _conv(L: Lowerer, ctx: Any, x: Any, w: Any, bias: Any, stride: Any, padding:
         inputs.append(tw.storage)
         bias_expr = "0.0"
     subs = {
-        "COUT": cout, "OH": oh, "OW": ow, "CIN_G": cin_g, "COUT_G": cout // groups, "KH": kh, "KW": kw,
-        "IH": ih, "IW": iw, "TOTAL": math.prod(out_shape),
-        "SH": stride[0], "SW": stride[1], "PH": padding[0], "PW": padding[1], "DH": dilation[0], "DW": dilation[1],
-        "X_OFF": tx.offset, "X_SN": tx.stride[0], "X_SC": tx.stride[1], "X_SH": tx.stride[2], "X_SW": tx.stride[3],
-        "W_OFF": tw.offset, "W_SO": tw.stride[0], "W_SI": tw.stride[1], "W_SH": tw.stride[2], "W_SW": tw.stride[3],
+        "COUT": cout,
+        "OH": oh,
+        "OW": ow,
+        "CIN_G": cin_g,
+        "COUT_G": cout // groups,
+        "KH": kh,
+        "KW": kw,
+        "IH": ih,
+        "IW": iw,
+        "TOTAL": math.prod(out_shape),
+        "SH": stride[0],
+        "SW": stride[1],
+        "PH": padding[0],
+        "PW": padding[1],
+        "DH": dilation[0],
+        "DW": dilation[1],
+        "X_OFF": tx.offset,
+        "X_SN": tx.stride[0],
+        "X_SC": tx.stride[1],
+        "X_SH": tx.stride[2],
+        "X_SW": tx.stride[3],
+        "W_OFF": tw.offset,
+        "W_SO": tw.stride[0],
+        "W_SI": tw.stride[1],
+        "W_SH": tw.stride[2],
+        "W_SW": tw.stride[3],
         "BIAS_EXPR": bias_expr,
     }
 
@@ -534,7 +629,9 @@ def _conv(L: Lowerer, ctx: Any, x: Any, w: Any, bias: Any, stride: Any, padding:
 
     total = math.prod(out_shape)
     if total:
-        index = L.launch(rebuild("return v;"), inputs, [out.storage], L.grid(total, per_group=64), rebuild=rebuild, name="conv2d")
+        index = L.launch(
+            rebuild("return v;"), inputs, [out.storage], L.grid(total, per_group=64), rebuild=rebuild, name="conv2d"
+        )
         if ctx.uses == 1:
             L.epilogue_open[out.storage] = index
     return out
@@ -543,7 +640,19 @@ def _conv(L: Lowerer, ctx: Any, x: Any, w: Any, bias: Any, stride: Any, padding:
 TABLE["aten.convolution.default"] = _conv
 
 
-def _pool(L: Lowerer, ctx: Any, x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, is_max: bool, ceil_mode: bool, count_include_pad: bool = True, divisor_override: Any = None) -> Any:
+def _pool(
+    L: Lowerer,
+    ctx: Any,
+    x: Any,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    is_max: bool,
+    ceil_mode: bool,
+    count_include_pad: bool = True,
+    divisor_override: Any = None,
+) -> Any:
     tx = L.as_tv(x)
     squeeze = len(tx.shape) == 3
     if squeeze:
@@ -564,29 +673,58 @@ def _pool(L: Lowerer, ctx: Any, x: Any, kernel: Any, stride: Any, padding: Any, 
     else:
         divisor = "count"
     subs = {
-        "C": c, "OH": oh, "OW": ow, "IH": ih, "IW": iw, "TOTAL": n * c * oh * ow, "IS_MAX": "true" if is_max else "false",
-        "KH": kernel[0], "KW": kernel[1], "SH": stride[0], "SW": stride[1], "PH": padding[0], "PW": padding[1],
-        "DH": dilation[0], "DW": dilation[1], "DIVISOR": divisor,
-        "X_OFF": tx.offset, "X_SN": tx.stride[0], "X_SC": tx.stride[1], "X_SH": tx.stride[2], "X_SW": tx.stride[3],
+        "C": c,
+        "OH": oh,
+        "OW": ow,
+        "IH": ih,
+        "IW": iw,
+        "TOTAL": n * c * oh * ow,
+        "IS_MAX": "true" if is_max else "false",
+        "KH": kernel[0],
+        "KW": kernel[1],
+        "SH": stride[0],
+        "SW": stride[1],
+        "PH": padding[0],
+        "PW": padding[1],
+        "DH": dilation[0],
+        "DW": dilation[1],
+        "DIVISOR": divisor,
+        "X_OFF": tx.offset,
+        "X_SN": tx.stride[0],
+        "X_SC": tx.stride[1],
+        "X_SH": tx.stride[2],
+        "X_SW": tx.stride[3],
     }
     total = n * c * oh * ow
     if total:
-        L.launch(shaders.render("pool2d", **subs), [tx.storage], [out.storage, idx.storage], L.grid(total, per_group=64), name="pool2d")
+        L.launch(
+            shaders.render("pool2d", **subs),
+            [tx.storage],
+            [out.storage, idx.storage],
+            L.grid(total, per_group=64),
+            name="pool2d",
+        )
     return (out, idx) if is_max else out
 
 
-TABLE["aten.max_pool2d_with_indices.default"] = lambda L, ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False: _pool(
-    L, ctx, x, kernel_size, stride, padding, dilation, True, ceil_mode
+TABLE["aten.max_pool2d_with_indices.default"] = (
+    lambda L, ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False: _pool(
+        L, ctx, x, kernel_size, stride, padding, dilation, True, ceil_mode
+    )
 )
-TABLE["aten.avg_pool2d.default"] = lambda L, ctx, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None: _pool(
-    L, ctx, x, kernel_size, stride, padding, (1,), False, ceil_mode, count_include_pad, divisor_override
+TABLE["aten.avg_pool2d.default"] = (
+    lambda L, ctx, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None: (
+        _pool(L, ctx, x, kernel_size, stride, padding, (1,), False, ceil_mode, count_include_pad, divisor_override)
+    )
 )
 
 __all__ = ["TABLE", "Leaf"]
 
 
 # -- loss --------------------------------------------------------------------------------------------
-def _nll_loss(L: Lowerer, ctx: Any, x: Any, target: Any, weight: Any, reduction: int, ignore_index: int) -> tuple[TV, TV]:
+def _nll_loss(
+    L: Lowerer, ctx: Any, x: Any, target: Any, weight: Any, reduction: int, ignore_index: int
+) -> tuple[TV, TV]:
     tx, tt = L.as_tv(x), L.as_tv(target)
     n, c = tx.shape
     out = L.new_tv(tuple(ctx.out[0].shape), torch.float32)
@@ -600,8 +738,18 @@ def _nll_loss(L: Lowerer, ctx: Any, x: Any, target: Any, weight: Any, reduction:
         inputs.append(tx.storage)
         weight_expr = "return 1.0;"
     src = shaders.render(
-        "nll_loss", ROWS_PRELUDE=shaders.source("rows_prelude"), N=n, C=c, REDUCTION=int(reduction), IGNORE=int(ignore_index),
-        WEIGHT_EXPR=weight_expr, T_OFF=tt.offset, T_S=tt.stride[0], X_OFF=tx.offset, X_SN=tx.stride[0], X_SC=tx.stride[1],
+        "nll_loss",
+        ROWS_PRELUDE=shaders.source("rows_prelude"),
+        N=n,
+        C=c,
+        REDUCTION=int(reduction),
+        IGNORE=int(ignore_index),
+        WEIGHT_EXPR=weight_expr,
+        T_OFF=tt.offset,
+        T_S=tt.stride[0],
+        X_OFF=tx.offset,
+        X_SN=tx.stride[0],
+        X_SC=tx.stride[1],
     )
     L.launch(src, inputs, [out.storage, total.storage], (1, 1, 1), name="nll_loss")
     return out, total

@@ -10,7 +10,7 @@ only input is the fresh result of a matmul folds into the matmul's epilogue inst
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +54,9 @@ class TV:
 
     @property
     def is_contiguous(self) -> bool:
-        return self.stride == contiguous_strides(self.shape) or self.numel <= 1 or _dense_contig(self.shape, self.stride)
+        return (
+            self.stride == contiguous_strides(self.shape) or self.numel <= 1 or _dense_contig(self.shape, self.stride)
+        )
 
     def with_view(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int | None = None) -> TV:
         return TV(self.storage, self.offset if offset is None else offset, tuple(shape), tuple(stride), self.dtype)
@@ -307,7 +309,9 @@ class Lowerer:
         lines.append(f"    out[{self._index(out, shape, out_of_place=True)}] = {result};")
         decls = []
         for storage, name in bindings.items():
-            decls.append(f"@group(0) @binding({int(name[2:])}) var<storage, read> {name}: array<{self.storages[storage].wgsl}>;")
+            decls.append(
+                f"@group(0) @binding({int(name[2:])}) var<storage, read> {name}: array<{self.storages[storage].wgsl}>;"
+            )
         decls.append(f"@group(0) @binding({len(bindings)}) var<storage, read_write> out: array<{DEV_TYPE[dtype]}>;")
         total = 1
         for s in shape:

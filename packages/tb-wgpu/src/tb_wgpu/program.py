@@ -41,9 +41,10 @@ class Program:
         self.constants = [plan.constants[k] for k in sorted(plan.constants)]
         self.const_slots = set(plan.constants)
         storages = lowered.storages
-        self.launches = [l for l in lowered.launches if l.grid[0] > 0]
+        self.launches = [launch for launch in lowered.launches if launch.grid[0] > 0]
         self.pipelines = [
-            ctx.pipeline(shaders.shader_key(l.source), l.source, len(l.inputs), len(l.outputs)) for l in self.launches
+            ctx.pipeline(shaders.shader_key(launch.source), launch.source, len(launch.inputs), len(launch.outputs))
+            for launch in self.launches
         ]
         self.input_storages = [(s.id, s.input_slot) for s in storages if s.input_slot is not None]
         self._owned: list[Any] = []
@@ -115,7 +116,7 @@ class Program:
                 return self._run(args)
             except WgpuError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - wgpu raises many types; the user gets one
+            except Exception as exc:
                 raise ctx.translate(exc, "running a partition") from exc
 
     def _recover(self) -> None:
@@ -176,7 +177,11 @@ class Program:
         bases: dict[int, torch.Tensor] = {}
         for sid, offset in self.readback_regions.items():
             s = storages[sid]
-            bases[sid] = torch.frombuffer(raw, dtype=_TORCH_OF[s.wgsl], count=s.numel, offset=offset) if s.numel else torch.empty(0, dtype=_TORCH_OF[s.wgsl])
+            bases[sid] = (
+                torch.frombuffer(raw, dtype=_TORCH_OF[s.wgsl], count=s.numel, offset=offset)
+                if s.numel
+                else torch.empty(0, dtype=_TORCH_OF[s.wgsl])
+            )
         results = []
         for value, meta in zip(self.lowered.outputs, self._output_metas()):
             if isinstance(value, TV):

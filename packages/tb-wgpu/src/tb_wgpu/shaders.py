@@ -10,7 +10,7 @@ from importlib import resources
 _TOKEN = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source(name: str) -> str:
     """The text of ``shaders/<name>.wgsl``."""
     return resources.files("tb_wgpu").joinpath("shaders", f"{name}.wgsl").read_text(encoding="utf-8")

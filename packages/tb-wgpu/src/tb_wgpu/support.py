@@ -13,15 +13,33 @@ F32 = torch.float32
 INDEX = (torch.int64, torch.int32)
 VIEWS = frozenset(
     {
-        "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
-        "aten.transpose.int", "aten.t.default", "aten.expand.default", "aten.unsqueeze.default",
-        "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.slice.Tensor",
-        "aten.select.int", "aten.alias.default", "aten.detach.default",
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.permute.default",
+        "aten.transpose.int",
+        "aten.t.default",
+        "aten.expand.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.slice.Tensor",
+        "aten.select.int",
+        "aten.alias.default",
+        "aten.detach.default",
     }
 )
 COMPARES = frozenset(f"aten.{n}.{k}" for n in ("gt", "lt", "ge", "le", "eq", "ne") for k in ("Tensor", "Scalar"))
 LOGICAL = frozenset(
-    {"aten.logical_not.default", "aten.bitwise_not.default", "aten.logical_and.default", "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor"}
+    {
+        "aten.logical_not.default",
+        "aten.bitwise_not.default",
+        "aten.logical_and.default",
+        "aten.logical_or.default",
+        "aten.bitwise_and.Tensor",
+        "aten.bitwise_or.Tensor",
+    }
 )
 
 
@@ -44,7 +62,9 @@ def _dtypes_ok(node: Any, allowed: tuple[torch.dtype, ...]) -> str | None:
 
 def _check_matmul(node: Any) -> str | None:
     for m in node.inputs:
-        if len(m.shape) not in (1, 2, 3) or (node.op != "aten.addmm.default" and node.op != "aten.baddbmm.default" and len(m.shape) == 1):
+        if len(m.shape) not in (1, 2, 3) or (
+            node.op != "aten.addmm.default" and node.op != "aten.baddbmm.default" and len(m.shape) == 1
+        ):
             return f"rank {len(m.shape)} operand"
     return None
 
@@ -190,9 +210,11 @@ def _dtype_roles(node: Any) -> str | None:
             return "where needs a bool condition"
         if any(m.dtype != F32 for m in [*node.inputs[1:], *outs]):
             return "where of float32 only"
-    elif op in VIEWS or op in LOGICAL:
-        return None
-    elif op in ("aten.clone.default", "aten.cat.default", "aten.full.default", "aten.scalar_tensor.default"):
+    elif (
+        op in VIEWS
+        or op in LOGICAL
+        or op in ("aten.clone.default", "aten.cat.default", "aten.full.default", "aten.scalar_tensor.default")
+    ):
         return None
     elif op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
         if any(m.dtype != F32 for m in node.inputs[:3]):

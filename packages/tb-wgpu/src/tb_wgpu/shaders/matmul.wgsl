@@ -31,16 +31,30 @@ fn epilogue(v: f32) -> f32 {
     {{EPILOGUE}}
 }
 
+fn store(batch: u32, m: u32, n: u32, a: f32) {
+    if (m < M && n < N) {
+        let v = {{ALPHA}} * a + bias_at(batch, m, n);
+        out[batch * M * N + m * N + n] = epilogue(v);
+    }
+}
+
+fn store_row(batch: u32, m: u32, n: u32, a: vec4<f32>) {
+    store(batch, m, n, a.x);
+    store(batch, m, n + 16u, a.y);
+    store(batch, m, n + 32u, a.z);
+    store(batch, m, n + 48u, a.w);
+}
+
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let batch = wid.z;
     let row0 = wid.y * 64u;
     let col0 = wid.x * 64u;
     let tid = lid.y * 16u + lid.x;
-    var acc: array<f32, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = 0.0;
-    }
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < K; k0 += 16u) {
         for (var t = 0u; t < 4u; t++) {
             let e = tid + t * 256u;
@@ -61,28 +75,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {
-            var ra: array<f32, 4>;
-            var rb: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                ra[i] = tile_a[kk * 64u + lid.y + i * 16u];
-                rb[i] = tile_b[kk * 64u + lid.x + i * 16u];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] = fma(ra[i], rb[j], acc[i * 4u + j]);
-                }
-            }
+            let ta = kk * 64u + lid.y;
+            let tb = kk * 64u + lid.x;
+            let ra = vec4<f32>(tile_a[ta], tile_a[ta + 16u], tile_a[ta + 32u], tile_a[ta + 48u]);
+            let rb = vec4<f32>(tile_b[tb], tile_b[tb + 16u], tile_b[tb + 32u], tile_b[tb + 48u]);
+            acc0 = fma(vec4<f32>(ra.x), rb, acc0);
+            acc1 = fma(vec4<f32>(ra.y), rb, acc1);
+            acc2 = fma(vec4<f32>(ra.z), rb, acc2);
+            acc3 = fma(vec4<f32>(ra.w), rb, acc3);
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let m = row0 + lid.y + i * 16u;
-        for (var j = 0u; j < 4u; j++) {
-            let n = col0 + lid.x + j * 16u;
-            if (m < M && n < N) {
-                let v = {{ALPHA}} * acc[i * 4u + j] + bias_at(batch, m, n);
-                out[batch * M * N + m * N + n] = epilogue(v);
-            }
-        }
-    }
+    store_row(batch, row0 + lid.y, col0 + lid.x, acc0);
+    store_row(batch, row0 + lid.y + 16u, col0 + lid.x, acc1);
+    store_row(batch, row0 + lid.y + 32u, col0 + lid.x, acc2);
+    store_row(batch, row0 + lid.y + 48u, col0 + lid.x, acc3);
 }
