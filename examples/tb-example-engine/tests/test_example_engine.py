@@ -6,10 +6,9 @@ import pytest
 import torch
 
 import torchburn
+from tb_example_engine.kernels import KERNELS
 from torchburn.testing import EngineConformance
 from torchburn.testing.models import MODELS, train_losses
-
-from tb_example_engine.kernels import KERNELS
 
 
 def test_engine_is_found_through_its_entry_point() -> None:
