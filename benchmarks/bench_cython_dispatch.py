@@ -1,3 +1,4 @@
+# ruff: noqa: B023 - every timed lambda runs inside the iteration that made it
 """tb-cython-dispatch against plain PyTorch, same process, interleaved A/B medians.
 
     python benchmarks/bench_cython_dispatch.py [--threads 2] [--repeats 7]
@@ -49,7 +50,15 @@ def ab(name: str, a: Fn, b: Fn, repeats: int, threads: int, budget_s: float = 0.
         ta.append(_per_call(a, number))
         tb.append(_per_call(b, number))
     ma, mb = statistics.median(ta), statistics.median(tb)
-    return {"workload": name, "torch_us": ma * 1e6, "turbo_us": mb * 1e6, "ratio": ma / mb, "threads": threads, "calls": number, "rounds": repeats}
+    return {
+        "workload": name,
+        "torch_us": ma * 1e6,
+        "turbo_us": mb * 1e6,
+        "ratio": ma / mb,
+        "threads": threads,
+        "calls": number,
+        "rounds": repeats,
+    }
 
 
 def _mlp(ns: Any) -> Any:
@@ -84,10 +93,9 @@ def _chain(x: torch.Tensor) -> torch.Tensor:
 
 def _plan_rows(repeats: int, threads: int) -> list[dict[str, Any]]:
     """The engine: its compiled plan against KernelProgram on the 20-op chain's own plan."""
-    from torchburn.program import KernelProgram
-
     from tb_cython_dispatch.engine import compile_plan
     from tb_cython_dispatch.plugin import CythonDispatchEngine
+    from torchburn.program import KernelProgram
 
     plans: list[Any] = []
     original = CythonDispatchEngine.compile
@@ -112,8 +120,24 @@ def _plan_rows(repeats: int, threads: int) -> list[dict[str, Any]]:
     runner = compile_plan(plan)
     program = KernelProgram(plan, {n.op: n.target for n in plan.nodes})
     with torch.no_grad():
-        rows = [ab(f"engine: {len(plan.nodes)}-node plan, KernelProgram (A) vs Cython runner (B)", lambda: program(x), lambda: runner(x), repeats, threads)]
-        rows.append(ab("20-op chain: torch.compile(backend=eager) (A) vs torchburn+cython_dispatch (B)", _eager_compiled(x), lambda: compiled(x), repeats, threads))
+        rows = [
+            ab(
+                f"engine: {len(plan.nodes)}-node plan, KernelProgram (A) vs Cython runner (B)",
+                lambda: program(x),
+                lambda: runner(x),
+                repeats,
+                threads,
+            )
+        ]
+        rows.append(
+            ab(
+                "20-op chain: torch.compile(backend=eager) (A) vs torchburn+cython_dispatch (B)",
+                _eager_compiled(x),
+                lambda: compiled(x),
+                repeats,
+                threads,
+            )
+        )
     return rows
 
 
@@ -132,21 +156,67 @@ def run(threads: int = 2, repeats: int = 7) -> list[dict[str, Any]]:
     for batch in (1, 64):
         x = torch.randn(batch, 784)
         with torch.no_grad():
-            rows.append(ab(f"MLP 784-256-ReLU-10 forward, batch {batch}, no_grad", lambda: ref(x), lambda: fast(x), repeats, threads))
-        rows.append(ab(f"MLP 784-256-ReLU-10 forward, batch {batch}, grad on", lambda: ref(x), lambda: fast(x), repeats, threads))
-    rows.append(ab("train step MLP 784-512-10, batch 64, Adam", _train_step(torch), _train_step(turbo_torch), repeats, threads))
+            rows.append(
+                ab(
+                    f"MLP 784-256-ReLU-10 forward, batch {batch}, no_grad",
+                    lambda: ref(x),
+                    lambda: fast(x),
+                    repeats,
+                    threads,
+                )
+            )
+        rows.append(
+            ab(
+                f"MLP 784-256-ReLU-10 forward, batch {batch}, grad on",
+                lambda: ref(x),
+                lambda: fast(x),
+                repeats,
+                threads,
+            )
+        )
+    rows.append(
+        ab("train step MLP 784-512-10, batch 64, Adam", _train_step(torch), _train_step(turbo_torch), repeats, threads)
+    )
     x = torch.randn(64, 64)
     with torch.no_grad():
-        rows.append(ab("20-op elementwise chain on 64x64 (eager, no_grad)", lambda: _chain(x), lambda: _chain(x), repeats, threads))
+        rows.append(
+            ab(
+                "20-op elementwise chain on 64x64 (eager, no_grad)",
+                lambda: _chain(x),
+                lambda: _chain(x),
+                repeats,
+                threads,
+            )
+        )
     a1, b1 = torch.ones(1), torch.ones(1)
-    rows.append(ab("lone add, 1-element tensors", lambda: torch.add(a1, b1), lambda: turbo_torch.add(a1, b1), repeats, threads))
+    rows.append(
+        ab("lone add, 1-element tensors", lambda: torch.add(a1, b1), lambda: turbo_torch.add(a1, b1), repeats, threads)
+    )
     ga, gb = torch.randn(1024, 1024), torch.randn(1024, 1024)
     lin_ref = torch.nn.Linear(1024, 1024, bias=False)
     lin_fast = turbo_torch.nn.Linear(1024, 1024, bias=False)
     lin_fast.load_state_dict(lin_ref.state_dict())
     with torch.no_grad():
-        rows.append(ab("GEMM 1024^3 (torch.mm vs turbo_torch.mm)", lambda: torch.mm(ga, gb), lambda: turbo_torch.mm(ga, gb), max(3, repeats // 2), threads, 0.2))
-        rows.append(ab("Linear 1024x1024 on 1024 rows (module call)", lambda: lin_ref(ga), lambda: lin_fast(ga), max(3, repeats // 2), threads, 0.2))
+        rows.append(
+            ab(
+                "GEMM 1024^3 (torch.mm vs turbo_torch.mm)",
+                lambda: torch.mm(ga, gb),
+                lambda: turbo_torch.mm(ga, gb),
+                max(3, repeats // 2),
+                threads,
+                0.2,
+            )
+        )
+        rows.append(
+            ab(
+                "Linear 1024x1024 on 1024 rows (module call)",
+                lambda: lin_ref(ga),
+                lambda: lin_fast(ga),
+                max(3, repeats // 2),
+                threads,
+                0.2,
+            )
+        )
     rows.extend(_plan_rows(repeats, threads))
     rows.extend(_cache_rows(repeats, threads))
     return rows
@@ -165,7 +235,16 @@ def _cache_rows(repeats: int, threads: int) -> list[dict[str, Any]]:
         call_key = core.call_key
         per = statistics.median(_per_call(lambda: lookup(None, call_key(x)), 20000) for _ in range(repeats))
         only = statistics.median(_per_call(lambda: lookup(None, key), 20000) for _ in range(repeats))
-        out.append({"workload": f"dispatch-cache lookup ({core.IMPLEMENTATION}): key + hit / hit only", "torch_us": None, "turbo_us": per * 1e6, "hit_only_us": only * 1e6, "ratio": None, "threads": threads})
+        out.append(
+            {
+                "workload": f"dispatch-cache lookup ({core.IMPLEMENTATION}): key + hit / hit only",
+                "torch_us": None,
+                "turbo_us": per * 1e6,
+                "hit_only_us": only * 1e6,
+                "ratio": None,
+                "threads": threads,
+            }
+        )
     return out
 
 
@@ -183,7 +262,9 @@ def main() -> None:
     print(f"{'workload':<88} {'torch µs':>10} {'turbo µs':>10} {'ratio':>7}")
     for r in rows:
         extra = f"  (hit only {r['hit_only_us']:.3f} µs)" if "hit_only_us" in r else ""
-        print(f"{r['workload']:<88} {_fmt(r['torch_us'], '10.2f')} {_fmt(r['turbo_us'], '10.3f')} {_fmt(r['ratio'], '7.2f')}{extra}")
+        print(
+            f"{r['workload']:<88} {_fmt(r['torch_us'], '10.2f')} {_fmt(r['turbo_us'], '10.3f')} {_fmt(r['ratio'], '7.2f')}{extra}"
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@ def pytest_report_header() -> str:
 
 @pytest.fixture(params=IMPLS)
 def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    if request.param == "compiled" and not _impl.COMPILED_AVAILABLE and os.environ.get("TORCHBURN_ALLOW_NO_EXTENSION") == "1":
+    if (
+        request.param == "compiled"
+        and not _impl.COMPILED_AVAILABLE
+        and os.environ.get("TORCHBURN_ALLOW_NO_EXTENSION") == "1"
+    ):
         pytest.skip("compiled extension not built (TORCHBURN_ALLOW_NO_EXTENSION=1)")
     previous = tb_cython_dispatch.implementation()
     module = tb_cython_dispatch.set_implementation(request.param)

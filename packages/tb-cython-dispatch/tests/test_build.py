@@ -25,7 +25,12 @@ def test_fixture_switches_implementation(impl) -> None:  # type: ignore[no-untyp
 def test_both_implementations_have_the_same_api() -> None:
     from tb_cython_dispatch import _dispatch
 
-    public = {n for n in dir(_fallback) if not n.startswith("_") and n[0].islower() or n in ("CACHE", "Site", "PlanRunner", "DispatchCache", "OpStats")}
+    public = {
+        n
+        for n in dir(_fallback)
+        if (not n.startswith("_") and n[0].islower())
+        or n in ("CACHE", "Site", "PlanRunner", "DispatchCache", "OpStats")
+    }
     public -= {"annotations", "torch", "Any", "Callable"}
     missing = sorted(n for n in public if not hasattr(_dispatch, n))
     assert not missing

@@ -17,7 +17,7 @@ def _mlp() -> nn.Sequential:
 
 def _reference(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.Module.__call__(m, x)  # torch's own generic path, every child too
-    
+
 
 def _eager(m: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     for child in m:
@@ -149,7 +149,13 @@ def test_env_var_turns_cache_off() -> None:
     import sys
 
     code = "import turbo_torch; print(turbo_torch.cache_enabled())"
-    out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "TORCHBURN_DISPATCH_CACHE": "0"}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**__import__("os").environ, "TORCHBURN_DISPATCH_CACHE": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "False"
 
 

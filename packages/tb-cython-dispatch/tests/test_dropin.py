@@ -14,8 +14,25 @@ from turbo_torch import nn, optim
 
 
 def test_every_torch_name_resolves() -> None:
-    for name in ["tensor", "randn", "float32", "bfloat16", "device", "no_grad", "inference_mode", "Tensor",
-                 "add", "cat", "manual_seed", "jit", "autograd", "compile", "cuda", "Size", "strided"]:
+    for name in [
+        "tensor",
+        "randn",
+        "float32",
+        "bfloat16",
+        "device",
+        "no_grad",
+        "inference_mode",
+        "Tensor",
+        "add",
+        "cat",
+        "manual_seed",
+        "jit",
+        "autograd",
+        "compile",
+        "cuda",
+        "Size",
+        "strided",
+    ]:
         assert getattr(turbo_torch, name) is getattr(torch, name), name
     missing = [n for n in dir(torch) if not n.startswith("__") and not hasattr(turbo_torch, n)]
     assert not missing
@@ -51,8 +68,19 @@ def test_module_classes_are_torch_classes() -> None:
 def _twin(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     def build(ns):  # type: ignore[no-untyped-def]
         torch.manual_seed(seed)
-        return ns.Sequential(ns.Linear(6, 12), ns.ReLU(), ns.Linear(12, 12), ns.GELU(approximate="tanh"),
-                             ns.Linear(12, 8), ns.SiLU(), ns.Tanh(), ns.Sigmoid(), ns.Identity(), ns.Linear(8, 3))
+        return ns.Sequential(
+            ns.Linear(6, 12),
+            ns.ReLU(),
+            ns.Linear(12, 12),
+            ns.GELU(approximate="tanh"),
+            ns.Linear(12, 8),
+            ns.SiLU(),
+            ns.Tanh(),
+            ns.Sigmoid(),
+            ns.Identity(),
+            ns.Linear(8, 3),
+        )
+
     return build(nn), build(torch.nn)
 
 
@@ -127,7 +155,7 @@ def test_hooks_inside_sequential_plan(impl) -> None:  # type: ignore[no-untyped-
 
 
 def test_global_and_backward_hooks(impl) -> None:  # type: ignore[no-untyped-def]
-    fast, ref = _twin()
+    fast, _ = _twin()
     x = torch.randn(3, 6)
     calls = []
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: calls.append(type(m).__name__))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -21,13 +23,13 @@ def test_engine_is_found_through_its_entry_point() -> None:
 
 class TestCythonDispatch(EngineConformance):
     engine = "cython_dispatch"
-    xfail = {
+    xfail: ClassVar[dict[str, str]] = {
         # Not an engine limit: tb-core's decomposition table turns F.rms_norm into pow/mean/rsqrt
         # before partitioning, so the graph never holds the op the case names (all of those run
         # natively here). Needs aten._fused_rms_norm in tb-core's KEPT_OPS.
         "rms_norm": "tb-core decomposes aten._fused_rms_norm before engines see it",
     }
-    native_models = frozenset({"readme_mlp", "small_cnn", "transformer_layer"})
+    native_models: ClassVar[frozenset[str]] = frozenset({"readme_mlp", "small_cnn", "transformer_layer"})
 
 
 def _plans(fn, *args):  # type: ignore[no-untyped-def]
@@ -43,7 +45,13 @@ def _plans(fn, *args):  # type: ignore[no-untyped-def]
     type(engine).compile = spy  # type: ignore[method-assign]
     try:
         torch._dynamo.reset()
-        opts = {"engine": "cython_dispatch", "fallback": "error", "cache": False, "min_partition_size": 1, "warn": False}
+        opts = {
+            "engine": "cython_dispatch",
+            "fallback": "error",
+            "cache": False,
+            "min_partition_size": 1,
+            "warn": False,
+        }
         out = torch.compile(fn, backend="torchburn", options=opts, dynamic=False)(*args)
     finally:
         type(engine).compile = original  # type: ignore[method-assign]
@@ -68,7 +76,9 @@ def test_plan_runner_matches_kernel_program(impl) -> None:  # type: ignore[no-un
         reference = KernelProgram(plan, {n.op: n.target for n in plan.nodes})
         n = len(plan.inputs) - len(plan.constants)
         inputs = [x, w][:n] if n <= 2 else None
-        if inputs is None or any(m is not None and tuple(m.shape) != tuple(t.shape) for m, t in zip(plan.inputs, inputs)):
+        if inputs is None or any(
+            m is not None and tuple(m.shape) != tuple(t.shape) for m, t in zip(plan.inputs, inputs)
+        ):
             continue
         got, want = runner(*inputs), reference(*inputs)
         torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -7,7 +7,8 @@ one alike. Keep the two in step: a change here is a change in ``_dispatch.pyx``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.modules.module as _module_mod
@@ -134,16 +135,14 @@ def call_key(x: Any) -> Any:
 
 def hooks_free(module: Any) -> bool:
     d = module.__dict__
-    if (
+    return not (
         d.get("_forward_hooks")
         or d.get("_forward_pre_hooks")
         or d.get("_backward_hooks")
         or d.get("_backward_pre_hooks")
         or d.get("_compiled_call_impl") is not None
         or "forward" in d
-    ):
-        return False
-    return True
+    )
 
 
 def _globals_free() -> bool:

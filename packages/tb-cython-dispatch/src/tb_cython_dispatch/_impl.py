@@ -17,7 +17,7 @@ except ImportError as exc:  # an sdist built without a compiler, say
 else:
     COMPILED_IMPORT_ERROR = ""
 
-from tb_cython_dispatch import _fallback
+from tb_cython_dispatch import _fallback  # noqa: E402 - after the optional extension on purpose
 
 COMPILED_AVAILABLE = _compiled is not None
 
@@ -44,7 +44,7 @@ for _m in (_compiled, _fallback):
 
 
 def implementation() -> str:
-    """"compiled" or "python": which implementation of the hot loops is in force."""
+    """ "compiled" or "python": which implementation of the hot loops is in force."""
     return str(core.IMPLEMENTATION)
 
 
@@ -53,7 +53,9 @@ def set_implementation(name: str) -> ModuleType:
     global core
     if name == "compiled":
         if _compiled is None:
-            raise ImportError(f"the compiled extension tb_cython_dispatch._dispatch is not available ({COMPILED_IMPORT_ERROR})")
+            raise ImportError(
+                f"the compiled extension tb_cython_dispatch._dispatch is not available ({COMPILED_IMPORT_ERROR})"
+            )
         module: ModuleType = _compiled
     elif name == "python":
         module = _fallback

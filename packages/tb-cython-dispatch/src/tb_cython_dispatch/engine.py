@@ -6,10 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchburn import NodeInfo, Plan, Ref
-from torchburn.plan import GETITEM, resolve_op
 
 from tb_cython_dispatch import _impl
+from torchburn import NodeInfo, Plan, Ref
+from torchburn.plan import GETITEM, resolve_op
 
 LITERAL, SLOT, LIST, TUPLE = 0, 1, 2, 3
 

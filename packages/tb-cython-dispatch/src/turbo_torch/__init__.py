@@ -20,8 +20,7 @@ from typing import Any
 
 import torch as _torch
 
-from turbo_torch import _alias
-from turbo_torch import nn, optim
+from turbo_torch import _alias, nn, optim
 from turbo_torch._cache import cache_enabled, cache_info, clear_cache, set_cache_enabled
 
 _alias.install()

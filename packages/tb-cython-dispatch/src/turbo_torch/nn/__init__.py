@@ -13,7 +13,8 @@ from typing import Any
 
 import torch.nn as _tnn
 
-from turbo_torch.nn._module import Module, make_class
+from turbo_torch.nn._module import Module as Module
+from turbo_torch.nn._module import make_class
 
 Sequential = make_class(_tnn.Sequential)
 Linear = make_class(_tnn.Linear)

@@ -59,11 +59,7 @@ def _hooks_free(opt: _Optimizer) -> bool:
 
 def _eligible_tensor(p: Any, g: Any) -> bool:
     return (
-        g.layout is _strided
-        and p.device == _cpu
-        and g.device == _cpu
-        and p.is_floating_point()
-        and g.dtype == p.dtype
+        g.layout is _strided and p.device == _cpu and g.device == _cpu and p.is_floating_point() and g.dtype == p.dtype
     )
 
 
@@ -215,10 +211,7 @@ def _sgd_step(opt: _topt.SGD) -> bool:
             if old_bufs:
                 torch._foreach_mul_(old_bufs, momentum)
                 torch._foreach_add_(old_bufs, old_grads, alpha=1 - group["dampening"])
-            if group["nesterov"]:
-                grads = torch._foreach_add(grads, bufs, alpha=momentum)
-            else:
-                grads = bufs
+            grads = torch._foreach_add(grads, bufs, alpha=momentum) if group["nesterov"] else bufs
         torch._foreach_add_(params, grads, alpha=-lr)
     return True
 
