@@ -124,30 +124,32 @@ class ReferenceBackend:
         q = unpack_int4(w.qweight).to(torch.int32)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         sz = torch.stack((w.scales, w.zeros), dim=-1).transpose(0, 1).contiguous()
-        handle = _Int4(w, packed, sz)
         # The packed layout is private to PyTorch: check it against our own dequantization once.
         probe = torch.randn(2, w.shape[1])
         got = torch.ops.aten._weight_int4pack_mm_for_cpu(probe, packed, w.group_size, sz)
         want = probe @ w.dequantize().T
         if not torch.allclose(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()) + 1e-5):
             raise RuntimeError("PyTorch int4 packed kernel disagrees with the documented layout")
-        handle.w = QuantWeight("int4", w.shape, group_size=w.group_size)  # drop the unpacked copy
-        return handle
+        return _Int4(w, packed, sz)
 
     # -- kernels ------------------------------------------------------------------------
+    # Measured on x86 CPUs with PyTorch 2.x: the packed int8/int4 kernels are fine for one row
+    # but 10-50x slower than a dense GEMM for prefill, while a bf16 GEMM on freshly dequantized
+    # weights is fast for many rows. So: packed int4 kernel for decode rows, dequantize for
+    # prefill; int8 always goes through bf16 (int8 -> bf16 is exact, bf16 GEMMs accumulate in fp32).
+    SMALL_M = 4
+
     def linear(self, x: torch.Tensor, handle: Any, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(handle, _Dense):
             return F.linear(x, handle.weight, bias)
         if isinstance(handle, _Int8):
-            if handle.fast and x.dtype == torch.float32:
-                y = torch.ops.aten._weight_int8pack_mm(x, handle.qweight, handle.scales)
-            else:
-                y = F.linear(x, handle.qweight.to(x.dtype)) * handle.scales.to(x.dtype)
+            y = (F.linear(x.to(torch.bfloat16), handle.qweight.to(torch.bfloat16)).float() * handle.scales).to(x.dtype)
         elif isinstance(handle, _Int4):
-            if handle.packed is not None and x.dtype == torch.float32:
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, handle.packed, handle.group_size, handle.scales_zeros)
+            if handle.packed is not None and x.shape[0] <= self.SMALL_M:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.float(), handle.packed, handle.group_size, handle.scales_zeros)
+                y = y.to(x.dtype)
             else:
-                y = F.linear(x, handle.w.dequantize(x.dtype))
+                y = F.linear(x.to(torch.bfloat16), handle.w.dequantize(torch.bfloat16)).to(x.dtype)
         else:
             raise BackendError(f"reference backend: not a handle it prepared: {type(handle).__name__}")
         return y if bias is None else y + bias

@@ -138,12 +138,16 @@ class Decoder:
                 progress(1)
             return Linear(handle, bias(name + ".bias"), int(w.shape[0]))
 
+        # As llama.cpp's default does, int4 models keep the embedding / output head at int8:
+        # the head is the most quantization-sensitive matrix.
+        head_quant = "int8" if quant == "int4" else quant
         embed = weights.get("model.embed_tokens.weight")
-        self.embed: QuantWeight = quantize(embed, quant, group_size)
+        self.embed: QuantWeight = quantize(embed, head_quant, group_size)
         if cfg.tie_word_embeddings:
             self.lm_head = Linear(backend.prepare_linear(self.embed), None, cfg.vocab_size)
         else:
-            self.lm_head = linear("lm_head")
+            w = weights.get("lm_head.weight")
+            self.lm_head = Linear(backend.prepare_linear(quantize(w, head_quant, group_size)), None, cfg.vocab_size)
         self.norm = small("model.norm.weight")
         fam = cfg.family
         self.layers: list[Layer] = []

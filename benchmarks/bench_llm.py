@@ -1,0 +1,177 @@
+"""tb-llm speed on a Qwen2.5-0.5B-shaped model against transformers, in the same run.
+
+    python benchmarks/bench_llm.py [--threads 2] [--prompt-tokens 512] [--new-tokens 32]
+
+The model has Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate
+4864, vocab 151936, tied embeddings) and random weights, written as bf16 safetensors by this
+script (speed does not depend on the values). ``run(threads)`` returns one dict per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "use_sliding_window": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+
+
+def make_model(folder: Path) -> Path:
+    """Random bf16 weights in safetensors (once; reused while the config is unchanged)."""
+    from tb_llm.model import expected_shapes
+    from tb_llm.config import parse_config
+    from tb_llm.safetensors_io import save_file
+
+    stamp = folder / "config.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == CONFIG and (folder / "model.safetensors").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, shape in expected_shapes(parse_config(CONFIG)).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            tensors[name] = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+    save_file(tensors, folder / "model.safetensors")
+    stamp.write_text(json.dumps(CONFIG, indent=1))
+    return folder
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except OSError:
+        return float("nan")
+
+
+def bench_tb_llm(folder: Path, quant: str, prompt_tokens: int, new_tokens: int, repeat: int) -> dict[str, Any]:
+    from tb_llm import LLM
+    from tb_llm.bench import benchmark
+
+    gc.collect()
+    base = _rss_mb()
+    start = time.perf_counter()
+    llm = LLM.from_pretrained(folder, quant=quant, device="cpu")
+    r = benchmark(llm, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, first_token_from=start)
+    r["rss_mb"] = _rss_mb() - base
+    r["runtime"] = "tb-llm"
+    r["weight_gb_s"] = r["weight_mb"] / 1e3 * r["decode_tok_s"]
+    del llm
+    gc.collect()
+    return r
+
+
+def bench_transformers(folder: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, repeat: int) -> dict[str, Any]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    gc.collect()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.eval()
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
+    pre, dec = [], []
+    with torch.inference_mode():
+        model(ids[:, :8])  # warm-up
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            out = model(ids, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            t1 = time.perf_counter()
+            past = out.past_key_values
+            for _ in range(new_tokens - 1):
+                out = model(nxt, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            t2 = time.perf_counter()
+            pre.append(prompt_tokens / (t1 - t0))
+            dec.append((new_tokens - 1) / (t2 - t1))
+    weight_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    del model
+    gc.collect()
+    decode = statistics.median(dec)
+    return {
+        "runtime": "transformers",
+        "engine": "eager",
+        "quant": "bf16" if dtype == torch.bfloat16 else "fp32",
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "prefill_tok_s": statistics.median(pre),
+        "decode_tok_s": decode,
+        "ms_per_token": 1000.0 / decode,
+        "weight_mb": weight_mb,
+        "weight_gb_s": weight_mb / 1e3 * decode,
+    }
+
+
+def run(threads: int = 2, prompt_tokens: int = 512, new_tokens: int = 32, repeat: int = 2, quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"), transformers_baseline: bool = True) -> list[dict[str, Any]]:
+    torch.set_num_threads(threads)
+    cache = Path(os.environ.get("TORCHBURN_CACHE_DIR", Path.home() / ".cache" / "torchburn")) / "bench-llm" / "qwen2.5-0.5b-shape"
+    folder = make_model(cache)
+    rows: list[dict[str, Any]] = []
+    for quant in quants:
+        rows.append(bench_tb_llm(folder, quant, prompt_tokens, new_tokens, repeat))
+        print(_fmt(rows[-1]), flush=True)
+    if transformers_baseline:
+        for dtype in (torch.float32, torch.bfloat16):
+            try:
+                rows.append(bench_transformers(folder, dtype, prompt_tokens, new_tokens, repeat))
+                print(_fmt(rows[-1]), flush=True)
+            except ImportError:
+                break
+    for r in rows:
+        r["threads"] = threads
+    return rows
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    extra = f" load {r['load_s']:.2f}s first-token {r['first_token_s']:.2f}s rss +{r['rss_mb']:.0f}MB" if "load_s" in r else ""
+    return (
+        f"{r['runtime']:12s} {r['quant']:5s} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:6.1f} tok/s "
+        f"({r['ms_per_token']:6.1f} ms/tok)  weights {r['weight_mb']:7.1f} MB ({r['weight_gb_s']:.1f} GB/s){extra}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--quant", action="append", choices=["fp32", "bf16", "int8", "int4"])
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    a = ap.parse_args()
+    rows = run(a.threads, a.prompt_tokens, a.new_tokens, a.repeat, tuple(a.quant or ("fp32", "bf16", "int8", "int4")), not a.no_transformers)
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
