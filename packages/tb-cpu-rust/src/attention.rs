@@ -11,7 +11,8 @@ use rayon::prelude::*;
 
 const BQ: usize = 64;
 
-#[allow(clippy::too_many_arguments)]
+/// # Safety
+/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
 pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32) {
     let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
     let (s, ev) = (k.sizes[2], v.sizes[3]);

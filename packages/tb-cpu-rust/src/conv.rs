@@ -7,7 +7,8 @@ use crate::gemm::{epilogue, sgemm, Mat};
 use crate::tensor::View;
 use rayon::prelude::*;
 
-#[allow(clippy::too_many_arguments)]
+/// # Safety
+/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
 pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &View, p: &[usize; 7], epi: &[Un], threads: usize) {
     let [sh, sw, ph, pw, dh, dw, groups] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
@@ -68,6 +69,8 @@ pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &Vie
     }
 }
 
+/// # Safety
+/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
 pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]) {
     let [kh, kw, sh, sw, ph, pw, dh, dw] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
@@ -103,6 +106,8 @@ pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]
     });
 }
 
+/// # Safety
+/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
 pub unsafe fn avg_pool(mem: &Mem, x: &View, y: &View, p: &[usize; 6], include_pad: bool, divisor: usize) {
     let [kh, kw, sh, sw, ph, pw] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);

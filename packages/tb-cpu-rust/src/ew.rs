@@ -298,8 +298,12 @@ unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range
 }
 
 pub trait Scalar: Copy + Default + Send + Sync + 'static {
-    fn load(p: *const u8, dt: DType, i: usize) -> Self;
-    fn store(self, p: *mut u8, dt: DType, i: usize);
+    /// # Safety
+    /// `p` must point to a buffer of `dt` elements with index `i` in bounds.
+    unsafe fn load(p: *const u8, dt: DType, i: usize) -> Self;
+    /// # Safety
+    /// As `load`, for writing.
+    unsafe fn store(self, p: *mut u8, dt: DType, i: usize);
     fn from_f64(v: f64) -> Self;
     fn truthy(self) -> bool;
     fn from_bool(b: bool) -> Self;
@@ -309,8 +313,8 @@ pub trait Scalar: Copy + Default + Send + Sync + 'static {
 
 impl Scalar for f32 {
     #[inline(always)]
-    fn load(p: *const u8, dt: DType, i: usize) -> f32 {
-        unsafe {
+    unsafe fn load(p: *const u8, dt: DType, i: usize) -> f32 {
+        {
             match dt {
                 DType::F32 => *(p as *const f32).add(i),
                 DType::I64 => *(p as *const i64).add(i) as f32,
@@ -319,8 +323,8 @@ impl Scalar for f32 {
         }
     }
     #[inline(always)]
-    fn store(self, p: *mut u8, dt: DType, i: usize) {
-        unsafe {
+    unsafe fn store(self, p: *mut u8, dt: DType, i: usize) {
+        {
             match dt {
                 DType::F32 => *(p as *mut f32).add(i) = self,
                 DType::I64 => *(p as *mut i64).add(i) = self as i64,
@@ -380,7 +384,7 @@ impl Scalar for f32 {
             Un::Round => map!(v => v.round_ties_even()),
             Un::Trunc => map!(v => v.trunc()),
             Un::Frac => map!(v => v - v.trunc()),
-            Un::Sign => map!(v => if v > 0.0 { 1.0 } else if v < 0.0 { -1.0 } else if v.is_nan() { 0.0 } else { 0.0 }),
+            Un::Sign => map!(v => if v > 0.0 { 1.0 } else if v < 0.0 { -1.0 } else { 0.0 }),
             Un::Recip => map!(v => 1.0 / v),
             Un::Square => map!(v => v * v),
             Un::IsNan => map!(v => v.is_nan() as u8 as f32),
@@ -461,8 +465,8 @@ impl Scalar for f32 {
 
 impl Scalar for i64 {
     #[inline(always)]
-    fn load(p: *const u8, dt: DType, i: usize) -> i64 {
-        unsafe {
+    unsafe fn load(p: *const u8, dt: DType, i: usize) -> i64 {
+        {
             match dt {
                 DType::F32 => *(p as *const f32).add(i) as i64,
                 DType::I64 => *(p as *const i64).add(i),
@@ -471,8 +475,8 @@ impl Scalar for i64 {
         }
     }
     #[inline(always)]
-    fn store(self, p: *mut u8, dt: DType, i: usize) {
-        unsafe {
+    unsafe fn store(self, p: *mut u8, dt: DType, i: usize) {
+        {
             match dt {
                 DType::F32 => *(p as *mut f32).add(i) = self as f32,
                 DType::I64 => *(p as *mut i64).add(i) = self,
@@ -589,14 +593,14 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let reg = &mut regs[dst];
                     if st == 1 {
                         for (i, r) in reg[..n].iter_mut().enumerate() {
-                            *r = T::load(base, v.dtype, o + i);
+                            *r = unsafe { T::load(base, v.dtype, o + i) };
                         }
                     } else if st == 0 {
-                        let x = T::load(base, v.dtype, o);
+                        let x = unsafe { T::load(base, v.dtype, o) };
                         reg[..n].fill(x);
                     } else {
                         for (i, r) in reg[..n].iter_mut().enumerate() {
-                            *r = T::load(base, v.dtype, o + i * st);
+                            *r = unsafe { T::load(base, v.dtype, o + i * st) };
                         }
                     }
                 }
@@ -623,7 +627,7 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let o = offs[k];
                     let reg = &regs[src];
                     for (i, &x) in reg[..n].iter().enumerate() {
-                        x.store(base, v.dtype, o + i * st);
+                        unsafe { x.store(base, v.dtype, o + i * st) };
                     }
                 }
             }

@@ -175,9 +175,9 @@ impl Kernel {
                 };
                 let reduced: Vec<bool> = ints.iter().skip(1).map(|&v| v != 0).collect();
                 need(reduced.len() == x.rank(), "reduction mask has the wrong rank")?;
-                for d in 0..x.rank() {
-                    need(!reduced[d] || o.sizes[d] == 1, "reduced dim must have size 1 in the output")?;
-                    need(reduced[d] || o.sizes[d] == x.sizes[d], "kept dim must keep its size")?;
+                for (d, &r) in reduced.iter().enumerate() {
+                    need(!r || o.sizes[d] == 1, "reduced dim must have size 1 in the output")?;
+                    need(r || o.sizes[d] == x.sizes[d], "kept dim must keep its size")?;
                 }
                 f32s(&[&x])?;
                 match kind {
@@ -187,14 +187,14 @@ impl Kernel {
                 }
                 // Argmax over several dims needs the row-major position: keep the mask in the view
                 let mut x = x;
-                for d in 0..x.rank() {
-                    if !reduced[d] && x.sizes[d] == 1 {
+                for (d, &r) in reduced.iter().enumerate() {
+                    if !r && x.sizes[d] == 1 {
                         x.strides[d] = 0;
                     }
                 }
                 let mut o = o;
-                for d in 0..o.rank() {
-                    if reduced[d] {
+                for (d, &r) in reduced.iter().enumerate() {
+                    if r {
                         o.strides[d] = 0;
                     }
                 }
@@ -761,6 +761,8 @@ unsafe fn softmax_row_generic(x: *const f32, sx: usize, y: *mut f32, sy: usize, 
     }
 }
 
+/// # Safety
+/// `x` and `out` must be views validated against the buffers of `mem`.
 pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
     let nd = x.rank();
     let red: Vec<usize> = (0..nd).filter(|&d| out.sizes[d] == 1 && x.sizes[d] != 1).collect();
@@ -777,7 +779,7 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
         let ob = offset_of(o, &out.sizes, &out.strides);
         let xf = px.get() as *const f32;
         let mut vals = Vec::new();
-        let mut get = |f: &mut dyn FnMut(usize, f32)| {
+        let get = |f: &mut dyn FnMut(usize, f32)| {
             let mut i = 0;
             for_each(&rsz, [&rst], |[off]| {
                 f(i, *xf.add(xb + off));
@@ -841,7 +843,7 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
                 let m = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 if vals.iter().any(|v| v.is_nan()) {
                     f64::NAN
-                } else if m == f64::NEG_INFINITY || m == f64::INFINITY {
+                } else if m.is_infinite() {
                     m
                 } else {
                     m + vals.iter().map(|v| (v - m).exp()).sum::<f64>().ln()

@@ -34,6 +34,11 @@ class NativeCpuEngine(torchburn.Engine):
 
         return {op: None for op in sorted(SUPPORTED)}
 
+    def covered_ops(self) -> set[str]:
+        from tb_cpu_rust.ops_table import SUPPORTED
+
+        return set(SUPPORTED)
+
     def check(self, node: NodeInfo) -> str | None:
         if node.op == GETITEM:
             return None
