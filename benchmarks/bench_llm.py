@@ -43,8 +43,8 @@ CONFIG: dict[str, Any] = {
 
 def make_model(folder: Path) -> Path:
     """Random bf16 weights in safetensors (once; reused while the config is unchanged)."""
-    from tb_llm.model import expected_shapes
     from tb_llm.config import parse_config
+    from tb_llm.model import expected_shapes
     from tb_llm.safetensors_io import save_file
 
     stamp = folder / "config.json"
@@ -88,7 +88,9 @@ def bench_tb_llm(folder: Path, quant: str, prompt_tokens: int, new_tokens: int, 
     return r
 
 
-def bench_transformers(folder: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, repeat: int) -> dict[str, Any]:
+def bench_transformers(
+    folder: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, repeat: int
+) -> dict[str, Any]:
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -130,9 +132,20 @@ def bench_transformers(folder: Path, dtype: torch.dtype, prompt_tokens: int, new
     }
 
 
-def run(threads: int = 2, prompt_tokens: int = 512, new_tokens: int = 32, repeat: int = 2, quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"), transformers_baseline: bool = True) -> list[dict[str, Any]]:
+def run(
+    threads: int = 2,
+    prompt_tokens: int = 512,
+    new_tokens: int = 32,
+    repeat: int = 2,
+    quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"),
+    transformers_baseline: bool = True,
+) -> list[dict[str, Any]]:
     torch.set_num_threads(threads)
-    cache = Path(os.environ.get("TORCHBURN_CACHE_DIR", Path.home() / ".cache" / "torchburn")) / "bench-llm" / "qwen2.5-0.5b-shape"
+    cache = (
+        Path(os.environ.get("TORCHBURN_CACHE_DIR", Path.home() / ".cache" / "torchburn"))
+        / "bench-llm"
+        / "qwen2.5-0.5b-shape"
+    )
     folder = make_model(cache)
     rows: list[dict[str, Any]] = []
     for quant in quants:
@@ -151,7 +164,11 @@ def run(threads: int = 2, prompt_tokens: int = 512, new_tokens: int = 32, repeat
 
 
 def _fmt(r: dict[str, Any]) -> str:
-    extra = f" load {r['load_s']:.2f}s first-token {r['first_token_s']:.2f}s rss +{r['rss_mb']:.0f}MB" if "load_s" in r else ""
+    extra = (
+        f" load {r['load_s']:.2f}s first-token {r['first_token_s']:.2f}s rss +{r['rss_mb']:.0f}MB"
+        if "load_s" in r
+        else ""
+    )
     return (
         f"{r['runtime']:12s} {r['quant']:5s} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:6.1f} tok/s "
         f"({r['ms_per_token']:6.1f} ms/tok)  weights {r['weight_mb']:7.1f} MB ({r['weight_gb_s']:.1f} GB/s){extra}"
@@ -168,7 +185,14 @@ def main() -> None:
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
     a = ap.parse_args()
-    rows = run(a.threads, a.prompt_tokens, a.new_tokens, a.repeat, tuple(a.quant or ("fp32", "bf16", "int8", "int4")), not a.no_transformers)
+    rows = run(
+        a.threads,
+        a.prompt_tokens,
+        a.new_tokens,
+        a.repeat,
+        tuple(a.quant or ("fp32", "bf16", "int8", "int4")),
+        not a.no_transformers,
+    )
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
 

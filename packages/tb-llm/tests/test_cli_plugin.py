@@ -23,7 +23,13 @@ def test_cli_generate_and_benchmark(llama_dir: Path) -> None:
         f"r3 = main(['generate', '--model', {str(llama_dir / 'nope')!r}, 'x']);"
         "print('RC', r1, r2, r3)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert out.returncode == 0, out.stderr
     assert "RC 0 0 2" in out.stdout
     assert "6 tokens, length" in out.stderr
@@ -38,7 +44,7 @@ def test_python_dash_m_help() -> None:
 
 
 def test_torchburn_llm_command(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import tb_llm.plugin as plugin
+    from tb_llm import plugin
     from torchburn.cli.command import Command
 
     assert plugin.PLUGIN_API_VERSION == 1
@@ -75,7 +81,15 @@ class _Plugin:
     def tb_register_llm_backends():  # type: ignore[no-untyped-def]
         from torchburn.llm_backend import LLMBackend
 
-        return [LLMBackend(name="counting", engine="counting_engine", device="cpu", load=lambda: _CountingBackend("cpu"), priority=5)]
+        return [
+            LLMBackend(
+                name="counting",
+                engine="counting_engine",
+                device="cpu",
+                load=lambda: _CountingBackend("cpu"),
+                priority=5,
+            )
+        ]
 
 
 def test_engine_backend_is_used(llama_dir: Path, llama: LLM) -> None:

@@ -7,8 +7,8 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from conftest import copy_checkpoint
+
 from tb_llm import LLM, ChatTemplateError, CheckpointError, UnsupportedModelError
 from tb_llm.safetensors_io import CheckpointWeights, save_file
 
@@ -66,7 +66,10 @@ def test_missing_shard(ckpt: Path) -> None:
     half = len(names) // 2
     save_file({n: st.get(n) for n in names[:half]}, ckpt / "model-00001-of-00002.safetensors")
     save_file({n: st.get(n) for n in names[half:]}, ckpt / "model-00002-of-00002.safetensors")
-    index = {"metadata": {}, "weight_map": {n: f"model-0000{1 if i < half else 2}-of-00002.safetensors" for i, n in enumerate(names)}}
+    index = {
+        "metadata": {},
+        "weight_map": {n: f"model-0000{1 if i < half else 2}-of-00002.safetensors" for i, n in enumerate(names)},
+    }
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     (ckpt / "model.safetensors").unlink()
     # Sharded loads fine ...
@@ -81,7 +84,9 @@ def test_config_does_not_match_weights(ckpt: Path) -> None:
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["intermediate_size"] = 96
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors.*gate_proj.*shape \[128, 64\].*config\.json implies \[96, 64\]"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors.*gate_proj.*shape \[128, 64\].*config\.json implies \[96, 64\]"
+    ):
         LLM.from_pretrained(ckpt, device="cpu")
 
 
@@ -122,7 +127,9 @@ def test_unknown_model_type(ckpt: Path) -> None:
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["model_type"] = "gpt_neox"
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match=r"'gpt_neox' is not supported.*gemma, gemma2, llama, mistral, phi3, qwen2, qwen3"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"'gpt_neox' is not supported.*gemma, gemma2, llama, mistral, phi3, qwen2, qwen3"
+    ):
         LLM.from_pretrained(ckpt, device="cpu")
 
 

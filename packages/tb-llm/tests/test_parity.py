@@ -40,7 +40,9 @@ def test_batch_with_sliding_window(make_ckpt) -> None:
 
 
 def test_sampling_is_seeded(llama: LLM) -> None:
-    kw = dict(max_new_tokens=16, temperature=0.9, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1, ignore_eos=True)
+    kw = dict(
+        max_new_tokens=16, temperature=0.9, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1, ignore_eos=True
+    )
     a = llama.generate("Hello", seed=1, **kw)
     b = llama.generate("Hello", seed=1, **kw)
     assert a.token_ids == b.token_ids

@@ -18,7 +18,10 @@ def test_int4_pack_layout() -> None:
     assert torch.equal(unpack_int4(packed), q)
 
 
-@pytest.mark.parametrize("kind,group,tol", [("int8", 32, 0.01), ("int4", 32, 0.08), ("int4", 64, 0.09), ("int4", 128, 0.1), ("bf16", 32, 0.01)])
+@pytest.mark.parametrize(
+    "kind,group,tol",
+    [("int8", 32, 0.01), ("int4", 32, 0.08), ("int4", 64, 0.09), ("int4", 128, 0.1), ("bf16", 32, 0.01)],
+)
 def test_dequantize_error(kind: str, group: int, tol: float) -> None:
     torch.manual_seed(0)
     w = torch.randn(48, 256)
@@ -47,5 +50,7 @@ def test_top1_agreement(llama_dir, quant: str, min_top1: float, min_cos: float) 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma2", "phi3"])
 def test_quantized_models_generate(make_ckpt, arch: str) -> None:
     for quant in ("int8", "int4", "bf16"):
-        g = LLM.from_pretrained(make_ckpt(arch), quant=quant, device="cpu").generate("Hello", max_new_tokens=4, ignore_eos=True)
+        g = LLM.from_pretrained(make_ckpt(arch), quant=quant, device="cpu").generate(
+            "Hello", max_new_tokens=4, ignore_eos=True
+        )
         assert len(g.token_ids) == 4

@@ -1,8 +1,8 @@
 """tb-llm: Hugging Face decoder checkpoints on TorchBurn engines, with a PyTorch reference path.
 
-    from tb_llm import LLM
-    llm = LLM.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct", quant="int4")
-    print(llm.generate("The capital of France is", max_new_tokens=16).text)
+from tb_llm import LLM
+llm = LLM.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct", quant="int4")
+print(llm.generate("The capital of France is", max_new_tokens=16).text)
 """
 
 from __future__ import annotations

@@ -71,14 +71,14 @@ class _Dense:
 
 
 class _Int8:
-    __slots__ = ("qweight", "scales", "fast")
+    __slots__ = ("fast", "qweight", "scales")
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, fast: bool) -> None:
         self.qweight, self.scales, self.fast = qweight, scales, fast
 
 
 class _Int4:
-    __slots__ = ("w", "packed", "scales_zeros", "group_size")
+    __slots__ = ("group_size", "packed", "scales_zeros", "w")
 
     def __init__(self, w: QuantWeight, packed: torch.Tensor | None, scales_zeros: torch.Tensor | None) -> None:
         self.w, self.packed, self.scales_zeros, self.group_size = w, packed, scales_zeros, w.group_size
@@ -146,7 +146,9 @@ class ReferenceBackend:
             y = (F.linear(x.to(torch.bfloat16), handle.qweight.to(torch.bfloat16)).float() * handle.scales).to(x.dtype)
         elif isinstance(handle, _Int4):
             if handle.packed is not None and x.shape[0] <= self.SMALL_M:
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.float(), handle.packed, handle.group_size, handle.scales_zeros)
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    x.float(), handle.packed, handle.group_size, handle.scales_zeros
+                )
                 y = y.to(x.dtype)
             else:
                 y = F.linear(x.to(torch.bfloat16), handle.w.dequantize(torch.bfloat16)).to(x.dtype)
@@ -286,13 +288,19 @@ def _load(desc: Any, device: torch.device, strict: bool) -> Any:
         if isinstance(obj, type):
             obj = obj()
         if not isinstance(obj, KernelBackend):
-            missing = [m for m in KernelBackend.__protocol_attrs__ if not hasattr(obj, m)] if hasattr(KernelBackend, "__protocol_attrs__") else []
+            missing = (
+                [m for m in KernelBackend.__protocol_attrs__ if not hasattr(obj, m)]
+                if hasattr(KernelBackend, "__protocol_attrs__")
+                else []
+            )
             raise BackendError(f"{type(obj).__name__} does not implement tb_llm.backends.KernelBackend {missing}")
         return obj
     except Exception as exc:
         if strict:
             raise BackendError(f"LLM backend {desc.name!r} of engine {desc.engine!r} failed to load: {exc}") from exc
-        warnings.warn(f"tb-llm: LLM backend {desc.name!r} failed to load ({exc}); using the PyTorch reference", stacklevel=3)
+        warnings.warn(
+            f"tb-llm: LLM backend {desc.name!r} failed to load ({exc}); using the PyTorch reference", stacklevel=3
+        )
         return None
 
 

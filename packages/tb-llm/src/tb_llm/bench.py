@@ -46,7 +46,9 @@ def weight_bytes(llm: Any) -> int:
     return total
 
 
-def benchmark(llm: Any, prompt_tokens: int = 128, new_tokens: int = 32, repeat: int = 3, first_token_from: float | None = None) -> dict[str, Any]:
+def benchmark(
+    llm: Any, prompt_tokens: int = 128, new_tokens: int = 32, repeat: int = 3, first_token_from: float | None = None
+) -> dict[str, Any]:
     """Median prefill and decode speed over ``repeat`` runs of random token prompts."""
     gen = torch.Generator().manual_seed(0)
     vocab = llm.config.vocab_size
@@ -69,7 +71,9 @@ def benchmark(llm: Any, prompt_tokens: int = 128, new_tokens: int = 32, repeat: 
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
         "load_s": llm.load_seconds,
-        "first_token_s": llm.load_seconds + first if first_token_from is None else time.perf_counter() - first_token_from,
+        "first_token_s": llm.load_seconds + first
+        if first_token_from is None
+        else time.perf_counter() - first_token_from,
         "prefill_tok_s": statistics.median(pre),
         "decode_tok_s": decode,
         "ms_per_token": 1000.0 / decode if decode else 0.0,

@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--quant", "-q", default="fp32", choices=["fp32", "bf16", "int8", "int4"])
         p.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size")
         p.add_argument("--device", "-d", default="auto", choices=["auto", "cpu", "gpu"])
-        p.add_argument("--engine", default=None, help="TorchBurn engine whose LLM backend to use (default: best installed)")
+        p.add_argument(
+            "--engine", default=None, help="TorchBurn engine whose LLM backend to use (default: best installed)"
+        )
         p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
         p.add_argument("--tokens", "-n", type=int, default=None, help="new tokens to generate")
         p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -52,7 +54,14 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        llm = LLM.from_pretrained(args.model, quant=args.quant, device=args.device, engine=args.engine, revision=args.revision, group_size=args.group_size)
+        llm = LLM.from_pretrained(
+            args.model,
+            quant=args.quant,
+            device=args.device,
+            engine=args.engine,
+            revision=args.revision,
+            group_size=args.group_size,
+        )
     except (LLMError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"load       {r['load_s']:.2f} s (to first token {r['first_token_s']:.2f} s)")
         print(f"prefill    {r['prefill_tok_s']:.1f} tok/s ({r['prompt_tokens']} tokens)")
         print(f"decode     {r['decode_tok_s']:.1f} tok/s, {r['ms_per_token']:.2f} ms/token ({r['new_tokens']} tokens)")
-        print(f"memory     weights {r['weight_mb']:.1f} MB, KV cache {r['kv_mb']:.1f} MB, peak RSS {r['peak_rss_mb']:.0f} MB")
+        print(
+            f"memory     weights {r['weight_mb']:.1f} MB, KV cache {r['kv_mb']:.1f} MB, peak RSS {r['peak_rss_mb']:.0f} MB"
+        )
         return 0
     sampling = dict(
         temperature=args.temperature,
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         g = out[0]
     else:
         g = llm.generate(message, max_new_tokens=n, **sampling)
+        assert not isinstance(g, list)
         print(g.text)
     t = g.timing
     print(
@@ -101,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tb_llm", description="Run Hugging Face decoder checkpoints with TorchBurn.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tb_llm", description="Run Hugging Face decoder checkpoints with TorchBurn."
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     return run(args)

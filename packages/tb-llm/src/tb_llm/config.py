@@ -35,7 +35,9 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(qk_norm=True),
     "phi3": Family(fused_qkv=True, fused_gate_up=True),
     "gemma": Family(norm_offset=1.0, embed_scale=True, default_act="gelu_pytorch_tanh", default_tie=True),
-    "gemma2": Family(norm_offset=1.0, embed_scale=True, sandwich_norms=True, default_act="gelu_pytorch_tanh", default_tie=True),
+    "gemma2": Family(
+        norm_offset=1.0, embed_scale=True, sandwich_norms=True, default_act="gelu_pytorch_tanh", default_tie=True
+    ),
 }
 SUPPORTED_ROPE = ("default", "linear", "dynamic", "llama3")
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast")
@@ -123,9 +125,8 @@ def parse_config(raw: dict[str, Any], path: str | Path = "config.json") -> Model
 
     rope = _rope(raw, head_dim, path)
     window = raw.get("sliding_window")
-    if model_type == "qwen2" or model_type == "qwen3":
-        if not raw.get("use_sliding_window", False):
-            window = None
+    if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        window = None
     layer_types = raw.get("layer_types")
     if window is None:
         sliding = tuple(False for _ in range(layers))
@@ -194,7 +195,9 @@ def _rope(raw: dict[str, Any], head_dim: int, path: str | Path) -> RopeConfig:
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position=int(
-            params.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings") or raw.get("max_position_embeddings", 8192)
+            params.get("original_max_position_embeddings")
+            or raw.get("original_max_position_embeddings")
+            or raw.get("max_position_embeddings", 8192)
         ),
         rotary_dim=int(head_dim * partial),
     )

@@ -58,5 +58,7 @@ def resolve(name_or_path: str | os.PathLike[str], revision: str | None = None, t
             if offline
             else " (check the repo id, the revision, your network, and HF_TOKEN for gated repos)"
         )
-        raise LLMError(f"{name}: could not get the checkpoint from the Hugging Face Hub: {type(exc).__name__}: {exc}{hint}") from exc
+        raise LLMError(
+            f"{name}: could not get the checkpoint from the Hugging Face Hub: {type(exc).__name__}: {exc}{hint}"
+        ) from exc
     return Path(folder)

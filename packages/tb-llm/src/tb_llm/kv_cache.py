@@ -12,7 +12,14 @@ import torch
 
 class KVCache:
     def __init__(
-        self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+        self,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         self.num_layers, self.batch, self.kv_heads, self.head_dim = num_layers, batch, num_kv_heads, head_dim
         self.dtype, self.device = dtype, device

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -22,7 +22,7 @@ from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
 from tb_llm.tokenizer import IncrementalDecoder, Tokenizer
 
 Message = dict[str, Any]
-Prompt = Union[str, list[Message], list[int]]
+Prompt = str | list[Message] | list[int]
 
 
 @dataclass
@@ -102,7 +102,9 @@ class _Seq:
 class LLM:
     """A decoder-only language model ready to generate. Create it with :meth:`from_pretrained`."""
 
-    def __init__(self, model: Decoder, tokenizer: Tokenizer | None, path: Path, quant: str, load_seconds: float) -> None:
+    def __init__(
+        self, model: Decoder, tokenizer: Tokenizer | None, path: Path, quant: str, load_seconds: float
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
@@ -187,8 +189,11 @@ class LLM:
 
     @staticmethod
     def _is_batch(prompt: Any) -> bool:
-        return isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt) and not all(
-            isinstance(p, dict) for p in prompt
+        return (
+            isinstance(prompt, list)
+            and bool(prompt)
+            and all(isinstance(p, (str, list)) for p in prompt)
+            and not all(isinstance(p, dict) for p in prompt)
         )
 
     # -- generation -----------------------------------------------------------------------
@@ -355,7 +360,9 @@ class LLM:
                 out.write(delta)
                 out.flush()
             t = session.last.timing if session.last else Timing()
-            out.write(f"\n[{t.prefill_tokens} prompt tokens at {t.prefill_tok_s:.1f} tok/s, {t.decode_tok_s:.1f} tok/s]\n")
+            out.write(
+                f"\n[{t.prefill_tokens} prompt tokens at {t.prefill_tok_s:.1f} tok/s, {t.decode_tok_s:.1f} tok/s]\n"
+            )
 
 
 class ChatSession:
@@ -401,7 +408,9 @@ class ChatSession:
         seq = _Seq(self.llm, ids, stop)
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
         timing = Timing()
-        for _ in self.llm._run([seq], params, max_new_tokens, seed, False, timing, cache=self.cache, feed=[ids[common:]], start=common):
+        for _ in self.llm._run(
+            [seq], params, max_new_tokens, seed, False, timing, cache=self.cache, feed=[ids[common:]], start=common
+        ):
             delta = seq.take_delta()
             if delta:
                 yield delta

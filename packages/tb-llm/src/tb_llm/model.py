@@ -92,7 +92,8 @@ def check_weights(cfg: ModelConfig, weights: CheckpointWeights, config_path: str
     for name, shape in want.items():
         if name not in weights:
             raise CheckpointError(
-                config_path, f"config implies tensor {name!r} {list(shape)}, but no safetensors file in {weights.folder} has it"
+                config_path,
+                f"config implies tensor {name!r} {list(shape)}, but no safetensors file in {weights.folder} has it",
             )
         got = weights.info(name).shape
         if got != shape:
@@ -160,11 +161,15 @@ class Decoder:
                     post_attn_norm=small(p + "post_attention_layernorm.weight"),
                     pre_ff_norm=small(p + "pre_feedforward_layernorm.weight") if fam.sandwich_norms else None,
                     post_ff_norm=small(p + "post_feedforward_layernorm.weight") if fam.sandwich_norms else None,
-                    qkv=[linear(a + "qkv_proj")] if fam.fused_qkv else [linear(a + x) for x in ("q_proj", "k_proj", "v_proj")],
+                    qkv=[linear(a + "qkv_proj")]
+                    if fam.fused_qkv
+                    else [linear(a + x) for x in ("q_proj", "k_proj", "v_proj")],
                     o=linear(a + "o_proj"),
                     q_norm=small(a + "q_norm.weight") if fam.qk_norm else None,
                     k_norm=small(a + "k_norm.weight") if fam.qk_norm else None,
-                    gate_up=[linear(m + "gate_up_proj")] if fam.fused_gate_up else [linear(m + "gate_proj"), linear(m + "up_proj")],
+                    gate_up=[linear(m + "gate_up_proj")]
+                    if fam.fused_gate_up
+                    else [linear(m + "gate_proj"), linear(m + "up_proj")],
                     down=linear(m + "down_proj"),
                     sliding=cfg.sliding_layers[n] if cfg.sliding_layers else False,
                 )
@@ -202,7 +207,9 @@ class Decoder:
 
     # -- forward ------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = True) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = True
+    ) -> torch.Tensor:
         """Run ``ids`` ``[B, T]`` at ``positions`` ``[B, T]`` (-1: padding) through the model,
         appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
         cfg, be = self.cfg, self.backend

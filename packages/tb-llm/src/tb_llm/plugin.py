@@ -26,4 +26,11 @@ def _run(args: argparse.Namespace) -> int:
 def tb_register_commands() -> list[Any]:
     from torchburn.cli.command import Command
 
-    return [Command(name="llm", help="run Hugging Face LLM checkpoints: chat, generate, benchmark", run=_run, add_arguments=_add_arguments)]
+    return [
+        Command(
+            name="llm",
+            help="run Hugging Face LLM checkpoints: chat, generate, benchmark",
+            run=_run,
+            add_arguments=_add_arguments,
+        )
+    ]

@@ -35,7 +35,9 @@ class QuantWeight:
     group_size: int = 0
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.qweight, self.scales, self.zeros) if t is not None)
+        return sum(
+            t.numel() * t.element_size() for t in (self.weight, self.qweight, self.scales, self.zeros) if t is not None
+        )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.rows(None, dtype)

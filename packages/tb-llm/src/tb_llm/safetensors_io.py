@@ -60,7 +60,8 @@ class SafetensorsFile:
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER or 8 + n > size:
                 raise CheckpointError(
-                    self.path, f"header length {n} points past the end of the file ({size} bytes): truncated or not safetensors"
+                    self.path,
+                    f"header length {n} points past the end of the file ({size} bytes): truncated or not safetensors",
                 )
             raw = fh.read(n)
         try:
@@ -92,7 +93,8 @@ class SafetensorsFile:
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         if not (isinstance(begin, int) and isinstance(end, int)) or end < begin or end - begin != nbytes:
             raise CheckpointError(
-                self.path, f"tensor {name!r}: data_offsets {[begin, end]} do not hold {shape} x {dtype_name} ({nbytes} bytes)"
+                self.path,
+                f"tensor {name!r}: data_offsets {[begin, end]} do not hold {shape} x {dtype_name} ({nbytes} bytes)",
             )
         if data_start + end > size:
             raise CheckpointError(
@@ -112,7 +114,9 @@ class SafetensorsFile:
         if self._mmap is None:
             with open(self.path, "rb") as fh:
                 self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-        flat = torch.frombuffer(self._mmap, dtype=info.dtype, count=(info.end - info.begin) // _itemsize(info.dtype), offset=info.begin)
+        flat = torch.frombuffer(
+            self._mmap, dtype=info.dtype, count=(info.end - info.begin) // _itemsize(info.dtype), offset=info.begin
+        )
         return flat.reshape(info.shape)
 
 
@@ -141,13 +145,19 @@ class CheckpointWeights:
                 self.files[shard] = SafetensorsFile(self.folder / shard)
             for name, shard in weight_map.items():
                 if name not in self.files[shard].tensors:
-                    raise CheckpointError(self.folder / shard, f"tensor {name!r} listed in {index.name} is not in this shard")
+                    raise CheckpointError(
+                        self.folder / shard, f"tensor {name!r} listed in {index.name} is not in this shard"
+                    )
                 self.where[name] = shard
         else:
             found = sorted(self.folder.glob("*.safetensors"))
             if not found:
                 bins = sorted(p.name for p in self.folder.glob("*.bin"))
-                extra = f" (found {', '.join(bins)}: tb-llm never loads pickle files; convert them to safetensors)" if bins else ""
+                extra = (
+                    f" (found {', '.join(bins)}: tb-llm never loads pickle files; convert them to safetensors)"
+                    if bins
+                    else ""
+                )
                 raise CheckpointError(self.folder, f"no .safetensors weights{extra}")
             for path in found:
                 st = SafetensorsFile(path)
@@ -171,7 +181,9 @@ class CheckpointWeights:
         return self.files[self.where[name]].get(name)
 
 
-def save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str], metadata: dict[str, str] | None = None) -> None:
+def save_file(
+    tensors: dict[str, torch.Tensor], path: str | os.PathLike[str], metadata: dict[str, str] | None = None
+) -> None:
     """Write tensors as safetensors (used by the benchmark and tests to make checkpoints)."""
     names = {v: k for k, v in DTYPES.items()}
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
@@ -190,4 +202,4 @@ def save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str], me
         fh.write(raw)
         for t in items:
             if t.numel():
-                fh.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                fh.write(t.reshape(-1).view(torch.uint8).numpy().data)

@@ -29,7 +29,12 @@ CHAT_TEMPLATE = (
 )
 
 SMALL: dict[str, Any] = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, head_dim=16
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    head_dim=16,
 )
 
 ARCHS: dict[str, dict[str, Any]] = {
@@ -45,11 +50,15 @@ ARCHS: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 64,
         },
     ),
-    "llama-linear-rope": dict(model_type="llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    "llama-linear-rope": dict(
+        model_type="llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    ),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3"),
     "mistral": dict(model_type="mistral", sliding_window=8),
-    "phi3": dict(model_type="phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "phi3": dict(
+        model_type="phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    ),
     "gemma": dict(model_type="gemma"),
     "gemma2": dict(model_type="gemma2", sliding_window=8, query_pre_attn_scalar=16),
 }
@@ -63,15 +72,26 @@ def train_tokenizer(folder: Path, vocab_size: int = 384) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     bos = tok.token_to_id("<bos>")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos)]
+    )
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
-            {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "chat_template": CHAT_TEMPLATE, "model_max_length": 2048},
+            {
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "pad_token": "<pad>",
+                "chat_template": CHAT_TEMPLATE,
+                "model_max_length": 2048,
+            },
             indent=1,
         )
     )
@@ -102,7 +122,9 @@ def make_checkpoint(arch: str, folder: str | Path, seed: int = 0, std: float = 0
             else:
                 p.normal_(0.0, std)
     model.save_pretrained(folder, safe_serialization=True)
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [ids["<eos>"], ids["<|end|>"]], "bos_token_id": ids["<bos>"]}))
+    (folder / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [ids["<eos>"], ids["<|end|>"]], "bos_token_id": ids["<bos>"]})
+    )
     return folder
 
 
