@@ -23,12 +23,6 @@ def test_engine_is_found_through_its_entry_point() -> None:
 
 class TestCythonDispatch(EngineConformance):
     engine = "cython_dispatch"
-    xfail: ClassVar[dict[str, str]] = {
-        # Not an engine limit: tb-core's decomposition table turns F.rms_norm into pow/mean/rsqrt
-        # before partitioning, so the graph never holds the op the case names (all of those run
-        # natively here). Needs aten._fused_rms_norm in tb-core's KEPT_OPS.
-        "rms_norm": "tb-core decomposes aten._fused_rms_norm before engines see it",
-    }
     native_models: ClassVar[frozenset[str]] = frozenset({"readme_mlp", "small_cnn", "transformer_layer"})
 
 
