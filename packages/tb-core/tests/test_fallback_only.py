@@ -63,3 +63,15 @@ def test_backend_works_through_entry_point_without_import() -> None:
 def test_unknown_option_is_a_clear_error() -> None:
     with pytest.raises(TypeError, match="unknown torchburn option"):
         torchburn.Options.from_user({"engin": "x"})
+
+
+def test_llm_alias_says_what_to_install() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("tb_llm") is not None:
+        import tb_llm
+
+        assert torchburn.LLM is tb_llm.LLM
+        return
+    with pytest.raises(ImportError, match="pip install tb-llm"):
+        _ = torchburn.LLM
