@@ -15,9 +15,4 @@ def test_engine_is_found_through_its_entry_point() -> None:
 class TestNativeCpu(EngineConformance):
     engine = "native_cpu"
     native_models = frozenset({"readme_mlp", "small_cnn", "transformer_layer", "tiny_causal_lm"})
-    xfail: ClassVar[dict[str, str]] = {
-        # tb-core's case expects aten._fused_rms_norm, but this torch decomposes F.rms_norm into
-        # pow/mean/add/rsqrt/mul before AOTAutograd; those all run natively (the kernel for the
-        # fused op exists and is used when the op appears, e.g. from tb-llm).
-        "rms_norm": "F.rms_norm reaches the graph decomposed; aten._fused_rms_norm never appears",
-    }
+    xfail: ClassVar[dict[str, str]] = {}
