@@ -149,18 +149,24 @@ def run(
     folder = make_model(cache)
     rows: list[dict[str, Any]] = []
     for quant in quants:
-        rows.append(bench_tb_llm(folder, quant, prompt_tokens, new_tokens, repeat))
+        rows.append(_note_load(bench_tb_llm(folder, quant, prompt_tokens, new_tokens, repeat)))
         print(_fmt(rows[-1]), flush=True)
     if transformers_baseline:
         for dtype in (torch.float32, torch.bfloat16):
             try:
-                rows.append(bench_transformers(folder, dtype, prompt_tokens, new_tokens, repeat))
+                rows.append(_note_load(bench_transformers(folder, dtype, prompt_tokens, new_tokens, repeat)))
                 print(_fmt(rows[-1]), flush=True)
             except ImportError:
                 break
     for r in rows:
         r["threads"] = threads
     return rows
+
+
+def _note_load(row: dict[str, Any]) -> dict[str, Any]:
+    # Other work on the machine skews every figure; record the 1-minute load average with each row.
+    row["loadavg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return row
 
 
 def _fmt(r: dict[str, Any]) -> str:
@@ -175,6 +181,37 @@ def _fmt(r: dict[str, Any]) -> str:
     )
 
 
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    """The docs table: one row per runtime x quantization, same run, same machine."""
+    import platform
+
+    lines = [
+        f"Measured with `{command}` ({rows[0]['threads']} threads, {platform.machine()}, "
+        f"torch {torch.__version__}; prompt {rows[0]['prompt_tokens']} tokens, {rows[0]['new_tokens']} new tokens, "
+        "median of the runs):",
+        "",
+        "| runtime | weights | prefill tok/s | decode tok/s | ms/token | weight MB | weight GB/s in decode | load s | first token s | load avg |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        load = f"{r['load_s']:.2f}" if "load_s" in r else "-"
+        first = f"{r['first_token_s']:.2f}" if "first_token_s" in r else "-"
+        lines.append(
+            f"| {r['runtime']} ({r['engine']}) | {r['quant']} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.2f} | "
+            f"{r['ms_per_token']:.1f} | {r['weight_mb']:.0f} | {r['weight_gb_s']:.1f} | {load} | {first} | {r.get('loadavg', float('nan')):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(rows: list[dict[str, Any]], command: str) -> None:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "llm.md"
+    start, end = "<!-- bench-llm:start -->", "<!-- bench-llm:end -->"
+    text = doc.read_text(encoding="utf-8")
+    before, rest = text.split(start, 1)
+    _, after = rest.split(end, 1)
+    doc.write_text(f"{before}{start}\n{markdown(rows, command)}\n{end}{after}", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -184,7 +221,17 @@ def main() -> None:
     ap.add_argument("--quant", action="append", choices=["fp32", "bf16", "int8", "int4"])
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--from-json", type=Path, default=None, help="skip measuring: format rows saved by --json")
+    ap.add_argument(
+        "--write-docs", metavar="COMMAND", default=None, help="put the table in docs/llm.md, citing COMMAND"
+    )
     a = ap.parse_args()
+    if a.from_json:
+        rows = json.loads(a.from_json.read_text())
+        if a.write_docs:
+            write_docs(rows, a.write_docs)
+        print(markdown(rows, a.write_docs or "benchmarks/bench_llm.py"))
+        return
     rows = run(
         a.threads,
         a.prompt_tokens,
@@ -195,6 +242,8 @@ def main() -> None:
     )
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
+    if a.write_docs:
+        write_docs(rows, a.write_docs)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ def test_torchburn_llm_command(llama_dir: Path, capsys: pytest.CaptureFixture[st
     args = parser.parse_args(["generate", "--model", str(llama_dir), "--device", "cpu", "--tokens", "3", "Hi"])
     assert cmd.run(args) == 0
     assert "3 tokens" in capsys.readouterr().err
+    # And through the `torchburn` command itself, which finds the entry point.
+    from torchburn.cli import main
+
+    assert main(["llm", "generate", "--model", str(llama_dir), "--device", "cpu", "--tokens", "2", "Hi"]) == 0
+    assert "2 tokens" in capsys.readouterr().err
 
 
 def test_entry_point_is_declared() -> None:

@@ -8,6 +8,8 @@ when, the KV cache, sampling); the backend owns the arithmetic.
 Tensor conventions (all contiguous unless said otherwise):
 
 * activations ``x``: ``[M, K]`` rows of the compute dtype (``backend.compute_dtype(quant)``);
+* ``head_quant(quant) -> str`` (optional): how to store the embedding / output head for a
+  model quantized as ``quant`` (default: int8 for int4 models, else ``quant``);
 * ``prepare_linear(w: QuantWeight) -> handle``: called once per weight at load time; the handle
   is opaque to tb-llm (repack, move to device, ...). Layouts of ``QuantWeight``: ``tb_llm.quant``.
 * ``linear(x, handle, bias) -> [M, N]``: ``x @ W.T + bias`` with W dequantized as documented;
@@ -100,6 +102,11 @@ class ReferenceBackend:
     def compute_dtype(self, quant: str) -> torch.dtype:
         return torch.bfloat16 if quant == "bf16" else torch.float32
 
+    def head_quant(self, quant: str) -> str:
+        # PyTorch has no fast quantized GEMV: on a 150k-row head, int8 -> bf16 on the fly costs
+        # 8x a bf16 GEMV. The reference keeps the head bf16 for int8 / int4 models.
+        return "bf16" if quant in ("int8", "int4") else quant
+
     # -- weights ------------------------------------------------------------------------
     def prepare_linear(self, w: QuantWeight) -> Any:
         if w.kind in ("fp32", "bf16"):
@@ -141,6 +148,9 @@ class ReferenceBackend:
 
     def linear(self, x: torch.Tensor, handle: Any, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(handle, _Dense):
+            if x.dtype != handle.weight.dtype:  # a bf16 head in an fp32-activation model
+                y = F.linear(x.to(handle.weight.dtype), handle.weight).to(x.dtype)
+                return y if bias is None else y + bias
             return F.linear(x, handle.weight, bias)
         if isinstance(handle, _Int8):
             y = (F.linear(x.to(torch.bfloat16), handle.qweight.to(torch.bfloat16)).float() * handle.scales).to(x.dtype)

@@ -43,6 +43,11 @@ class Layer:
     sliding: bool
 
 
+def default_head_quant(quant: str) -> str:
+    """As llama.cpp's default does, int4 models keep the embedding / output head at int8."""
+    return "int8" if quant == "int4" else quant
+
+
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the config implies, with its shape."""
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -139,9 +144,9 @@ class Decoder:
                 progress(1)
             return Linear(handle, bias(name + ".bias"), int(w.shape[0]))
 
-        # As llama.cpp's default does, int4 models keep the embedding / output head at int8:
-        # the head is the most quantization-sensitive matrix.
-        head_quant = "int8" if quant == "int4" else quant
+        # The backend decides how the embedding / output head is stored (it is the largest
+        # matrix and the most quantization-sensitive one); see KernelBackend.head_quant.
+        head_quant = backend.head_quant(quant) if hasattr(backend, "head_quant") else default_head_quant(quant)
         embed = weights.get("model.embed_tokens.weight")
         self.embed: QuantWeight = quantize(embed, head_quant, group_size)
         if cfg.tie_word_embeddings:
