@@ -1,0 +1,62 @@
+"""The model side of continuous batching: prefill one row, decode every live row in one step.
+
+Only the scheduler thread calls into this object; it owns the model and the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tb_llm.llm import LLM
+from tb_llm.serve.slot_cache import SlotCache
+
+
+class BatchEngine:
+    def __init__(self, llm: LLM, max_batch: int, initial_capacity: int = 256) -> None:
+        self.llm = llm
+        self.model = llm.model
+        self.max_batch = max_batch
+        cfg = self.model.cfg
+        self.cache = SlotCache(
+            cfg.num_layers,
+            max_batch,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            initial_capacity,
+            self.model.dtype,
+            self.model.device,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def prefill(self, row: int, ids: list[int]) -> torch.Tensor:
+        """Run a whole prompt into the (free) row ``row``; return float32 logits ``[V]`` on CPU."""
+        self.cache.clear(row)
+        dev = self.device
+        t = len(ids)
+        x = torch.tensor([ids], dtype=torch.long, device=dev)
+        pos = torch.arange(t, dtype=torch.long, device=dev)[None]
+        logits = self.model.forward(x, pos, self.cache.prefill_view(row))  # type: ignore[arg-type]
+        return logits[0].float().cpu()
+
+    def decode(self, tokens: list[int]) -> torch.Tensor:
+        """Feed one token to each of rows ``0..len(tokens)-1``; return logits ``[n, V]`` on CPU."""
+        n = len(tokens)
+        dev = self.device
+        x = torch.tensor(tokens, dtype=torch.long, device=dev)[:, None]
+        pos = torch.tensor(self.cache.lens[:n], dtype=torch.long, device=dev)[:, None]
+        logits = self.model.forward(x, pos, self.cache.decode_view(n))  # type: ignore[arg-type]
+        return logits.float().cpu()
+
+    def release(self, row: int, last: int) -> None:
+        """Free ``row``; the live row ``last`` (the highest one) moves into it."""
+        if row == last:
+            self.cache.clear(row)
+        else:
+            self.cache.move(last, row)
+
+    def reset(self) -> None:
+        for r in range(self.max_batch):
+            self.cache.clear(r)

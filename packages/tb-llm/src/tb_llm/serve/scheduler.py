@@ -1,0 +1,267 @@
+"""Continuous batching: one thread owns the model and runs every live request in one step.
+
+Requests wait in a queue; at each step boundary the scheduler admits as many as there are free
+rows (prefilling each into its row), then runs one decode step for all live rows together.
+Finished and cancelled requests leave the batch at the next boundary and their row is reused
+at once. The thread never waits on a client: results go out through a per-request callback
+that must not block (the HTTP layer puts them on the request's own asyncio queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tb_llm.llm import LLM
+from tb_llm.serve.batch_engine import BatchEngine
+from tb_llm.serve.completion_text import CompletionText
+from tb_llm.serve.row_sampler import RequestSampling, RowSampler
+
+log = logging.getLogger("tb_llm.serve")
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+Event = Delta | Finished | Failed
+
+
+class Busy(Exception):
+    """Every row is taken and the waiting queue is full."""
+
+
+class Job:
+    """One request in the scheduler. ``cancel()`` is safe from any thread."""
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: RequestSampling,
+        stop: Sequence[str],
+        ignore_eos: bool,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.stop = list(stop)
+        self.ignore_eos = ignore_eos
+        self.emit = emit
+        self.cancelled = False
+        self.done = False
+        self.ids: list[int] = []
+        self.submitted = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.text: CompletionText | None = None
+        self.sampler: RowSampler | None = None
+        self.finish_reason: str | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Scheduler:
+    def __init__(
+        self, llm: LLM, max_batch: int = 16, max_queue: int = 256, prefill_tokens_per_step: int = 4096
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.llm = llm
+        self.engine = BatchEngine(llm, max_batch)
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.prefill_tokens_per_step = prefill_tokens_per_step
+        self.eos = frozenset(llm.eos_token_ids)
+        self.vocab = llm.config.vocab_size
+        self._pending: deque[Job] = deque()
+        self._active: list[Job] = []  # job i lives in cache row i
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.generated_tokens = 0
+        self.peak_batch = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cv:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="tb-llm-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        return len(self._active), len(self._pending)
+
+    # -- requests -------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; raises :class:`Busy` when the batch and the queue are both full."""
+        if not job.prompt_ids:
+            raise ValueError("empty prompt: encode at least one token")
+        with self._cv:
+            if len(self._active) + len(self._pending) >= self.max_batch + self.max_queue:
+                raise Busy(
+                    f"the server is at its limit ({self.max_batch} running, {self.max_queue} waiting); retry later"
+                )
+            self._pending.append(job)
+            self._cv.notify()
+        self.start()
+
+    # -- the loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._pending and not self._active:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                admitted = self._admit()
+            for job in admitted:
+                try:
+                    self._prefill(job)
+                except Exception as exc:  # this prompt only: the others keep going
+                    log.exception("prefill failed")
+                    job.done = True
+                    self._send(job, Failed(f"prefill failed: {type(exc).__name__}: {exc}"))
+            try:
+                self._drop_finished()
+                if self._active:
+                    self._decode()
+                    self._drop_finished()
+            except Exception as exc:  # a model error fails the batch, not the server
+                log.exception("batch step failed")
+                for job in self._active:
+                    if not job.done:
+                        job.done = True
+                        self._send(job, Failed(f"generation failed: {type(exc).__name__}: {exc}"))
+                self._active.clear()
+                self.engine.reset()
+        for job in list(self._active) + list(self._pending):
+            if not job.done:
+                job.done = True
+                self._send(job, Failed("the server is shutting down"))
+        self._active.clear()
+        self._pending.clear()
+
+    def _admit(self) -> list[Job]:
+        """Pop waiting jobs into free rows, within the per-step prefill budget (called locked)."""
+        admitted: list[Job] = []
+        budget = self.prefill_tokens_per_step
+        while self._pending and len(self._active) + len(admitted) < self.max_batch:
+            job = self._pending[0]
+            if job.cancelled:
+                self._pending.popleft()
+                job.done = True
+                continue
+            if admitted and len(job.prompt_ids) > budget:
+                break  # a long prompt waits for the next boundary instead of stalling this one
+            budget -= len(job.prompt_ids)
+            admitted.append(self._pending.popleft())
+        return admitted
+
+    def _prefill(self, job: Job) -> None:
+        row = len(self._active)
+        self._active.append(job)
+        self.peak_batch = max(self.peak_batch, len(self._active))
+        job.text = CompletionText(self.llm.tokenizer, job.stop)
+        job.sampler = RowSampler(job.sampling, job.prompt_ids, self.vocab)
+        logits = self.engine.prefill(row, job.prompt_ids)
+        self._accept(job, job.sampler.pick(logits))
+
+    def _decode(self) -> None:
+        jobs = self._active
+        logits = self.engine.decode([j.ids[-1] for j in jobs])
+        self.steps += 1
+        greedy = None
+        for i, job in enumerate(jobs):
+            if job.done:
+                continue
+            assert job.sampler is not None
+            if job.sampling.plain_greedy:
+                if greedy is None:
+                    greedy = logits.argmax(dim=-1)
+                tok = int(greedy[i])
+                job.sampler.observe(tok)
+            else:
+                tok = job.sampler.pick(logits[i])
+            self._accept(job, tok)
+
+    def _accept(self, job: Job, tok: int) -> None:
+        assert job.text is not None
+        if job.cancelled:
+            job.done = True
+            return
+        if job.first_token_at is None:
+            job.first_token_at = time.perf_counter()
+        job.ids.append(tok)
+        self.generated_tokens += 1
+        if tok in self.eos and not job.ignore_eos:
+            job.finish_reason = "stop"
+        elif job.text.push(tok):
+            job.finish_reason = "stop"
+        elif len(job.ids) >= job.max_tokens:
+            job.finish_reason = "length"
+        if job.finish_reason is not None:
+            job.text.finish()
+        delta = job.text.take()
+        if delta:
+            self._send(job, Delta(delta))
+        if job.finish_reason is not None:
+            job.done = True
+            self._send(
+                job, Finished(job.finish_reason, len(job.prompt_ids), len(job.ids), tuple(job.ids))
+            )
+
+    def _drop_finished(self) -> None:
+        """Free the rows of finished / cancelled jobs, keeping live rows packed at the front."""
+        jobs = self._active
+        for i in range(len(jobs) - 1, -1, -1):
+            if jobs[i].cancelled:
+                jobs[i].done = True
+            if jobs[i].done:
+                last = len(jobs) - 1
+                self.engine.release(i, last)
+                jobs[i] = jobs[last]
+                jobs.pop()
+
+    @staticmethod
+    def _send(job: Job, event: Event) -> None:
+        try:
+            job.emit(event)
+        except Exception:  # the client's event loop is gone; the job is over either way
+            job.cancelled = True

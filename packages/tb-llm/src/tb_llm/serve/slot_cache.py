@@ -1,0 +1,148 @@
+"""KV cache for continuous batching: every batch row keeps its own length.
+
+tb-llm's :class:`~tb_llm.kv_cache.KVCache` fills slots left to right for the whole batch
+together, which suits one ``generate`` call but not a server where sequences join and leave at
+every step. Here row ``r`` holds one sequence whose token at position ``p`` sits in slot ``p``;
+rows grow independently. ``Decoder.forward`` only needs the duck-typed surface ``length``,
+``pos``, ``begin``, ``write`` and ``commit``, so two small views adapt this storage to it:
+
+* :class:`PrefillView` feeds one row a whole prompt;
+* :class:`DecodeView` feeds rows ``0..n-1`` one token each, at their own positions.
+
+Live rows are kept packed at the front (a finishing row is replaced by the last one), so the
+decode view is a plain slice of the buffers rather than a gather.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotCache:
+    def __init__(
+        self,
+        num_layers: int,
+        rows: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_layers, self.rows, self.kv_heads, self.head_dim = num_layers, rows, kv_heads, head_dim
+        self.dtype, self.device = dtype, device
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.pos = torch.empty(rows, 0, dtype=torch.long, device=device)
+        self.lens = [0] * rows  # tokens held by each row
+        self.reserve(capacity)
+
+    def reserve(self, capacity: int) -> None:
+        """Grow every row to at least ``capacity`` slots (doubling, so growth is rare)."""
+        if capacity <= self.capacity:
+            return
+        new = max(capacity, 2 * self.capacity)
+        shape = (self.rows, self.kv_heads, new, self.head_dim)
+        keep = max(self.lens) if self.capacity else 0
+        ks, vs = [], []
+        for i in range(self.num_layers):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if keep:
+                k[:, :, :keep] = self.k[i][:, :, :keep]
+                v[:, :, :keep] = self.v[i][:, :, :keep]
+            ks.append(k)
+            vs.append(v)
+        pos = torch.full((self.rows, new), -1, dtype=torch.long, device=self.device)
+        if keep:
+            pos[:, :keep] = self.pos[:, :keep]
+        self.k, self.v, self.pos, self.capacity = ks, vs, pos, new
+
+    def clear(self, row: int) -> None:
+        self.pos[row] = -1
+        self.lens[row] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy row ``src`` into row ``dst`` and free ``src`` (keeps live rows packed)."""
+        if src == dst:
+            return
+        n = self.lens[src]
+        for i in range(self.num_layers):
+            self.k[i][dst, :, :n] = self.k[i][src, :, :n]
+            self.v[i][dst, :, :n] = self.v[i][src, :, :n]
+        self.pos[dst] = self.pos[src]
+        self.lens[dst] = n
+        self.clear(src)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def prefill_view(self, row: int) -> PrefillView:
+        return PrefillView(self, row)
+
+    def decode_view(self, n: int) -> DecodeView:
+        return DecodeView(self, n)
+
+
+class PrefillView:
+    """Row ``row`` as a batch of one, for ``Decoder.forward(ids [1, T], positions [1, T])``."""
+
+    def __init__(self, cache: SlotCache, row: int) -> None:
+        self.cache, self.row = cache, row
+        self.length = cache.lens[row]
+
+    @property
+    def pos(self) -> torch.Tensor:
+        return self.cache.pos[self.row : self.row + 1]
+
+    def begin(self, positions: torch.Tensor) -> None:
+        t = positions.shape[1]
+        self.cache.reserve(self.length + t)
+        self.cache.pos[self.row, self.length : self.length + t] = positions[0]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, r = self.cache, self.row
+        end = self.length + k.shape[2]
+        c.k[layer][r, :, self.length : end] = k[0]
+        c.v[layer][r, :, self.length : end] = v[0]
+        return c.k[layer][r : r + 1, :, :end], c.v[layer][r : r + 1, :, :end]
+
+    def commit(self, t: int) -> None:
+        self.cache.lens[self.row] += t
+        self.length += t
+
+
+class DecodeView:
+    """Rows ``0..n-1``, one new token each at the row's own next slot.
+
+    ``length`` is the longest row, so attention reads ``length + 1`` slots of every row; the
+    slots a shorter row has not filled hold position -1 and are masked out by the model.
+    """
+
+    def __init__(self, cache: SlotCache, n: int) -> None:
+        self.cache, self.n = cache, n
+        self.length = max(cache.lens[:n])
+        self._rows = torch.arange(n, device=cache.device)
+        self._cols = torch.tensor(cache.lens[:n], dtype=torch.long, device=cache.device)
+
+    @property
+    def pos(self) -> torch.Tensor:
+        return self.cache.pos[: self.n]
+
+    def begin(self, positions: torch.Tensor) -> None:
+        if positions.shape[1] != 1:
+            raise ValueError("a decode step feeds exactly one token per row")
+        self.cache.reserve(self.length + 1)
+        self.cache.pos[self._rows, self._cols] = positions[:, 0]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, end = self.cache, self.length + 1
+        c.k[layer][self._rows, :, self._cols] = k[:, :, 0]
+        c.v[layer][self._rows, :, self._cols] = v[:, :, 0]
+        return c.k[layer][: self.n, :, :end], c.v[layer][: self.n, :, :end]
+
+    def commit(self, t: int) -> None:
+        for i in range(self.n):
+            self.cache.lens[i] += t
+        self.length += t
