@@ -60,7 +60,7 @@ def _install_package(session: nox.Session, path: str) -> None:
             "develop",
             "--release",
             "-m",
-            f"{path}/pyproject.toml",
+            f"{path}/Cargo.toml",  # maturin takes the Cargo manifest; it reads pyproject.toml beside it
             env={"VIRTUAL_ENV": session.virtualenv.location},
         )
     else:
@@ -132,18 +132,101 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")
 
 
+# check-wheel-contents checks a wheel may skip, per wheel, each with its reason.
+WHEEL_CHECK_IGNORES = {
+    # W009 "multiple top-level library entries": tb-cython-dispatch ships tb_cython_dispatch and the
+    # drop-in `import turbo_torch as torch` by design (DESIGN.md, CONVENTIONS.md "Names").
+    "tb_cython_dispatch": "W009",
+}
+
+
+def _packages() -> list[str]:
+    """Every published package folder (and the example engine) that exists, tb-core first."""
+    return [CORE, *[ENGINE_PACKAGES[e] for e in ENGINES[1:]]]
+
+
 @nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
-    """Wheel + sdist of every package into dist/."""
-    session.install("build", "twine", "maturin>=1.5")
+    """Wheel + sdist of every package into dist/, checked with twine and check-wheel-contents."""
+    session.install("build", "twine", "check-wheel-contents", "maturin>=1.5")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
-    for path in [CORE, *[ENGINE_PACKAGES[e] for e in ENGINES[1:]]]:
+    for path in _packages():
         if (ROOT / path / "Cargo.toml").exists():
-            session.run("maturin", "build", "--release", "--sdist", "-m", f"{path}/pyproject.toml", "-o", str(dist))
+            # One release build (minutes); cargo reuses target/ from `maturin develop --release`.
+            session.run("maturin", "build", "--release", "--sdist", "-m", f"{path}/Cargo.toml", "-o", str(dist))
         else:
+            # sdist first, then the wheel built from that sdist: proves the sdist is complete.
             session.run("python", "-m", "build", "--installer", "uv", "--outdir", str(dist), path)
-    session.run("twine", "check", *[str(p) for p in dist.iterdir()])
+    session.run("twine", "check", "--strict", *sorted(str(p) for p in dist.iterdir()))
+    for wheel in sorted(dist.glob("*.whl")):
+        ignore = WHEEL_CHECK_IGNORES.get(wheel.name.split("-")[0])
+        session.run("check-wheel-contents", *(["--ignore", ignore] if ignore else []), str(wheel))
+
+
+# À la carte: which wheels of dist/ each fresh environment gets, and the plugins it must then load.
+ALACARTE: dict[str, tuple[list[str], list[str]]] = {
+    "core": (["tb_core"], []),
+    "core+cpu-rust": (["tb_core", "tb_cpu_rust"], ["native_cpu"]),
+    "core+cython-dispatch": (["tb_core", "tb_cython_dispatch"], ["cython_dispatch"]),
+    "core+wgpu": (["tb_core", "tb_wgpu"], ["wgpu"]),
+    "core+llm": (["tb_core", "tb_llm"], ["llm"]),
+    "all": (
+        ["tb_core", "tb_cpu_rust", "tb_cython_dispatch", "tb_wgpu", "tb_llm"],
+        ["native_cpu", "cython_dispatch", "wgpu", "llm"],
+    ),
+}
+
+
+def _wheel(name: str) -> str:
+    found = sorted((ROOT / "dist").glob(f"{name}-*.whl"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"expected one {name} wheel in dist/, found {found}: run `nox -s build` first")
+    return str(found[0])
+
+
+def _fresh_venv(session: nox.Session, name: str) -> pathlib.Path:
+    venv = ROOT / ".nox" / "alacarte-envs" / name
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("uv", "venv", "--quiet", "--python", PYTHON, str(venv), external=True)
+    return venv
+
+
+def _uv_install(session: nox.Session, venv: pathlib.Path, *args: str) -> None:
+    # uv links torch from its cache (hard links on the same file system): no download per venv.
+    session.run("uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), *args, external=True)
+
+
+@nox.session(python=False)
+def alacarte(session: nox.Session) -> None:
+    """Each à la carte combination from the wheels in dist/ in a fresh venv: doctor + smoke test.
+
+    Then the plugin API check: a plugin built for another PLUGIN_API_VERSION, installed next to the
+    tb-core wheel, is refused with a message naming the versions. `nox -s alacarte -- core+wgpu`
+    runs only the named combinations.
+    """
+    wanted = session.posargs or [*ALACARTE, "plugin-api"]
+    smoke = str(ROOT / "scripts" / "smoke_install.py")
+    for name in wanted:
+        if name == "plugin-api":
+            continue
+        wheels, plugins = ALACARTE[name]
+        venv = _fresh_venv(session, name)
+        # transformers only builds the tiny checkpoint and the reference tokens of the LLM smoke test.
+        extra = ["transformers>=4.40"] if "llm" in plugins else []
+        _uv_install(session, venv, *[_wheel(w) for w in wheels], *extra)
+        session.run(str(venv / "bin" / "torchburn"), "doctor", external=True)
+        session.run(str(venv / "bin" / "python"), smoke, "--expect", ",".join(plugins), external=True)
+    if "plugin-api" in wanted:
+        venv = _fresh_venv(session, "plugin-api")
+        _uv_install(session, venv, _wheel("tb_core"))
+        project = venv / "tb-future-engine"
+        session.run(str(venv / "bin" / "python"), str(ROOT / "scripts" / "make_incompatible_plugin.py"), str(project))
+        _uv_install(session, venv, str(project))
+        session.run(str(venv / "bin" / "torchburn"), "engines", external=True)
+        session.run(
+            str(venv / "bin" / "python"), smoke, "--expect-incompatible", "future_module,future_engine", external=True
+        )
 
 
 @nox.session(python=PYTHON)
