@@ -1,6 +1,8 @@
 """The model side of continuous batching: prefill one row, decode every live row in one step.
 
-Only the scheduler thread calls into this object; it owns the model and the cache.
+Only the scheduler thread calls into this object; it owns the model and the cache. Every
+method runs in inference mode: the cache may be (re)allocated inside the model's forward, and
+inference tensors can only be written in that mode.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class BatchEngine:
     def device(self) -> torch.device:
         return self.model.device
 
+    @torch.inference_mode()
     def prefill(self, row: int, ids: list[int]) -> torch.Tensor:
         """Run a whole prompt into the (free) row ``row``; return float32 logits ``[V]`` on CPU."""
         self.cache.clear(row)
@@ -41,6 +44,7 @@ class BatchEngine:
         logits = self.model.forward(x, pos, self.cache.prefill_view(row))  # type: ignore[arg-type]
         return logits[0].float().cpu()
 
+    @torch.inference_mode()
     def decode(self, tokens: list[int]) -> torch.Tensor:
         """Feed one token to each of rows ``0..len(tokens)-1``; return logits ``[n, V]`` on CPU."""
         n = len(tokens)
@@ -50,6 +54,7 @@ class BatchEngine:
         logits = self.model.forward(x, pos, self.cache.decode_view(n))  # type: ignore[arg-type]
         return logits.float().cpu()
 
+    @torch.inference_mode()
     def release(self, row: int, last: int) -> None:
         """Free ``row``; the live row ``last`` (the highest one) moves into it."""
         if row == last:
@@ -57,6 +62,7 @@ class BatchEngine:
         else:
             self.cache.move(last, row)
 
+    @torch.inference_mode()
     def reset(self) -> None:
         for r in range(self.max_batch):
             self.cache.clear(r)

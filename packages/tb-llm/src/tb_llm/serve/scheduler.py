@@ -170,7 +170,7 @@ class Scheduler:
                         job.done = True
                         self._send(job, Failed(f"generation failed: {type(exc).__name__}: {exc}"))
                 self._active.clear()
-                self.engine.reset()
+                self.engine = BatchEngine(self.llm, self.max_batch)  # a fresh cache, whatever state it was in
         for job in list(self._active) + list(self._pending):
             if not job.done:
                 job.done = True
