@@ -198,9 +198,14 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         first = f"{r['first_token_s']:.2f}" if "first_token_s" in r else "-"
         lines.append(
             f"| {r['runtime']} ({r['engine']}) | {r['quant']} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.2f} | "
-            f"{r['ms_per_token']:.1f} | {r['weight_mb']:.0f} | {r['weight_gb_s']:.1f} | {load} | {first} | {r.get('loadavg', float('nan')):.1f} |"
+            f"{r['ms_per_token']:.1f} | {r['weight_mb']:.0f} | {r['weight_gb_s']:.1f} | {load} | {first} | {_load(r)} |"
         )
     return "\n".join(lines)
+
+
+def _load(row: dict[str, Any]) -> str:
+    value = row.get("loadavg")
+    return "-" if value is None or value != value else f"{value:.1f}"
 
 
 def write_docs(rows: list[dict[str, Any]], command: str) -> None:
