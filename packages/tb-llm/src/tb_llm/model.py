@@ -149,6 +149,10 @@ class Decoder:
         head_quant = backend.head_quant(quant) if hasattr(backend, "head_quant") else default_head_quant(quant)
         embed = weights.get("model.embed_tokens.weight")
         self.embed: QuantWeight = quantize(embed, head_quant, group_size)
+        for attr in ("weight", "qweight", "scales", "zeros"):  # the lookup runs on the model's device
+            t = getattr(self.embed, attr)
+            if t is not None:
+                setattr(self.embed, attr, t.to(dev))
         if cfg.tie_word_embeddings:
             self.lm_head = Linear(backend.prepare_linear(self.embed), None, cfg.vocab_size)
         else:
