@@ -112,3 +112,35 @@ def test_engine_backend_is_used(llama_dir: Path, llama: LLM) -> None:
             LLM.from_pretrained(llama_dir, device="cpu", engine="nope")
     finally:
         torchburn.unregister_plugin("counting-test")
+
+
+class _FusedBackend(ReferenceBackend):
+    """A backend that takes over the whole step (here: by wrapping the reference one)."""
+
+    name = "fused"
+    steps = 0
+
+    def compile_model(self, decoder):  # type: ignore[no-untyped-def]
+        def step(ids, positions, cache, last_only):  # type: ignore[no-untyped-def]
+            type(self).steps += 1
+            return decoder.reference_forward(ids, positions, cache, last_only)
+
+        return step
+
+
+def test_fused_step_backend(llama_dir: Path, llama: LLM) -> None:
+    from tb_llm.llm import LLM as _LLM
+    from tb_llm.model import Decoder
+
+    base = llama.model
+    model = Decoder(base.cfg, _weights(llama_dir), _FusedBackend("cpu"), "fp32")
+    fused = _LLM(model, llama.tokenizer, llama.path, "fp32", 0.0)
+    g = fused.generate("Hello", max_new_tokens=6, ignore_eos=True)
+    assert _FusedBackend.steps == 6  # one prefill + five decode steps, each one call
+    assert g.token_ids == llama.generate("Hello", max_new_tokens=6, ignore_eos=True).token_ids
+
+
+def _weights(folder: Path):  # type: ignore[no-untyped-def]
+    from tb_llm.safetensors_io import CheckpointWeights
+
+    return CheckpointWeights(folder)

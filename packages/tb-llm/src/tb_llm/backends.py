@@ -23,6 +23,17 @@ Tensor conventions (all contiguous unless said otherwise):
   ``softcap * tanh(s / softcap)`` when ``softcap`` is set, softmax in fp32;
 * ``gated_act(gate, up, act) -> act(gate) * up`` with ``act`` one of ``tb_llm.config.ACTIVATIONS``.
 
+Optional, for backends that run a whole step natively (no Python per layer):
+
+* ``compile_model(decoder) -> step | None``: called once after the weights are prepared, with
+  the :class:`tb_llm.model.Decoder` (config in ``decoder.cfg``, prepared handles in
+  ``decoder.layers`` / ``decoder.lm_head``, RoPE via ``decoder._cos_sin``). When it returns a
+  callable, every forward pass becomes ``step(ids [B, T], positions [B, T], cache, last_only)
+  -> float32 logits`` with the same contract as ``Decoder.reference_forward`` (it must call
+  ``cache.begin(positions)`` first and ``cache.commit(T)`` last, and write this step's keys and
+  values through ``cache.write``, or into ``cache.k[i]`` / ``cache.v[i]`` at slots
+  ``cache.length .. cache.length + T``). Returning ``None`` keeps the per-kernel path.
+
 A backend may implement any subset well and inherit the rest from :class:`ReferenceBackend`.
 """
 

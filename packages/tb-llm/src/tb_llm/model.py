@@ -185,6 +185,10 @@ class Decoder:
             )
         self._inv_freq = _inv_freq(cfg)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        # A backend may take over the whole step (all layers in one native call): see
+        # KernelBackend.compile_model in tb_llm.backends.
+        compile_model = getattr(backend, "compile_model", None)
+        self._fused: Callable[..., torch.Tensor] | None = compile_model(self) if compile_model is not None else None
 
     @staticmethod
     def linear_count(cfg: ModelConfig) -> int:
@@ -221,6 +225,15 @@ class Decoder:
     ) -> torch.Tensor:
         """Run ``ids`` ``[B, T]`` at ``positions`` ``[B, T]`` (-1: padding) through the model,
         appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
+        if self._fused is not None:
+            return self._fused(ids, positions, cache, last_only)
+        return self.reference_forward(ids, positions, cache, last_only)
+
+    @torch.inference_mode()
+    def reference_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = True
+    ) -> torch.Tensor:
+        """The step as a sequence of backend kernels, one Python call each."""
         cfg, be = self.cfg, self.backend
         b, t = ids.shape
         cache.begin(positions)
