@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from tb_llm.serve.cli import add_serve_parser, run_serve
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="llm_command", metavar="{chat,generate,benchmark}")
@@ -44,9 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             p.add_argument("--system", default=None, help="system prompt")
             p.add_argument("--stream", action="store_true", help="(chat always streams)")
+    add_serve_parser(sub)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.llm_command == "serve":
+        return run_serve(args)
     import torch
 
     from tb_llm import LLM, LLMError
