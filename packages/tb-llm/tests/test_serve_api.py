@@ -100,7 +100,10 @@ def test_seeded_sampling_equals_generate(llama: LLM, client: openai.OpenAI) -> N
         model=MODEL, prompt=banned, max_tokens=1, temperature=0, logit_bias={str(first): -100}, frequency_penalty=1.0
     )
     assert r.usage is not None and r.usage.completion_tokens == 1
-    assert r.choices[0].text != _generate(llama, "Hello", max_new_tokens=1, ignore_eos=True).text or first in llama.eos_token_ids
+    assert (
+        r.choices[0].text != _generate(llama, "Hello", max_new_tokens=1, ignore_eos=True).text
+        or first in llama.eos_token_ids
+    )
 
 
 def test_stop_strings(llama: LLM, client: openai.OpenAI) -> None:

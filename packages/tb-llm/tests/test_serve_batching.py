@@ -77,7 +77,9 @@ def test_join_mid_flight_and_seeded_sampling(llama: LLM) -> None:
         s = RequestSampling(temperature=0.9, top_p=0.95, top_k=40, seed=1234)
         late, c_late = _job(llama, "Hello", 20, s)
         sched.submit(late)
-        want_late = llama.generate("Hello", max_new_tokens=20, temperature=0.9, top_p=0.95, top_k=40, seed=1234, ignore_eos=True)
+        want_late = llama.generate(
+            "Hello", max_new_tokens=20, temperature=0.9, top_p=0.95, top_k=40, seed=1234, ignore_eos=True
+        )
         want_long = llama.generate("The quick brown fox", max_new_tokens=60, ignore_eos=True)
         assert not isinstance(want_late, list) and not isinstance(want_long, list)
         assert list(c_late.result.token_ids) == want_late.token_ids
@@ -123,7 +125,9 @@ def test_stop_string_and_eos(llama: LLM) -> None:
 
 
 def test_slot_cache_rows_grow_independently() -> None:
-    cache = SlotCache(num_layers=1, rows=3, kv_heads=1, head_dim=2, capacity=2, dtype=torch.float32, device=torch.device("cpu"))
+    cache = SlotCache(
+        num_layers=1, rows=3, kv_heads=1, head_dim=2, capacity=2, dtype=torch.float32, device=torch.device("cpu")
+    )
     view = cache.prefill_view(1)
     view.begin(torch.arange(5)[None])
     k = torch.arange(10, dtype=torch.float32).reshape(1, 1, 5, 2)

@@ -28,7 +28,7 @@ PROMPTS = ["Hello", "The quick brown fox", "Grüße aus München", "def main():"
 
 def _percentile(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 async def _load(url: str) -> tuple[list[float], list[int], list[str], float]:

@@ -277,7 +277,7 @@ class OpenAIServer:
         self, req: GenerationRequest, job: Job, queue: asyncio.Queue[Event], rid: str
     ) -> AsyncIterator[str]:
         created = int(time.time())
-        head = {
+        head: dict[str, Any] = {
             "id": rid,
             "object": "chat.completion.chunk" if req.chat else "text_completion",
             "created": created,
@@ -296,7 +296,7 @@ class OpenAIServer:
                 choice["delta"] = delta
             else:
                 choice["text"] = piece or ""
-            out = {**head, "choices": [choice]}
+            out: dict[str, Any] = {**head, "choices": [choice]}
             if req.include_usage:
                 out["usage"] = None
             return out

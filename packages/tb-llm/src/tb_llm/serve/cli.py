@@ -33,8 +33,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn  # noqa: F401
         import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError:
         print("error: the server needs its extra: pip install 'tb-llm[serve]'", file=sys.stderr)
         return 2

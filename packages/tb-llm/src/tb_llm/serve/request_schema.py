@@ -146,7 +146,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
         role = m.get("role")
         if role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role"
+            )
         out.append({"role": "system" if role == "developer" else role, "content": _content(m, i)})
     return out
 

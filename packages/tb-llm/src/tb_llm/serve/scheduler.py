@@ -230,9 +230,7 @@ class Scheduler:
             job.first_token_at = time.perf_counter()
         job.ids.append(tok)
         self.generated_tokens += 1
-        if tok in self.eos and not job.ignore_eos:
-            job.finish_reason = "stop"
-        elif job.text.push(tok):
+        if (tok in self.eos and not job.ignore_eos) or job.text.push(tok):
             job.finish_reason = "stop"
         elif len(job.ids) >= job.max_tokens:
             job.finish_reason = "length"
@@ -243,9 +241,7 @@ class Scheduler:
             self._send(job, Delta(delta))
         if job.finish_reason is not None:
             job.done = True
-            self._send(
-                job, Finished(job.finish_reason, len(job.prompt_ids), len(job.ids), tuple(job.ids))
-            )
+            self._send(job, Finished(job.finish_reason, len(job.prompt_ids), len(job.ids), tuple(job.ids)))
 
     def _drop_finished(self) -> None:
         """Free the rows of finished / cancelled jobs, keeping live rows packed at the front."""
