@@ -232,10 +232,38 @@ def alacarte(session: nox.Session) -> None:
         project = venv / "tb-future-engine"
         session.run(str(venv / "bin" / "python"), str(ROOT / "scripts" / "make_incompatible_plugin.py"), str(project))
         _uv_install(session, venv, str(project))
-        session.run(str(venv / "bin" / "torchburn"), "engines", external=True)
         session.run(
             str(venv / "bin" / "python"), smoke, "--expect-incompatible", "future_module,future_engine", external=True
         )
+
+
+PUBLISHED = ["tb_core", "tb_cpu_rust", "tb_cython_dispatch", "tb_wgpu", "tb_llm"]
+
+
+def _declared(path: str) -> list[str]:
+    """A package's declared requirements (dependencies + the `test` extra), tb-* packages left out."""
+    import tomllib  # Python 3.11+; only this session needs it
+
+    project = tomllib.loads((ROOT / path / "pyproject.toml").read_text())["project"]
+    found = [*project.get("dependencies", []), *project.get("optional-dependencies", {}).get("test", [])]
+    return [r for r in found if not r.replace("_", "-").lower().startswith("tb-")]
+
+
+@nox.session(python=PYTHON, venv_backend="uv")
+def minimums(session: nox.Session) -> None:
+    """The lowest declared version of every dependency of every package, then tb-core's tests.
+
+    The requirements each pyproject declares are passed as direct requirements with
+    `--resolution lowest-direct` (so `torch>=2.5` installs torch 2.5.0), next to the wheels of dist/
+    (`nox -s build` first). A failure means a lower bound is wrong: raise it in that pyproject.
+    `nox -s minimums -- packages/tb-llm/tests` runs other tests instead.
+    """
+    declared = sorted({r for path in _packages() if path != "examples/tb-example-engine" for r in _declared(path)})
+    session.install("--resolution", "lowest-direct", *declared, *[_wheel(name) for name in PUBLISHED])
+    # Not a declared dependency: the root pytest configuration (timeout = ...) needs the plugin.
+    session.install("pytest-timeout")
+    session.run("uv", "pip", "list", external=True, env={"VIRTUAL_ENV": session.virtualenv.location})
+    session.run("pytest", *(session.posargs or [f"{CORE}/tests"]))
 
 
 @nox.session(python=PYTHON)
