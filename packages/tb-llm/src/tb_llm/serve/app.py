@@ -161,6 +161,7 @@ class OpenAIServer:
 
     # -- routes ---------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
+        self.scheduler.start()  # no-op when running; hosts that skip lifespan events start it here
         running, waiting = self.scheduler.load
         ok = self.scheduler.alive
         body = {"status": "ok" if ok else "unavailable", "running": running, "waiting": waiting}
@@ -201,8 +202,6 @@ class OpenAIServer:
             self._authorize(request)
             req = parse(await self._read_json(request), chat, self.settings.max_stop)
             self._check_model(req.model)
-            if not self.scheduler.alive:
-                self.scheduler.start()
             prompt_ids = await self._encode(req)
             max_tokens = self._max_tokens(req, len(prompt_ids))
             loop = asyncio.get_running_loop()
