@@ -148,16 +148,18 @@ def run(
     )
     folder = make_model(cache)
     rows: list[dict[str, Any]] = []
+    # Each transformers row runs right after the tb-llm row of the same dtype, so the pairs that
+    # are compared see the same machine load.
+    hf_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for quant in quants:
         rows.append(_note_load(bench_tb_llm(folder, quant, prompt_tokens, new_tokens, repeat)))
         print(_fmt(rows[-1]), flush=True)
-    if transformers_baseline:
-        for dtype in (torch.float32, torch.bfloat16):
+        if transformers_baseline and quant in hf_dtypes:
             try:
-                rows.append(_note_load(bench_transformers(folder, dtype, prompt_tokens, new_tokens, repeat)))
+                rows.append(_note_load(bench_transformers(folder, hf_dtypes[quant], prompt_tokens, new_tokens, repeat)))
                 print(_fmt(rows[-1]), flush=True)
             except ImportError:
-                break
+                transformers_baseline = False
     for r in rows:
         r["threads"] = threads
     return rows
