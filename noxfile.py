@@ -43,6 +43,8 @@ ENGINE_PACKAGES: dict[str, str] = {
     "wgpu": "packages/tb-wgpu",
     "llm": "packages/tb-llm",
 }
+# Optional extras a package's tests need (tb-llm's server tests use starlette, uvicorn, openai).
+TEST_EXTRAS: dict[str, str] = {"llm": "[serve,test]"}
 ENGINES = ["core"] + [name for name, path in ENGINE_PACKAGES.items() if (ROOT / path / "pyproject.toml").exists()]
 
 
@@ -78,6 +80,8 @@ def tests(session: nox.Session, engine: str) -> None:
         return
     path = ENGINE_PACKAGES[engine]
     _install_package(session, path)
+    if engine in TEST_EXTRAS:
+        session.install("-e", f"{path}{TEST_EXTRAS[engine]}")
     session.run("pytest", f"{path}/tests", *args)
 
 
@@ -105,6 +109,8 @@ def _install_everything(session: nox.Session) -> None:
     _install_core(session)
     for engine in ENGINES[1:]:
         _install_package(session, ENGINE_PACKAGES[engine])
+        if engine in TEST_EXTRAS:
+            session.install("-e", f"{ENGINE_PACKAGES[engine]}{TEST_EXTRAS[engine]}")
 
 
 @nox.session(python=PYTHON)
@@ -222,7 +228,8 @@ def alacarte(session: nox.Session) -> None:
         wheels, plugins = ALACARTE[name]
         venv = _fresh_venv(session, name)
         # transformers only builds the tiny checkpoint and the reference tokens of the LLM smoke test.
-        extra = ["transformers>=4.40"] if "llm" in plugins else []
+        # (tb_llm.testing passes dtype= to transformers, which needs 4.56).
+        extra = ["transformers>=4.56"] if "llm" in plugins else []
         _uv_install(session, venv, *[_wheel(w) for w in wheels], *extra)
         session.run(str(venv / "bin" / "torchburn"), "doctor", external=True)
         session.run(str(venv / "bin" / "python"), smoke, "--expect", ",".join(plugins), external=True)
@@ -264,6 +271,8 @@ def minimums(session: nox.Session) -> None:
     session.install("pytest-timeout")
     session.run("uv", "pip", "list", external=True, env={"VIRTUAL_ENV": session.virtualenv.location})
     session.run("pytest", *(session.posargs or [f"{CORE}/tests"]))
+    # Every package at its lowest: the engines load and match eager, tb-llm generates.
+    session.run("python", "scripts/smoke_install.py", "--expect", "native_cpu,cython_dispatch,wgpu,llm")
 
 
 @nox.session(python=PYTHON)
@@ -281,3 +290,10 @@ def ci(session: nox.Session) -> None:
         session.notify(f"tests(engine='{engine}')")
     session.notify("rust")
     session.notify("integration")
+    # Measured on the 2-core CI machine (issue 7): docs ~15 s, build ~1.5 min (one release Rust
+    # build from the sdist), alacarte ~3 min of CPU (7 fresh venvs; torch is hard-linked from uv's
+    # cache). `minimums` stays out: its first run downloads torch 2.5 (~2.5 GB) and it re-runs
+    # tb-core's tests.
+    session.notify("docs")
+    session.notify("build")
+    session.notify("alacarte")
