@@ -195,9 +195,12 @@ impl EwStep {
                     (None, vec![src])
                 }
             };
-            for r in reads {
+            for &r in &reads {
                 if !written.get(r).copied().unwrap_or(false) {
                     return Err(format!("register {r} read before it is written"));
+                }
+                if Some(r) == dst {
+                    return Err(format!("instruction writes register {r} that it reads"));
                 }
             }
             if let Some(d) = dst {
@@ -605,18 +608,24 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     }
                 }
                 Instr::Const { dst, v } => regs[dst][..n].fill(T::from_f64(v)),
+                // registers are read through raw pointers so that no 1 KiB block is copied per
+                // instruction; `EwStep::new` checked that no instruction writes a register it reads
                 Instr::Un { op, dst, a } => {
-                    let src = regs[a];
-                    T::un(op, &mut regs[dst][..n], &src[..n]);
+                    let base = regs.as_mut_ptr();
+                    let src = unsafe { &(&(*base.add(a)))[..n] };
+                    T::un(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, src);
                 }
                 Instr::Bin { op, dst, a, b } => {
-                    let (ra, rb) = (regs[a], regs[b]);
-                    T::bin(op, &mut regs[dst][..n], &ra[..n], &rb[..n]);
+                    let base = regs.as_mut_ptr();
+                    let (ra, rb) = unsafe { (&(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
+                    T::bin(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, ra, rb);
                 }
                 Instr::Where { dst, c, a, b } => {
-                    let (rc, ra, rb) = (regs[c], regs[a], regs[b]);
+                    let base = regs.as_mut_ptr();
+                    let (rc, ra, rb) = unsafe { (&(&(*base.add(c)))[..n], &(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
+                    let out = unsafe { &mut (&mut (*base.add(dst)))[..n] };
                     for i in 0..n {
-                        regs[dst][i] = if rc[i].truthy() { ra[i] } else { rb[i] };
+                        out[i] = if rc[i].truthy() { ra[i] } else { rb[i] };
                     }
                 }
                 Instr::Store { dst, src } => {

@@ -7,6 +7,7 @@
 //! executor, reused across calls; several values may share one by liveness).
 
 use crate::ew::{Compute, EwStep, InstrSpec, Un};
+use crate::gemm::EpiSpec;
 use crate::ops;
 use crate::tensor::{extent, ranges_overlap, to_usize, DType, Result, View};
 use serde::Deserialize;
@@ -198,12 +199,13 @@ impl Executor {
                     .epilogue
                     .iter()
                     .map(|e| match e.as_str() {
-                        "relu" => Ok(Un::Relu),
-                        "gelu" => Ok(Un::GeluErf),
-                        "gelu_tanh" => Ok(Un::GeluTanh),
-                        "silu" => Ok(Un::Silu),
-                        "sigmoid" => Ok(Un::Sigmoid),
-                        "tanh" => Ok(Un::Tanh),
+                        "relu" => Ok(EpiSpec::Un(Un::Relu)),
+                        "gelu" => Ok(EpiSpec::Un(Un::GeluErf)),
+                        "gelu_tanh" => Ok(EpiSpec::Un(Un::GeluTanh)),
+                        "silu" => Ok(EpiSpec::Un(Un::Silu)),
+                        "sigmoid" => Ok(EpiSpec::Un(Un::Sigmoid)),
+                        "tanh" => Ok(EpiSpec::Un(Un::Tanh)),
+                        "add" => Ok(EpiSpec::Residual),
                         other => Err(format!("unknown epilogue {other:?}")),
                     })
                     .collect::<Result<Vec<_>>>()?;

@@ -9,23 +9,36 @@ use crate::exec::SPtr;
 use crate::ew::{Scalar, Un};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-static BACKEND: AtomicU8 = AtomicU8::new(0);
+static BACKEND: AtomicU8 = AtomicU8::new(DEFAULT);
+/// "auto": our AVX-512 kernel where the CPU has it, else faer's `gemm` crate.
+const DEFAULT: u8 = 3;
 
 pub fn set_backend(name: &str) -> Result<(), String> {
     let v = match name {
         "gemm" => 0,
         "matrixmultiply" => 1,
-        other => return Err(format!("unknown GEMM backend {other:?} (gemm, matrixmultiply)")),
+        "own" if crate::gemm_own::available() => 2,
+        "own" => return Err("the own GEMM kernel needs AVX-512 (avx512f + avx512vl)".into()),
+        "auto" => DEFAULT,
+        other => return Err(format!("unknown GEMM backend {other:?} (auto, own, gemm, matrixmultiply)")),
     };
     BACKEND.store(v, Ordering::Relaxed);
     Ok(())
 }
 
+fn resolved() -> u8 {
+    match BACKEND.load(Ordering::Relaxed) {
+        3 if crate::gemm_own::available() => 2,
+        3 => 0,
+        b => b,
+    }
+}
+
 pub fn backend() -> &'static str {
-    if BACKEND.load(Ordering::Relaxed) == 0 {
-        "gemm"
-    } else {
-        "matrixmultiply"
+    match resolved() {
+        0 => "gemm",
+        1 => "matrixmultiply",
+        _ => "own",
     }
 }
 
@@ -37,6 +50,83 @@ pub struct Mat {
     pub cs: isize,
 }
 
+/// One step of a GEMM epilogue, applied to each output element after the product.
+#[derive(Clone, Copy)]
+pub enum EpiOp {
+    Un(Un),
+    /// c += alpha * r[i, j] (a residual connection)
+    Add(Mat, f32),
+}
+
+/// An epilogue step as the plan names it: a unary op, or adding the residual operand.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EpiSpec {
+    Un(Un),
+    Residual,
+}
+
+/// What runs on each output tile after the product: `c += beta * bias[i, j]`, then `ops`.
+#[derive(Clone, Default)]
+pub struct Epi {
+    pub bias: Option<(Mat, f32)>,
+    pub ops: Vec<EpiOp>,
+}
+
+impl Epi {
+    pub fn is_empty(&self) -> bool {
+        self.bias.is_none() && self.ops.is_empty()
+    }
+
+    /// Applies the epilogue to `row`, the elements (i, j..j+row.len()) of the output.
+    ///
+    /// # Safety
+    /// The bias and residual matrices must be valid at those positions.
+    #[inline(always)]
+    pub unsafe fn apply_row(&self, row: &mut [f32], i: usize, j: usize) {
+        #[inline(always)]
+        unsafe fn add(row: &mut [f32], m: Mat, alpha: f32, i: usize, j: usize) {
+            let p = m.p.0.offset(i as isize * m.rs + j as isize * m.cs);
+            if m.cs == 1 {
+                let src = std::slice::from_raw_parts(p, row.len());
+                if alpha == 1.0 {
+                    for (o, &x) in row.iter_mut().zip(src) {
+                        *o += x;
+                    }
+                } else {
+                    for (o, &x) in row.iter_mut().zip(src) {
+                        *o += alpha * x;
+                    }
+                }
+            } else if m.cs == 0 {
+                let x = alpha * *p;
+                for o in row.iter_mut() {
+                    *o += x;
+                }
+            } else {
+                for (q, o) in row.iter_mut().enumerate() {
+                    *o += alpha * *p.offset(q as isize * m.cs);
+                }
+            }
+        }
+        if let Some((b, beta)) = self.bias {
+            add(row, b, beta, i, j);
+        }
+        for op in &self.ops {
+            match *op {
+                EpiOp::Un(u) => {
+                    for chunk in row.chunks_mut(64) {
+                        let mut tmp = [0f32; 64];
+                        let t = &mut tmp[..chunk.len()];
+                        t.copy_from_slice(chunk);
+                        f32::un(u, chunk, t);
+                    }
+                }
+                EpiOp::Add(m, alpha) => add(row, m, alpha, i, j),
+            }
+        }
+    }
+}
+
 /// c = beta_c * c + alpha * a @ b, where a is m×k, b is k×n, c is m×n.
 /// `accumulate` false means c is write-only (its old contents are ignored).
 ///
@@ -44,22 +134,43 @@ pub struct Mat {
 /// The three matrices must be valid for the given dimensions and strides and `c` must not
 /// overlap `a` or `b`; the executor checks both when it prepares a plan.
 pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize) {
+    sgemm_epi(m, n, k, a, b, c, alpha, accumulate, threads, &Epi::default())
+}
+
+/// `sgemm`, then the epilogue `epi` on every output element (inside the kernel's tile loop
+/// for the own kernel; one pass over the output for the crates).
+///
+/// # Safety
+/// As `sgemm`; the epilogue's matrices must be valid for m×n.
+pub unsafe fn sgemm_epi(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize, epi: &Epi) {
     if m == 0 || n == 0 {
         return;
     }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                for j in 0..n {
-                    *c.p.0.offset(i as isize * c.rs + j as isize * c.cs) = 0.0;
+    let be = resolved();
+    if k == 0 || be != 2 {
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    for j in 0..n {
+                        *c.p.0.offset(i as isize * c.rs + j as isize * c.cs) = 0.0;
+                    }
                 }
             }
+        } else {
+            crate_sgemm(be, m, n, k, a, b, c, alpha, accumulate, threads);
+        }
+        if !epi.is_empty() {
+            epilogue_pass(m, n, c, epi);
         }
         return;
     }
+    crate::gemm_own::sgemm(m, n, k, a, b, c, alpha, accumulate, threads, epi)
+}
+
+unsafe fn crate_sgemm(be: u8, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize) {
     let flops = m * n * k;
     let threads = if flops < 48 * 48 * 48 { 1 } else { threads };
-    if BACKEND.load(Ordering::Relaxed) == 1 {
+    if be == 1 {
         matrixmultiply::sgemm(
             m,
             k,
@@ -85,6 +196,56 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha:
     }
 }
 
+/// One pass over an m×n output applying `epi` row by row.
+unsafe fn epilogue_pass(m: usize, n: usize, c: Mat, epi: &Epi) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa::has_avx512() {
+            return epilogue_pass_avx512(m, n, c, epi);
+        }
+        if crate::isa::has_avx2() {
+            return epilogue_pass_avx2(m, n, c, epi);
+        }
+    }
+    epilogue_pass_generic(m, n, c, epi)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn epilogue_pass_avx512(m: usize, n: usize, c: Mat, epi: &Epi) {
+    epilogue_pass_generic(m, n, c, epi)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn epilogue_pass_avx2(m: usize, n: usize, c: Mat, epi: &Epi) {
+    epilogue_pass_generic(m, n, c, epi)
+}
+
+#[inline(always)]
+unsafe fn epilogue_pass_generic(m: usize, n: usize, c: Mat, epi: &Epi) {
+    let mut tmp = [0f32; 256];
+    for i in 0..m {
+        let mut j = 0;
+        while j < n {
+            let w = 256.min(n - j);
+            let row = c.p.0.offset(i as isize * c.rs + j as isize * c.cs);
+            if c.cs == 1 {
+                epi.apply_row(std::slice::from_raw_parts_mut(row, w), i, j);
+            } else {
+                for q in 0..w {
+                    tmp[q] = *row.offset(q as isize * c.cs);
+                }
+                epi.apply_row(&mut tmp[..w], i, j);
+                for q in 0..w {
+                    *row.offset(q as isize * c.cs) = tmp[q];
+                }
+            }
+            j += w;
+        }
+    }
+}
+
 /// Applies unary epilogue ops in place to an m×n strided matrix.
 ///
 /// # Safety
@@ -93,26 +254,17 @@ pub unsafe fn epilogue(m: usize, n: usize, c: Mat, ops: &[Un]) {
     if ops.is_empty() {
         return;
     }
-    let mut tmp = vec![0f32; n];
-    let mut tmp2 = vec![0f32; n];
-    for i in 0..m {
-        let row = c.p.0.offset(i as isize * c.rs);
-        for j in 0..n {
-            tmp[j] = *row.offset(j as isize * c.cs);
-        }
-        for &op in ops {
-            f32::un(op, &mut tmp2, &tmp);
-            std::mem::swap(&mut tmp, &mut tmp2);
-        }
-        for j in 0..n {
-            *row.offset(j as isize * c.cs) = tmp[j];
-        }
-    }
+    let epi = Epi { bias: None, ops: ops.iter().map(|&u| EpiOp::Un(u)).collect() };
+    epilogue_pass(m, n, c, &epi);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    // the backend is a process-wide setting: tests that switch it take turns
+    static LOCK: Mutex<()> = Mutex::new(());
 
     fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
         let mut c = vec![0f32; m * n];
@@ -124,40 +276,83 @@ mod tests {
         c
     }
 
+    fn backends() -> Vec<&'static str> {
+        let mut v = vec!["gemm", "matrixmultiply"];
+        if crate::gemm_own::available() {
+            v.push("own");
+        }
+        v
+    }
+
+    fn data(len: usize, mul: usize, md: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * mul % md) as f32 - (md / 2) as f32) / md as f32).collect()
+    }
+
     #[test]
-    fn both_backends_match_naive_with_transposed_b() {
-        let (m, n, k) = (37, 29, 53);
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0).collect();
-        // b^T stored n×k, read through strides as k×n
-        let mut bt = vec![0f32; n * k];
-        for p in 0..k {
-            for j in 0..n {
-                bt[j * k + p] = b[p * n + j];
+    fn every_backend_matches_naive_with_transposed_b_and_odd_sizes() {
+        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        for &(m, n, k) in &[(37usize, 29usize, 53usize), (1, 1, 1), (8, 32, 256), (9, 33, 257), (130, 70, 600), (3, 100, 2)] {
+            let a = data(m * k, 7, 13);
+            let b = data(k * n, 5, 11);
+            // b^T stored n×k, read through strides as k×n
+            let mut bt = vec![0f32; n * k];
+            for p in 0..k {
+                for j in 0..n {
+                    bt[j * k + p] = b[p * n + j];
+                }
+            }
+            let expect = naive(m, n, k, &a, &b);
+            for be in backends() {
+                set_backend(be).unwrap();
+                for (bmat, threads) in [(Mat { p: SPtr(bt.as_ptr() as *mut f32), rs: 1, cs: k as isize }, 2), (Mat { p: SPtr(b.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 1)] {
+                    let mut c = vec![7f32; m * n];
+                    unsafe {
+                        sgemm(m, n, k, Mat { p: SPtr(a.as_ptr() as *mut f32), rs: k as isize, cs: 1 }, bmat, Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, 1.0, false, threads);
+                    }
+                    for (x, y) in c.iter().zip(&expect) {
+                        assert!((x - y).abs() < 1e-3, "{be} {m}x{n}x{k}: {x} vs {y}");
+                    }
+                }
             }
         }
-        let expect = naive(m, n, k, &a, &b);
-        for be in ["gemm", "matrixmultiply"] {
+        set_backend("auto").unwrap();
+        assert!(set_backend("blas").is_err());
+    }
+
+    #[test]
+    fn epilogue_bias_activation_residual_and_accumulate() {
+        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, n, k) = (19, 45, 300);
+        let a = data(m * k, 7, 13);
+        let b = data(k * n, 5, 11);
+        let bias = data(n, 3, 7);
+        let res = data(m * n, 11, 17);
+        let base = naive(m, n, k, &a, &b);
+        for be in backends() {
             set_backend(be).unwrap();
-            let mut c = vec![0f32; m * n];
+            // c (column-major, to exercise strided output) = 0.5 * (2*ab + 3*bias) -> relu -> + 2*res
+            let mut c = vec![1f32; m * n];
+            let epi = Epi {
+                bias: Some((Mat { p: SPtr(bias.as_ptr() as *mut f32), rs: 0, cs: 1 }, 3.0)),
+                ops: vec![EpiOp::Un(Un::Relu), EpiOp::Add(Mat { p: SPtr(res.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 2.0)],
+            };
             unsafe {
-                sgemm(
-                    m,
-                    n,
-                    k,
+                sgemm_epi(
+                    m, n, k,
                     Mat { p: SPtr(a.as_ptr() as *mut f32), rs: k as isize, cs: 1 },
-                    Mat { p: SPtr(bt.as_ptr() as *mut f32), rs: 1, cs: k as isize },
-                    Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 },
-                    1.0,
-                    false,
-                    2,
+                    Mat { p: SPtr(b.as_ptr() as *mut f32), rs: n as isize, cs: 1 },
+                    Mat { p: SPtr(c.as_mut_ptr()), rs: 1, cs: m as isize },
+                    2.0, true, 2, &epi,
                 );
             }
-            for (x, y) in c.iter().zip(&expect) {
-                assert!((x - y).abs() < 1e-4, "{be}: {x} vs {y}");
+            for i in 0..m {
+                for j in 0..n {
+                    let want = (1.0 + 2.0 * base[i * n + j] + 3.0 * bias[j]).max(0.0) + 2.0 * res[i * n + j];
+                    let got = c[j * m + i];
+                    assert!((got - want).abs() < 1e-3, "{be} ({i},{j}): {got} vs {want}");
+                }
             }
         }
-        set_backend("gemm").unwrap();
-        assert!(set_backend("blas").is_err());
+        set_backend("auto").unwrap();
     }
 }

@@ -12,6 +12,7 @@ pub mod conv;
 pub mod ew;
 pub mod exec;
 pub mod gemm;
+pub mod gemm_own;
 pub mod isa;
 pub mod mathfn;
 pub mod ops;

@@ -4,7 +4,7 @@
 
 use crate::ew::Un;
 use crate::exec::{Mem, SPtr};
-use crate::gemm::{epilogue, sgemm, Mat};
+use crate::gemm::{sgemm_epi, Epi, EpiOp, EpiSpec, Mat};
 use crate::mathfn;
 use crate::tensor::{DType, Result, View};
 use rayon::prelude::*;
@@ -25,7 +25,7 @@ pub enum Red {
 }
 
 pub enum Kernel {
-    Gemm { a: View, b: View, c: View, bias: Option<View>, alpha: f32, beta: f32, epi: Vec<Un> },
+    Gemm { a: View, b: View, c: View, bias: Option<View>, res: Option<View>, alpha: f32, beta: f32, epi: Vec<EpiSpec> },
     Reduce { kind: Red, x: View, out: View },
     Softmax { x: View, y: View, dim: usize, log: bool },
     SoftmaxBwd { g: View, y: View, gi: View, dim: usize, log: bool },
@@ -132,7 +132,7 @@ fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
 }
 
 impl Kernel {
-    pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<Un>) -> Result<Kernel> {
+    pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
         let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
         let k = match op {
             "gemm" => {
@@ -151,7 +151,14 @@ impl Kernel {
                     f32s(&[bv])?;
                     need(bv.sizes == c.sizes, "gemm bias must be broadcast to the output shape")?;
                 }
-                Kernel::Gemm { a, b, c, bias, alpha: fl(0, 1.0) as f32, beta: fl(1, 1.0) as f32, epi }
+                let res = opt(&ins, 3);
+                if let Some(rv) = &res {
+                    f32s(&[rv])?;
+                    need(rv.sizes == c.sizes, "gemm residual must be broadcast to the output shape")?;
+                }
+                need(res.is_some() == epi.contains(&EpiSpec::Residual), "gemm residual operand and epilogue disagree")?;
+                need(epi.iter().filter(|e| **e == EpiSpec::Residual).count() <= 1, "at most one residual add")?;
+                Kernel::Gemm { a, b, c, bias, res, alpha: fl(0, 1.0) as f32, beta: fl(1, 1.0) as f32, epi }
             }
             "reduce" => {
                 let (x, o) = (take(&ins, 0)?, out(&outs, 0)?);
@@ -324,6 +331,13 @@ impl Kernel {
                 if let Some(b) = &bias {
                     need(b.sizes == [oc] && b.dtype == DType::F32, "conv2d bias shape")?;
                 }
+                let epi = epi
+                    .into_iter()
+                    .map(|e| match e {
+                        EpiSpec::Un(u) => Ok(u),
+                        EpiSpec::Residual => Err("conv2d has no residual epilogue".to_string()),
+                    })
+                    .collect::<Result<Vec<Un>>>()?;
                 Kernel::Conv2d { x, w, bias, y, p, epi }
             }
             "max_pool2d" | "avg_pool2d" => {
@@ -387,26 +401,33 @@ impl Kernel {
     unsafe fn run_unchecked(&self, mem: &Mem) -> Result<()> {
         let threads = rayon::current_num_threads();
         match self {
-            Kernel::Gemm { a, b, c, bias, alpha, beta, epi } => {
+            Kernel::Gemm { a, b, c, bias, res, alpha, beta, epi } => {
                 let r = c.rank();
                 let (m, k, n) = (a.sizes[r - 2], a.sizes[r - 1], b.sizes[r - 1]);
                 let batch = if r == 3 { c.sizes[0] } else { 1 };
                 let (pa, pb, pc) = (mem.ptr::<f32>(a), mem.ptr::<f32>(b), mem.ptr::<f32>(c));
-                if let Some(bv) = bias {
-                    let pbias = mem.ptr::<f32>(bv);
-                    let beta = *beta;
-                    for_each(&c.sizes, [&bv.strides, &c.strides], |[ob, oc]| {
-                        *pc.add(oc) = beta * *pbias.add(ob);
-                    });
-                }
                 let mat = |p: SPtr<f32>, v: &View, i: usize| {
                     let off = if r == 3 { i * v.strides[0] } else { 0 };
                     Mat { p: SPtr(p.add(off)), rs: v.strides[r - 2] as isize, cs: v.strides[r - 1] as isize }
                 };
+                let pbias = bias.as_ref().map(|v| (mem.ptr::<f32>(v), v));
+                let pres = res.as_ref().map(|v| (mem.ptr::<f32>(v), v));
                 let one = |i: usize, t: usize| {
-                    let cm = mat(pc, c, i);
-                    sgemm(m, n, k, mat(pa, a, i), mat(pb, b, i), cm, *alpha, bias.is_some(), t);
-                    epilogue(m, n, cm, epi);
+                    // bias and residual are added per output tile, inside the GEMM's store
+                    let e = Epi {
+                        bias: pbias.map(|(p, v)| (mat(p, v, i), *beta)),
+                        ops: epi
+                            .iter()
+                            .map(|s| match *s {
+                                EpiSpec::Un(u) => EpiOp::Un(u),
+                                EpiSpec::Residual => {
+                                    let (p, v) = pres.expect("checked in Kernel::new");
+                                    EpiOp::Add(mat(p, v, i), 1.0)
+                                }
+                            })
+                            .collect(),
+                    };
+                    sgemm_epi(m, n, k, mat(pa, a, i), mat(pb, b, i), mat(pc, c, i), *alpha, false, t, &e);
                 };
                 if batch > 1 && m * n * k < 256 * 256 * 256 {
                     (0..batch).into_par_iter().for_each(|i| one(i, 1));
@@ -684,11 +705,111 @@ fn par_rows(rows: usize, work: usize, row: impl Fn(usize) + Sync) {
 unsafe fn softmax_row(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize, log: bool) {
     #[cfg(target_arch = "x86_64")]
     {
+        if sx == 1 && sy == 1 {
+            if crate::isa::has_avx512() {
+                return softmax_row_contig_avx512(x, y, n, log);
+            }
+            if crate::isa::has_avx2() {
+                return softmax_row_contig_avx2(x, y, n, log);
+            }
+        }
         if crate::isa::has_avx2() {
             return softmax_row_avx2(x, sx, y, sy, n, log);
         }
     }
+    if sx == 1 && sy == 1 {
+        return softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log);
+    }
     softmax_row_generic(x, sx, y, sy, n, log)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn softmax_row_contig_avx512(x: *const f32, y: *mut f32, n: usize, log: bool) {
+    softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_contig_avx2(x: *const f32, y: *mut f32, n: usize, log: bool) {
+    softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log)
+}
+
+const SM_LANES: usize = 16;
+const SM_BLOCK: usize = 256;
+
+/// Softmax / log-softmax of one contiguous row. The statistics come from one online pass over
+/// memory: each 256-element block (in L1 once loaded) updates 16 lane-wise running maxima and
+/// rescaled sums; a second pass writes the output. Lane arrays let LLVM keep everything in
+/// vector registers in the AVX-512 / AVX2 instantiations.
+#[inline(always)]
+pub fn softmax_row_contig(x: &[f32], y: &mut [f32], log: bool) {
+    const L: usize = SM_LANES;
+    let n = x.len();
+    if n == 0 {
+        return;
+    }
+    let mut m = [f32::NEG_INFINITY; L];
+    let mut s = [0f32; L];
+    let mut nan = [false; L];
+    let mut update = |block: &[f32]| {
+        // block length is a multiple of L
+        let mut bm = [f32::NEG_INFINITY; L];
+        for ch in block.chunks_exact(L) {
+            for l in 0..L {
+                let v = ch[l];
+                bm[l] = if v > bm[l] { v } else { bm[l] };
+                nan[l] |= v.is_nan();
+            }
+        }
+        let mut mu = [0f32; L];
+        for l in 0..L {
+            let nm = if bm[l] > m[l] { bm[l] } else { m[l] };
+            // an all -inf lane keeps sum 0 (exp(-inf - 0) = 0) instead of exp(-inf + inf) = NaN
+            mu[l] = if nm == f32::NEG_INFINITY { 0.0 } else { nm };
+            s[l] *= mathfn::exp(m[l] - mu[l]);
+            m[l] = nm;
+        }
+        for ch in block.chunks_exact(L) {
+            for l in 0..L {
+                s[l] += mathfn::exp(ch[l] - mu[l]);
+            }
+        }
+    };
+    let full = n / SM_BLOCK * SM_BLOCK;
+    for block in x[..full].chunks_exact(SM_BLOCK) {
+        update(block);
+    }
+    let rest = &x[full..];
+    if !rest.is_empty() {
+        let mut pad = [f32::NEG_INFINITY; SM_BLOCK];
+        pad[..rest.len()].copy_from_slice(rest);
+        update(&pad[..rest.len().div_ceil(L) * L]);
+    }
+    if nan.iter().any(|&b| b) {
+        y.fill(f32::NAN);
+        return;
+    }
+    let mut mx = f32::NEG_INFINITY;
+    for &v in &m {
+        mx = if v > mx { v } else { mx };
+    }
+    let mc = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
+    let mut sum = 0f32;
+    for l in 0..L {
+        sum += s[l] * mathfn::exp(m[l] - mc);
+    }
+    if log {
+        let sub = mc + sum.ln();
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = v - sub;
+        }
+    } else {
+        let inv = 1.0 / sum;
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = mathfn::exp(v - mc) * inv;
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -862,4 +983,54 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
         *(po.get() as *mut f32).add(ob) = r as f32;
     };
     par_rows(outer, outer * n.max(1), one);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(x: &[f32], log: bool) -> Vec<f32> {
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, |a, b| a.max(b as f64));
+        let s: f64 = x.iter().map(|&v| (v as f64 - m).exp()).sum();
+        x.iter().map(|&v| if log { (v as f64 - m - s.ln()) as f32 } else { ((v as f64 - m).exp() / s) as f32 }).collect()
+    }
+
+    #[test]
+    fn online_softmax_matches_two_pass_reference() {
+        for &n in &[1usize, 5, 16, 17, 255, 256, 257, 1000, 2048, 4099] {
+            let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3 + (i as f32 * 0.01)).collect();
+            for log in [false, true] {
+                let want = reference(&x, log);
+                let mut y = vec![0f32; n];
+                unsafe { softmax_row(x.as_ptr(), 1, y.as_mut_ptr(), 1, n, log) };
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!((a - b).abs() <= 1e-5 + 1e-5 * b.abs(), "n={n} log={log} [{i}] {a} vs {b}");
+                }
+                // strided row, generic path
+                let xs: Vec<f32> = x.iter().flat_map(|&v| [v, 0.0]).collect();
+                let mut ys = vec![0f32; 2 * n];
+                unsafe { softmax_row(xs.as_ptr(), 2, ys.as_mut_ptr(), 2, n, log) };
+                for i in 0..n {
+                    assert!((ys[2 * i] - want[i]).abs() <= 1e-5 + 1e-5 * want[i].abs());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_special_values() {
+        let mut y = vec![0f32; 300];
+        let mut x = vec![f32::NEG_INFINITY; 300];
+        x[299] = 1.0;
+        unsafe { softmax_row(x.as_ptr(), 1, y.as_mut_ptr(), 1, 300, false) };
+        assert_eq!(y[299], 1.0);
+        assert!(y[..299].iter().all(|&v| v == 0.0));
+        x[299] = f32::NEG_INFINITY;
+        unsafe { softmax_row(x.as_ptr(), 1, y.as_mut_ptr(), 1, 300, false) };
+        assert!(y.iter().all(|v| v.is_nan()), "all -inf row is NaN like torch");
+        let mut x = vec![0.5f32; 40];
+        x[33] = f32::NAN;
+        unsafe { softmax_row(x.as_ptr(), 1, y.as_mut_ptr(), 1, 40, true) };
+        assert!(y[..40].iter().all(|v| v.is_nan()));
+    }
 }

@@ -22,6 +22,12 @@ F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DT_NAME = {F32: "float32", I64: "int64", BOOL: "bool"}
 
 
+# unary ops a GEMM applies to its output tiles (names as the executor's epilogue knows them)
+EPILOGUE_UNARY = {
+    "aten.relu.default": "relu", "aten.silu.default": "silu", "aten.sigmoid.default": "sigmoid", "aten.tanh.default": "tanh",
+}
+
+
 class LoweringError(ValueError):
     pass
 
@@ -77,6 +83,8 @@ class Lowerer:
         self.steps: list[dict[str, Any]] = []
         self.slot: dict[int, Any] = {}
         self.group: Group | None = None
+        # value id of a GEMM result -> its step, while an epilogue may still be fused into it
+        self.gemm_open: dict[int, dict[str, Any]] = {}
         self.uses: dict[int, int] = {}
         self.used: dict[int, int] = {}
         for node in plan.nodes:
@@ -240,14 +248,50 @@ class Lowerer:
                     self.buffers[b]["kind"] = "output"
                 if self.buffers[b]["kind"] == "output" and b not in out_bufs:
                     out_bufs.append(b)
+        self.share_temps()
         inputs = [i for i, b in enumerate(self.buffers) if b["kind"] == "input"]
-        temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp"]
+        used = {v["buf"] for v in self.values}
+        temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp" and i in used]
         order = inputs + out_bufs + temps
         remap = {old: new for new, old in enumerate(order)}
         buffers = [self.buffers[i] for i in order]
         values = [{**v, "buf": remap[v["buf"]]} for v in self.values]
         spec = {"buffers": buffers, "values": values, "steps": self.steps}
         return {"spec": spec, "outputs": outputs, "values": values, "buffers": buffers, "n_inputs": len(inputs)}
+
+    def share_temps(self) -> None:
+        """Memory plan: temporaries whose lifetimes (first write .. last read, in step order)
+        do not overlap share one workspace slot, so a plan needs as much scratch memory as its
+        widest point and not the sum of all intermediates. A slot is never shared by a step's
+        input and output (the executor refuses that), so reuse starts one step after a last read."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for i, st in enumerate(self.steps):
+            for v in [*(x for x in st.get("ins", []) if x is not None), *st.get("outs", [])]:
+                b = self.values[v]["buf"]
+                if self.buffers[b]["kind"] != "temp":
+                    continue
+                first.setdefault(b, i)
+                last[b] = i
+        slots: list[dict[str, Any]] = []  # {"buf", "dtype", "numel", "free_after"}
+        remap: dict[int, int] = {}
+        for b in sorted(first, key=lambda b: (first[b], b)):
+            buf = self.buffers[b]
+            best = None
+            for sl in slots:
+                if sl["dtype"] == buf["dtype"] and sl["free_after"] < first[b]:
+                    # prefer the slot whose size is closest to what is needed
+                    if best is None or abs(sl["numel"] - buf["numel"]) < abs(best["numel"] - buf["numel"]):
+                        best = sl
+            if best is None:
+                slots.append({"buf": b, "dtype": buf["dtype"], "numel": buf["numel"], "free_after": last[b]})
+                continue
+            remap[b] = best["buf"]
+            best["numel"] = max(best["numel"], buf["numel"])
+            self.buffers[best["buf"]]["numel"] = best["numel"]
+            best["free_after"] = last[b]
+        for v in self.values:
+            v["buf"] = remap.get(v["buf"], v["buf"])
 
     # -- nodes --------------------------------------------------------------------------------
     def lower_node(self, node: Any, slot: int) -> Any:
@@ -280,6 +324,9 @@ class Lowerer:
         out = node.out
         if op == "aten._native_batch_norm_legit_no_training.default":
             return self.lower_batch_norm(node, slot)
+        fused = self.fuse_epilogue(node)
+        if fused is not None:
+            return fused
         meta = out if isinstance(out, TensorMeta) else None
         if meta is None:
             raise LoweringError("elementwise op without a tensor result")
@@ -383,6 +430,54 @@ class Lowerer:
         lz = Lazy(g, r, meta)
         g.members[slot] = lz
         return lz
+
+    def fuse_epilogue(self, node: Any) -> int | None:
+        """Folds an activation or a residual add that is the only reader of a GEMM result into
+        the GEMM's epilogue (applied per output tile inside the kernel); returns the GEMM's
+        value, or None when the node is lowered as ordinary elementwise code."""
+        op, args, kw = node.op, list(node.args), dict(node.kwargs)
+        meta = node.out
+        if not isinstance(meta, TensorMeta) or meta.dtype != F32:
+            return None
+        name = None
+        if op == "aten.gelu.default":
+            approx = kw.get("approximate", args[1] if len(args) > 1 else "none")
+            name = "gelu_tanh" if approx == "tanh" else "gelu"
+        elif op in EPILOGUE_UNARY and len(args) == 1:
+            name = EPILOGUE_UNARY[op]
+        elif op == "aten.add.Tensor" and len(args) == 2 and float(kw.get("alpha", 1)) == 1.0:
+            name = "add"
+        if name is None:
+            return None
+        gemm_arg = None
+        for a in args[: 2 if name == "add" else 1]:
+            if isinstance(a, Ref) and self.uses.get(a.slot, 0) == 1 and isinstance(self.slot.get(a.slot), int):
+                if self.slot[a.slot] in self.gemm_open:
+                    gemm_arg = a
+                    break
+        if gemm_arg is None:
+            return None
+        c = self.slot[gemm_arg.slot]
+        csizes = self.values[c]["sizes"]
+        if list(meta.shape) != csizes:
+            return None
+        step = self.gemm_open[c]
+        if name == "add":
+            other = args[1] if args[0] is gemm_arg else args[0]
+            if not isinstance(other, Ref) or self.dtype_of_arg(other) != F32 or step["epilogue"].count("add"):
+                return None
+            r = self.value(other)  # may flush an open group: its step then lands after the GEMM
+            rb = self.broadcast(r, tuple(csizes))
+            if self.values[rb]["buf"] == self.values[c]["buf"]:
+                return None
+            step["ins"] = [*step["ins"], *[None] * (3 - len(step["ins"])), rb]
+            # nothing between the GEMM and here reads its result, so it may move after the
+            # residual's producer
+            self.steps.remove(step)
+            self.steps.append(step)
+        self.used[gemm_arg.slot] = self.used.get(gemm_arg.slot, 0) + 1
+        step["epilogue"].append(name)
+        return c
 
     def dtype_of_arg(self, a: Ref) -> torch.dtype:
         v = self.slot.get(a.slot)
@@ -500,7 +595,9 @@ class Lowerer:
         if op in ("aten.mm.default", "aten.bmm.default"):
             x, y = self.value(a[0]), self.value(a[1])
             c = self.fresh(out)
-            step({"op": "gemm", "ins": [x, y], "outs": [c], "floats": [1.0, 1.0]})
+            st = {"op": "gemm", "ins": [x, y], "outs": [c], "floats": [1.0, 1.0], "epilogue": []}
+            step(st)
+            self.gemm_open[c] = st
             return c
         if op in ("aten.addmm.default", "aten.baddbmm.default"):
             bias, x, y = self.value(a[0]), self.value(a[1]), self.value(a[2])
@@ -508,7 +605,9 @@ class Lowerer:
             alpha = float(kw.get("alpha", a[4] if len(a) > 4 else 1))
             c = self.fresh(out)
             bb = self.broadcast(bias, tuple(out.shape))
-            step({"op": "gemm", "ins": [x, y, bb if beta != 0 else None], "outs": [c], "floats": [alpha, beta]})
+            st = {"op": "gemm", "ins": [x, y, bb if beta != 0 else None], "outs": [c], "floats": [alpha, beta], "epilogue": []}
+            step(st)
+            self.gemm_open[c] = st
             return c
         if op in ("aten._softmax.default", "aten._log_softmax.default"):
             x = self.value(a[0])
