@@ -75,3 +75,13 @@ def test_llm_alias_says_what_to_install() -> None:
         return
     with pytest.raises(ImportError, match="pip install tb-llm"):
         _ = torchburn.LLM
+
+
+def test_import_is_cheap() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, torchburn; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "import torchburn must not import torch._dynamo (seconds of start-up)"

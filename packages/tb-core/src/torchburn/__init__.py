@@ -57,9 +57,19 @@ def __getattr__(name: str) -> Any:
 
 
 def _register_backend() -> None:
+    """Make ``backend="torchburn"`` resolvable.
+
+    Installed distributions declare the ``torch_dynamo_backends`` entry point, which Dynamo reads
+    on lookup, so nothing needs importing here (importing torch._dynamo costs seconds). Only a
+    source tree on ``sys.path`` without dist metadata registers explicitly.
+    """
+    from importlib import metadata
+
+    if any(ep.name == "torchburn" for ep in metadata.entry_points(group="torch_dynamo_backends")):
+        return
     from torchburn.backend import register
 
-    # Registered already through the entry point: both paths are fine.
+    # Registered already by an earlier call: both paths are fine.
     with contextlib.suppress(Exception):
         register()
 

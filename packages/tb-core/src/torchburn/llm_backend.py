@@ -20,6 +20,8 @@ class LLMBackend:
     load: Callable[[], Any]  # imports the native code and returns the kernel object
     priority: int = 0
     description: str = ""
+    #: Version of tb-llm's kernel protocol (tb_llm.backends) the loaded object implements.
+    protocol_version: int = 1
 
 
 def llm_backends() -> list[LLMBackend]:
