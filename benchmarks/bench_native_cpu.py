@@ -32,9 +32,12 @@ def _time_block(fn: Callable[[], Any], n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def _interleaved(a: Callable[[], Any], b: Callable[[], Any], repeats: int, budget_s: float = 0.15) -> tuple[float, float]:
+def _interleaved(
+    a: Callable[[], Any], b: Callable[[], Any], repeats: int, budget_s: float = 0.15
+) -> tuple[float, float]:
+    """Medians of alternating timed blocks of ``a`` and ``b`` (A B A B ...)."""
     a(), b()
-    once = max(_time_block(a, 1), 1e-6)
+    once = max(_time_block(a, 1), _time_block(b, 1), 1e-6)
     n = max(1, min(200, int(budget_s / once)))
     ta, tb = [], []
     for _ in range(repeats):
@@ -45,7 +48,9 @@ def _interleaved(a: Callable[[], Any], b: Callable[[], Any], repeats: int, budge
 
 def _compile(fn: Callable[..., Any], engine: str = "native_cpu") -> Callable[..., Any]:
     torch._dynamo.reset()
-    return torch.compile(fn, backend="torchburn", options={"engine": engine, "warn": False, "fallback": "error"}, dynamic=False)
+    return torch.compile(
+        fn, backend="torchburn", options={"engine": engine, "warn": False, "fallback": "error"}, dynamic=False
+    )
 
 
 def _openblas_gflops(n: int, threads: int) -> float | None:
@@ -66,7 +71,9 @@ def _openblas_gflops(n: int, threads: int) -> float | None:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     env["OPENBLAS_NUM_THREADS"] = str(threads)
     try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+        )
         return float(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -103,22 +110,122 @@ def _rows() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]
         ("gemm 1024^3", torch.mm, lambda: (r(1024, 1024), r(1024, 1024)), 2 * 1024**3, 3 * 4 * 1024**2),
         ("gemm 256^3", torch.mm, lambda: (r(256, 256), r(256, 256)), 2 * 256**3, 3 * 4 * 256**2),
         ("gelu 1024^2", F.gelu, lambda: (r(1024, 1024),), 0, 2 * 4 * 1024**2),
-        ("sdpa B4 H8 T128 D64", F.scaled_dot_product_attention, lambda: (r(4, 8, 128, 64), r(4, 8, 128, 64), r(4, 8, 128, 64)), 4 * 4 * 8 * 128 * 128 * 64, 4 * 4 * 4 * 8 * 128 * 64),
-        ("linear 512->1024 + relu, 128x512", lambda x: torch.relu(lin(x)), lambda: (r(128, 512),), 2 * 128 * 512 * 1024, 4 * (128 * 512 + 512 * 1024 + 128 * 1024)),
+        (
+            "sdpa B4 H8 T128 D64",
+            F.scaled_dot_product_attention,
+            lambda: (r(4, 8, 128, 64), r(4, 8, 128, 64), r(4, 8, 128, 64)),
+            4 * 4 * 8 * 128 * 128 * 64,
+            4 * 4 * 4 * 8 * 128 * 64,
+        ),
+        (
+            "linear 512->1024 + relu, 128x512",
+            lambda x: torch.relu(lin(x)),
+            lambda: (r(128, 512),),
+            2 * 128 * 512 * 1024,
+            4 * (128 * 512 + 512 * 1024 + 128 * 1024),
+        ),
         ("softmax 2048^2", lambda x: torch.softmax(x, -1), lambda: (r(2048, 2048),), 0, 2 * 4 * 2048**2),
-        ("gelu(x*w+b)*sigmoid(x)+x 1024^2", lambda x, w, b: F.gelu(x * w + b) * torch.sigmoid(x) + x, lambda: (r(1024, 1024), r(1024), r(1024)), 0, 2 * 4 * 1024**2),
+        (
+            "gelu(x*w+b)*sigmoid(x)+x 1024^2",
+            lambda x, w, b: F.gelu(x * w + b) * torch.sigmoid(x) + x,
+            lambda: (r(1024, 1024), r(1024), r(1024)),
+            0,
+            2 * 4 * 1024**2,
+        ),
         ("20-op chain 64x64", _chain20, lambda: (r(64, 64),), 0, 2 * 4 * 64 * 64),
-        ("README MLP batch 32", mlp, lambda: (r(32, 512),), 2 * 32 * (512 * 1024 + 1024 * 256), 4 * (512 * 1024 + 1024 * 256)),
+        (
+            "README MLP batch 32",
+            mlp,
+            lambda: (r(32, 512),),
+            2 * 32 * (512 * 1024 + 1024 * 256),
+            4 * (512 * 1024 + 1024 * 256),
+        ),
     ]
 
 
+def _peak_gflops(threads: int) -> float:
+    """FMA peak of `threads` cores: 32 float32 FLOP per cycle (2 x 256-bit FMA pipes, the same
+    for AVX-512 on Zen 4, which splits 512-bit ops) at the clock /proc/cpuinfo reports."""
+    mhz = 0.0
+    try:
+        with open("/proc/cpuinfo") as f:
+            mhz = max(float(line.split(":")[1]) for line in f if line.startswith("cpu MHz"))
+    except (OSError, ValueError):
+        pass
+    return threads * (mhz or 3000.0) * 32 / 1e3
+
+
+def _copy_gbps() -> float:
+    """Streaming reference: a 64 MiB tensor copy (read + write), same run."""
+    x = torch.randn(16 << 20)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        y.copy_(x)
+        ts.append(time.perf_counter() - t0)
+    return 2 * x.numel() * 4 / statistics.median(ts) / 1e9
+
+
+class _TrainMLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(784, 512)
+        self.fc2 = torch.nn.Linear(512, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _train_row(threads: int, repeats: int) -> dict[str, Any]:
+    """One Adam step of MLP 784->512->10 on a batch of 64: eager vs the model compiled on native_cpu."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+    def make(compiled: bool) -> Callable[[], Any]:
+        torch.manual_seed(0)
+        model = _TrainMLP()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        fwd = _compile(model) if compiled else model
+
+        def step() -> Any:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(fwd(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    eager = make(False)
+    t0 = time.perf_counter()
+    native = make(True)
+    native()
+    first = time.perf_counter() - t0
+    t_e, t_n = _interleaved(eager, native, repeats)
+    flops = 3 * 2 * 64 * (784 * 512 + 512 * 10)
+    return {
+        "name": "train step MLP 784-512-10 b64 Adam",
+        "eager_s": t_e,
+        "torchburn_s": t_n,
+        "torchburn_first_s": first,
+        "flops": flops,
+        "bytes": 0,
+    }
+
+
 def run(threads: int, repeats: int = 5, inductor: bool = False, gemm_backends: bool = True) -> list[dict[str, Any]]:
-    """Measure every row; returns one dict per row (times in seconds)."""
+    """Measure every row; one dict per row in the shared harness format (times in seconds):
+    suite, name, threads, eager_s, torchburn_s, torchburn_first_s, optional inductor_s /
+    inductor_first_s, notes; plus ratio, gflops, gbps and peak fractions for this suite's table."""
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     torch.set_num_threads(threads)
     from tb_cpu_rust import _native
 
-    results = []
+    peak = _peak_gflops(threads)
+    stream = _copy_gbps()
+    results: list[dict[str, Any]] = []
     for name, fn, make, flops, nbytes in _rows():
         args = make()
         with torch.no_grad():
@@ -128,53 +235,89 @@ def run(threads: int, repeats: int = 5, inductor: bool = False, gemm_backends: b
             got = native(*args)
             first = time.perf_counter() - t0
             torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
-            t_eager, t_native = _interleaved(lambda: fn(*args), lambda: native(*args), repeats)
+            t_eager, t_native = _interleaved(
+                lambda fn=fn, args=args: fn(*args), lambda native=native, args=args: native(*args), repeats
+            )
             row: dict[str, Any] = {
-                "row": name,
-                "threads": threads,
-                "native_threads": _native.num_threads(),
+                "name": name,
                 "eager_s": t_eager,
-                "native_s": t_native,
-                "ratio": t_eager / t_native,
-                "native_first_call_s": first,
-                "gemm_backend": _native.gemm_backend(),
+                "torchburn_s": t_native,
+                "torchburn_first_s": first,
+                "flops": flops,
+                "bytes": nbytes,
             }
-            if flops:
-                row["eager_gflops"] = flops / t_eager / 1e9
-                row["native_gflops"] = flops / t_native / 1e9
-            row["native_gbps"] = nbytes / t_native / 1e9
+            notes = []
             if gemm_backends and name.startswith("gemm"):
+                # every GEMM candidate interleaved with eager, so each has its own same-run ratio
                 before = _native.gemm_backend()
-                for be in ("gemm", "matrixmultiply"):
-                    _native.set_gemm_backend(be)
-                    _, t_be = _interleaved(lambda: fn(*args), lambda: native(*args), max(3, repeats // 2))
+                for be in ("own", "gemm", "matrixmultiply"):
+                    try:
+                        _native.set_gemm_backend(be)
+                    except ValueError:
+                        continue
+                    te, t_be = _interleaved(
+                        lambda fn=fn, args=args: fn(*args),
+                        lambda native=native, args=args: native(*args),
+                        max(3, repeats // 2),
+                    )
                     row[f"{be}_gflops"] = flops / t_be / 1e9
-                _native.set_gemm_backend(before)
+                    notes.append(f"{be} {flops / t_be / 1e9:.0f} GFLOP/s ({te / t_be:.2f}×)")
+                _native.set_gemm_backend("auto")
                 n = int(name.split()[1].split("^")[0])
-                row["openblas_gflops"] = _openblas_gflops(n, threads)
+                ob = _openblas_gflops(n, threads)
+                row["openblas_gflops"] = ob
+                if ob:
+                    notes.append(f"OpenBLAS {ob:.0f} GFLOP/s; native = {flops / t_native / 1e9 / ob:.0%} of it")
+                notes.insert(0, f"default={before}")
+            row["notes"] = "; ".join(notes)
             if inductor:
                 torch._dynamo.reset()
                 t0 = time.perf_counter()
                 ind = torch.compile(fn, backend="inductor", dynamic=False)
                 ind(*args)
-                row["inductor_first_call_s"] = time.perf_counter() - t0
-                _, t_ind = _interleaved(lambda: fn(*args), lambda: ind(*args), repeats)
-                row["inductor_s"] = t_ind
+                row["inductor_first_s"] = time.perf_counter() - t0
+                _, row["inductor_s"] = _interleaved(
+                    lambda fn=fn, args=args: fn(*args), lambda ind=ind, args=args: ind(*args), repeats
+                )
         results.append(row)
+    results.append(_train_row(threads, repeats))
+    for row in results:
+        row["suite"] = "native_cpu"
+        row["threads"] = threads
+        row["engines"] = "native_cpu"
+        row["native_threads"] = _native.num_threads()
+        row["ratio"] = row["eager_s"] / row["torchburn_s"]
+        flops, nbytes = row.pop("flops"), row.pop("bytes")
+        if flops:
+            row["gflops"] = flops / row["torchburn_s"] / 1e9
+            row["eager_gflops"] = flops / row["eager_s"] / 1e9
+            row["peak_fraction"] = row["gflops"] / peak
+        if nbytes:
+            row["gbps"] = nbytes / row["torchburn_s"] / 1e9
+            row["stream_fraction"] = row["gbps"] / stream
+    if results:
+        results[0]["notes"] = (
+            results[0].get("notes", "") + f"; peak {peak:.0f} GFLOP/s, copy {stream:.0f} GB/s"
+        ).lstrip("; ")
     return results
 
 
 def _fmt(results: list[dict[str, Any]]) -> str:
-    lines = ["| row | eager | native | eager/native | native GFLOP/s | native GB/s | first call | extra |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| row | threads | eager | native | eager/native | GFLOP/s | GB/s | of peak | first call | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        extra = []
-        for k in ("gemm_gflops", "matrixmultiply_gflops", "openblas_gflops", "inductor_first_call_s", "inductor_s"):
-            if r.get(k) is not None:
-                extra.append(f"{k}={r[k]:.4g}")
-        gf = f"{r['native_gflops']:.1f}" if "native_gflops" in r else ""
+        gf = f"{r['gflops']:.1f}" if "gflops" in r else ""
+        gb = f"{r['gbps']:.1f}" if "gbps" in r else ""
+        frac = (
+            f"{r['peak_fraction']:.0%} FMA"
+            if "peak_fraction" in r
+            else (f"{r['stream_fraction']:.0%} copy" if "stream_fraction" in r else "")
+        )
         lines.append(
-            f"| {r['row']} | {r['eager_s'] * 1e6:.0f} µs | {r['native_s'] * 1e6:.0f} µs | {r['ratio']:.2f}× | {gf} | "
-            f"{r['native_gbps']:.1f} | {r['native_first_call_s'] * 1e3:.0f} ms | {' '.join(extra)} |"
+            f"| {r['name']} | {r['threads']} | {r['eager_s'] * 1e6:.0f} µs | {r['torchburn_s'] * 1e6:.0f} µs | {r['ratio']:.2f}× | {gf} | "
+            f"{gb} | {frac} | {r['torchburn_first_s'] * 1e3:.0f} ms | {r.get('notes', '')} |"
         )
     return "\n".join(lines)
 

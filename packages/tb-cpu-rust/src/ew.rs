@@ -348,6 +348,15 @@ impl Scalar for f32 {
     }
     #[inline(always)]
     fn un(op: Un, x: &mut [f32], a: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf) && crate::isa::has_avx512() {
+                // SAFETY: the CPU has AVX-512F (checked just above)
+                if unsafe { crate::vmath::un_avx512(op, x, a) } {
+                    return;
+                }
+            }
+        }
         macro_rules! map {
             ($v:ident => $e:expr) => {
                 for (o, &$v) in x.iter_mut().zip(a) {
@@ -562,6 +571,27 @@ impl Scalar for i64 {
     }
 }
 
+/// Runs `$body` with `$d` bound to the constant dtype of each arm, so that `match`es on the
+/// dtype inside inlined loads and stores fold away.
+macro_rules! with_dtype {
+    ($dt:expr, $d:ident => $body:expr) => {
+        match $dt {
+            DType::F32 => {
+                let $d = DType::F32;
+                $body
+            }
+            DType::I64 => {
+                let $d = DType::I64;
+                $body
+            }
+            DType::Bool => {
+                let $d = DType::Bool;
+                $body
+            }
+        }
+    };
+}
+
 #[inline(always)]
 fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
     let nd = step.shape.len();
@@ -594,18 +624,22 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let base = bases[src].0 as *const u8;
                     let o = offs[src];
                     let reg = &mut regs[dst];
-                    if st == 1 {
-                        for (i, r) in reg[..n].iter_mut().enumerate() {
-                            *r = unsafe { T::load(base, v.dtype, o + i) };
+                    // the dtype is matched once per block so each loop below is a plain
+                    // (vectorisable) copy or conversion
+                    with_dtype!(v.dtype, dt => {
+                        if st == 1 {
+                            for (i, r) in reg[..n].iter_mut().enumerate() {
+                                *r = unsafe { T::load(base, dt, o + i) };
+                            }
+                        } else if st == 0 {
+                            let x = unsafe { T::load(base, dt, o) };
+                            reg[..n].fill(x);
+                        } else {
+                            for (i, r) in reg[..n].iter_mut().enumerate() {
+                                *r = unsafe { T::load(base, dt, o + i * st) };
+                            }
                         }
-                    } else if st == 0 {
-                        let x = unsafe { T::load(base, v.dtype, o) };
-                        reg[..n].fill(x);
-                    } else {
-                        for (i, r) in reg[..n].iter_mut().enumerate() {
-                            *r = unsafe { T::load(base, v.dtype, o + i * st) };
-                        }
-                    }
+                    })
                 }
                 Instr::Const { dst, v } => regs[dst][..n].fill(T::from_f64(v)),
                 // registers are read through raw pointers so that no 1 KiB block is copied per
@@ -635,9 +669,17 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let base = bases[k].0;
                     let o = offs[k];
                     let reg = &regs[src];
-                    for (i, &x) in reg[..n].iter().enumerate() {
-                        unsafe { x.store(base, v.dtype, o + i * st) };
-                    }
+                    with_dtype!(v.dtype, dt => {
+                        if st == 1 {
+                            for (i, &x) in reg[..n].iter().enumerate() {
+                                unsafe { x.store(base, dt, o + i) };
+                            }
+                        } else {
+                            for (i, &x) in reg[..n].iter().enumerate() {
+                                unsafe { x.store(base, dt, o + i * st) };
+                            }
+                        }
+                    })
                 }
             }
         }

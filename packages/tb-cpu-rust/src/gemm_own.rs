@@ -194,8 +194,11 @@ unsafe fn pack_b(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst: *mut f3
                 *d.add(j) = 0.0;
             }
         }
+    } else if b.rs == 1 {
+        // transposed weights (linear): each column of B is contiguous along k; transpose
+        // 16×16 blocks in registers
+        pack_b_t(b, p0, kc, j0, nv, dst);
     } else {
-        // transposed weights (linear): each column of B is contiguous along k
         for j in 0..NR {
             if j < nv {
                 let src = b.p.0.offset((j0 + j) as isize * b.cs + p0 as isize * b.rs);
@@ -207,6 +210,71 @@ unsafe fn pack_b(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst: *mut f3
                     *dst.add(p * NR + j) = 0.0;
                 }
             }
+        }
+    }
+}
+
+/// Packs a B whose columns are contiguous (rs == 1, column j at j * cs).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32) {
+    use std::arch::x86_64::*;
+    let col = |j: usize| b.p.0.offset((j0 + j) as isize * b.cs + p0 as isize);
+    let full_p = kc / 16 * 16;
+    for h in 0..NR / 16 {
+        let mut pp = 0;
+        while pp < full_p {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, ri) in r.iter_mut().enumerate() {
+                let j = h * 16 + i;
+                if j < nv {
+                    *ri = _mm512_loadu_ps(col(j).add(pp));
+                }
+            }
+            let mut t = [_mm512_setzero_ps(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            let mut u = [_mm512_setzero_ps(); 16];
+            for g in 0..4 {
+                let (a, b1, c, d) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+                u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
+                u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
+                u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b1), _mm512_castps_pd(d)));
+                u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b1), _mm512_castps_pd(d)));
+            }
+            // u[4g + q] holds, in 128-bit lane L, column 4L + q of rows 4g..4g+4
+            for q in 0..4 {
+                let xlo = _mm512_shuffle_f32x4::<0x44>(u[q], u[4 + q]);
+                let xhi = _mm512_shuffle_f32x4::<0xEE>(u[q], u[4 + q]);
+                let ylo = _mm512_shuffle_f32x4::<0x44>(u[8 + q], u[12 + q]);
+                let yhi = _mm512_shuffle_f32x4::<0xEE>(u[8 + q], u[12 + q]);
+                let cols = [
+                    _mm512_shuffle_f32x4::<0x88>(xlo, ylo),
+                    _mm512_shuffle_f32x4::<0xDD>(xlo, ylo),
+                    _mm512_shuffle_f32x4::<0x88>(xhi, yhi),
+                    _mm512_shuffle_f32x4::<0xDD>(xhi, yhi),
+                ];
+                for (l, v) in cols.iter().enumerate() {
+                    _mm512_storeu_ps(dst.add((pp + 4 * l + q) * NR + h * 16), *v);
+                }
+            }
+            pp += 16;
+        }
+    }
+    for p in full_p..kc {
+        for j in 0..NR {
+            *dst.add(p * NR + j) = if j < nv { *col(j).add(p) } else { 0.0 };
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32) {
+    for j in 0..NR {
+        for p in 0..kc {
+            *dst.add(p * NR + j) = if j < nv { *b.p.0.offset((j0 + j) as isize * b.cs + (p0 + p) as isize) } else { 0.0 };
         }
     }
 }

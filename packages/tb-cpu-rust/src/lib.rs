@@ -17,6 +17,7 @@ pub mod isa;
 pub mod mathfn;
 pub mod ops;
 pub mod tensor;
+pub mod vmath;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -707,7 +707,7 @@ unsafe fn softmax_row(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize
     {
         if sx == 1 && sy == 1 {
             if crate::isa::has_avx512() {
-                return softmax_row_contig_avx512(x, y, n, log);
+                return crate::vmath::softmax_row_avx512(x, y, n, log);
             }
             if crate::isa::has_avx2() {
                 return softmax_row_contig_avx2(x, y, n, log);
@@ -724,12 +724,6 @@ unsafe fn softmax_row(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn softmax_row_contig_avx512(x: *const f32, y: *mut f32, n: usize, log: bool) {
-    softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log)
-}
-
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn softmax_row_contig_avx2(x: *const f32, y: *mut f32, n: usize, log: bool) {
     softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log)
@@ -737,6 +731,33 @@ unsafe fn softmax_row_contig_avx2(x: *const f32, y: *mut f32, n: usize, log: boo
 
 const SM_LANES: usize = 16;
 const SM_BLOCK: usize = 256;
+
+/// One block of the online softmax statistics (block length a multiple of the lane count).
+#[inline(always)]
+fn sm_update(block: &[f32], m: &mut [f32; SM_LANES], s: &mut [f32; SM_LANES], nan: &mut [bool; SM_LANES]) {
+    const L: usize = SM_LANES;
+    let mut bm = [f32::NEG_INFINITY; L];
+    for ch in block.chunks_exact(L) {
+        for l in 0..L {
+            let v = ch[l];
+            bm[l] = if v > bm[l] { v } else { bm[l] };
+            nan[l] |= v.is_nan();
+        }
+    }
+    let mut mu = [0f32; L];
+    for l in 0..L {
+        let nm = if bm[l] > m[l] { bm[l] } else { m[l] };
+        // an all -inf lane keeps sum 0 (exp(-inf - 0) = 0) instead of exp(-inf + inf) = NaN
+        mu[l] = if nm == f32::NEG_INFINITY { 0.0 } else { nm };
+        s[l] *= mathfn::exp(m[l] - mu[l]);
+        m[l] = nm;
+    }
+    for ch in block.chunks_exact(L) {
+        for l in 0..L {
+            s[l] += mathfn::exp(ch[l] - mu[l]);
+        }
+    }
+}
 
 /// Softmax / log-softmax of one contiguous row. The statistics come from one online pass over
 /// memory: each 256-element block (in L1 once loaded) updates 16 lane-wise running maxima and
@@ -752,39 +773,15 @@ pub fn softmax_row_contig(x: &[f32], y: &mut [f32], log: bool) {
     let mut m = [f32::NEG_INFINITY; L];
     let mut s = [0f32; L];
     let mut nan = [false; L];
-    let mut update = |block: &[f32]| {
-        // block length is a multiple of L
-        let mut bm = [f32::NEG_INFINITY; L];
-        for ch in block.chunks_exact(L) {
-            for l in 0..L {
-                let v = ch[l];
-                bm[l] = if v > bm[l] { v } else { bm[l] };
-                nan[l] |= v.is_nan();
-            }
-        }
-        let mut mu = [0f32; L];
-        for l in 0..L {
-            let nm = if bm[l] > m[l] { bm[l] } else { m[l] };
-            // an all -inf lane keeps sum 0 (exp(-inf - 0) = 0) instead of exp(-inf + inf) = NaN
-            mu[l] = if nm == f32::NEG_INFINITY { 0.0 } else { nm };
-            s[l] *= mathfn::exp(m[l] - mu[l]);
-            m[l] = nm;
-        }
-        for ch in block.chunks_exact(L) {
-            for l in 0..L {
-                s[l] += mathfn::exp(ch[l] - mu[l]);
-            }
-        }
-    };
     let full = n / SM_BLOCK * SM_BLOCK;
     for block in x[..full].chunks_exact(SM_BLOCK) {
-        update(block);
+        sm_update(block, &mut m, &mut s, &mut nan);
     }
     let rest = &x[full..];
     if !rest.is_empty() {
         let mut pad = [f32::NEG_INFINITY; SM_BLOCK];
         pad[..rest.len()].copy_from_slice(rest);
-        update(&pad[..rest.len().div_ceil(L) * L]);
+        sm_update(&pad[..rest.len().div_ceil(L) * L], &mut m, &mut s, &mut nan);
     }
     if nan.iter().any(|&b| b) {
         y.fill(f32::NAN);
@@ -1006,6 +1003,11 @@ mod tests {
                 for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                     assert!((a - b).abs() <= 1e-5 + 1e-5 * b.abs(), "n={n} log={log} [{i}] {a} vs {b}");
                 }
+                // the portable lane-array version (AVX2 / other CPUs)
+                softmax_row_contig(&x, &mut y, log);
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!((a - b).abs() <= 1e-5 + 1e-5 * b.abs(), "lanes n={n} log={log} [{i}] {a} vs {b}");
+                }
                 // strided row, generic path
                 let xs: Vec<f32> = x.iter().flat_map(|&v| [v, 0.0]).collect();
                 let mut ys = vec![0f32; 2 * n];
@@ -1028,7 +1030,7 @@ mod tests {
         x[299] = f32::NEG_INFINITY;
         unsafe { softmax_row(x.as_ptr(), 1, y.as_mut_ptr(), 1, 300, false) };
         assert!(y.iter().all(|v| v.is_nan()), "all -inf row is NaN like torch");
-        let mut x = vec![0.5f32; 40];
+        let mut x = [0.5f32; 40];
         x[33] = f32::NAN;
         unsafe { softmax_row(x.as_ptr(), 1, y.as_mut_ptr(), 1, 40, true) };
         assert!(y[..40].iter().all(|v| v.is_nan()));
