@@ -193,10 +193,24 @@ ALACARTE: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def _wheel(name: str) -> str:
+SOURCE_SUFFIXES = {".py", ".pyi", ".pyx", ".rs", ".wgsl", ".toml", ".txt"}
+
+
+def _wheel(session: nox.Session, name: str) -> str:
+    """The wheel of dist/ for `name`, with a warning when a source file of its package is newer."""
     found = sorted((ROOT / "dist").glob(f"{name}-*.whl"))
     if len(found) != 1:
         raise FileNotFoundError(f"expected one {name} wheel in dist/, found {found}: run `nox -s build` first")
+    package = ROOT / "packages" / name.replace("_", "-")
+    sources = [
+        f
+        for part in ("src", "python", "pyproject.toml", "Cargo.toml", "CMakeLists.txt")
+        for f in ([package / part] if (package / part).is_file() else (package / part).rglob("*"))
+        if f.suffix in SOURCE_SUFFIXES
+    ]
+    newer = [f for f in sources if f.stat().st_mtime > found[0].stat().st_mtime]
+    if newer:
+        session.warn(f"STALE: {found[0].name} is older than {newer[0].relative_to(ROOT)}: run `nox -s build` first")
     return str(found[0])
 
 
@@ -230,12 +244,12 @@ def alacarte(session: nox.Session) -> None:
         # transformers only builds the tiny checkpoint and the reference tokens of the LLM smoke test.
         # (tb_llm.testing passes dtype= to transformers, which needs 4.56).
         extra = ["transformers>=4.56"] if "llm" in plugins else []
-        _uv_install(session, venv, *[_wheel(w) for w in wheels], *extra)
+        _uv_install(session, venv, *[_wheel(session, w) for w in wheels], *extra)
         session.run(str(venv / "bin" / "torchburn"), "doctor", external=True)
         session.run(str(venv / "bin" / "python"), smoke, "--expect", ",".join(plugins), external=True)
     if "plugin-api" in wanted:
         venv = _fresh_venv(session, "plugin-api")
-        _uv_install(session, venv, _wheel("tb_core"))
+        _uv_install(session, venv, _wheel(session, "tb_core"))
         project = venv / "tb-future-engine"
         session.run(str(venv / "bin" / "python"), str(ROOT / "scripts" / "make_incompatible_plugin.py"), str(project))
         _uv_install(session, venv, str(project))
@@ -256,7 +270,8 @@ def _declared(path: str) -> list[str]:
     return [r for r in found if not r.replace("_", "-").lower().startswith("tb-")]
 
 
-@nox.session(python=PYTHON, venv_backend="uv")
+# A fresh environment each run: left-over newer versions would satisfy the bounds and hide them.
+@nox.session(python=PYTHON, venv_backend="uv", reuse_venv=False)
 def minimums(session: nox.Session) -> None:
     """The lowest declared version of every dependency of every package, then tb-core's tests.
 
@@ -266,7 +281,7 @@ def minimums(session: nox.Session) -> None:
     `nox -s minimums -- packages/tb-llm/tests` runs other tests instead.
     """
     declared = sorted({r for path in _packages() if path != "examples/tb-example-engine" for r in _declared(path)})
-    session.install("--resolution", "lowest-direct", *declared, *[_wheel(name) for name in PUBLISHED])
+    session.install("--resolution", "lowest-direct", *declared, *[_wheel(session, name) for name in PUBLISHED])
     # Not a declared dependency: the root pytest configuration (timeout = ...) needs the plugin.
     session.install("pytest-timeout")
     session.run("uv", "pip", "list", external=True, env={"VIRTUAL_ENV": session.virtualenv.location})
