@@ -1,0 +1,153 @@
+"""Kernels against PyTorch: GEMM epilogues fused by the lowering, the memory plan, online
+softmax, the AVX-512 activations, and every GEMM backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tb_cpu_rust import _native
+from torchburn.testing.conformance import compile_with, native_and_fallback
+
+
+@pytest.fixture
+def lowered(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The lowered spec of every partition compiled while the test runs."""
+    from tb_cpu_rust import lower as lower_mod
+    from tb_cpu_rust import program
+
+    seen: list[dict[str, Any]] = []
+
+    def record(plan: Any) -> dict[str, Any]:
+        result = lower_mod.lower(plan)
+        seen.append(result["spec"])
+        return result
+
+    monkeypatch.setattr(program, "lower", record)
+    return seen
+
+
+def _run_native(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
+    compiled, reports = compile_with("native_cpu", fn, cache=False)
+    with torch.no_grad():
+        got = compiled(*args)
+    assert not native_and_fallback(reports)[1]
+    return got
+
+
+def _gemm_steps(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for spec in specs for s in spec["steps"] if s["op"] == "gemm"]
+
+
+@pytest.mark.parametrize(
+    ("act", "name"),
+    [(torch.relu, "relu"), (F.gelu, "gelu"), (F.silu, "silu"), (torch.sigmoid, "sigmoid"), (torch.tanh, "tanh")],
+)
+def test_linear_activation_is_one_gemm_with_an_epilogue(act: Callable[..., Any], name: str, lowered: list[dict[str, Any]]) -> None:
+    lin = torch.nn.Linear(70, 45)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return act(lin(x))
+
+    x = torch.randn(33, 70)
+    x[0, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)
+    steps = [s for spec in lowered for s in spec["steps"]]
+    assert [s["op"] for s in steps] == ["gemm"], steps
+    assert steps[0]["epilogue"] == [name]
+
+
+def test_residual_add_and_activation_chain_fuse_into_the_gemm(lowered: list[dict[str, Any]]) -> None:
+    lin = torch.nn.Linear(64, 64)
+
+    def fn(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return torch.relu(lin(x) + r * 2.0)
+
+    x, r = torch.randn(40, 64), torch.randn(40, 64)
+    torch.testing.assert_close(_run_native(fn, x, r), fn(x, r))
+    gemm = _gemm_steps(lowered)
+    assert len(gemm) == 1 and gemm[0]["epilogue"] == ["add", "relu"]
+
+
+def test_gemm_result_read_twice_is_not_fused(lowered: list[dict[str, Any]]) -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = a @ b
+        return torch.relu(c), c
+
+    a, b = torch.randn(20, 30), torch.randn(30, 10)
+    got = _run_native(fn, a, b)
+    for g, e in zip(got, fn(a, b)):
+        torch.testing.assert_close(g, e)
+    assert _gemm_steps(lowered)[0]["epilogue"] == []
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (5, 7, 3), (64, 64, 64), (130, 70, 600), (9, 1025, 33)])
+def test_every_gemm_backend_matches_torch(shape: tuple[int, int, int], transpose: bool) -> None:
+    m, k, n = shape
+    a = torch.randn(m, k)
+    b = torch.randn(n, k).t() if transpose else torch.randn(k, n)
+    bias = torch.randn(n)
+    fn = lambda a, b, bias: torch.addmm(bias, a, b, beta=0.5, alpha=2.0)  # noqa: E731
+    compiled, _ = compile_with("native_cpu", fn, cache=False)
+    want = fn(a, b, bias)
+    backends = ["gemm", "matrixmultiply"] + (["own"] if _native.isa() == "avx512" else [])
+    try:
+        for be in backends:
+            _native.set_gemm_backend(be)
+            torch.testing.assert_close(compiled(a, b, bias), want, rtol=1e-4, atol=1e-4 * k**0.5)
+    finally:
+        _native.set_gemm_backend("auto")
+    with pytest.raises(ValueError, match="unknown GEMM backend"):
+        _native.set_gemm_backend("blas")
+
+
+def _rows_with_specials() -> Iterator[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 15, 16, 17, 64, 65, 1000, 2048):
+        x = torch.randn(3, n, generator=g) * 4
+        yield x
+    x = torch.randn(4, 300, generator=g)
+    x[0, 5] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, 7] = float("-inf")
+    x[3, 299] = 60.0
+    yield x
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_online_softmax_matches_torch_over_shapes_strides_and_specials(log: bool) -> None:
+    op = torch.log_softmax if log else torch.softmax
+    for x in _rows_with_specials():
+        for dim in (-1, 0):
+            torch.testing.assert_close(_run_native(lambda t: op(t, dim), x), op(x, dim), equal_nan=True)
+        xt = x.t()  # non-contiguous rows
+        torch.testing.assert_close(_run_native(lambda t: op(t, 0), xt), op(xt, 0), equal_nan=True)
+
+
+@pytest.mark.parametrize("act", [F.gelu, F.silu, torch.sigmoid, torch.exp])
+def test_vector_activations_match_torch(act: Callable[..., Any]) -> None:
+    x = torch.cat([torch.linspace(-30, 30, 10007), torch.tensor([0.0, -0.0, 88.0, 89.0, -87.5, -104.5, 1e-30])])
+    x = torch.cat([x, torch.tensor([float("inf"), float("-inf"), float("nan")])])
+    torch.testing.assert_close(_run_native(act, x), act(x), equal_nan=True)
+    big = torch.randn(300, 257)[:, 1:]  # strided rows, large enough for threads
+    torch.testing.assert_close(_run_native(act, big), act(big))
+
+
+def test_memory_plan_shares_temporaries(lowered: list[dict[str, Any]]) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for _ in range(6):
+            y = torch.softmax(y, -1)  # each softmax is a kernel step with a temporary result
+        return y
+
+    x = torch.randn(16, 50)
+    torch.testing.assert_close(_run_native(fn, x), fn(x))
+    spec = lowered[0]
+    temps = [b for b in spec["buffers"] if b["kind"] == "temp"]
+    # five intermediates, never more than two alive at once (one read, one written)
+    assert len(temps) == 2, spec["buffers"]
