@@ -70,17 +70,13 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
                     *x = f32::NEG_INFINITY;
                 }
             }
-            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mx = row_max(row);
             if mx == f32::NEG_INFINITY {
                 row.fill(0.0);
                 *lp.add(r * lse.strides[2]) = f32::NEG_INFINITY;
                 continue;
             }
-            let mut sum = 0f32;
-            for x in row.iter_mut() {
-                *x = mathfn::exp(*x - mx);
-                sum += *x;
-            }
+            let sum = exp_shift_sum(row, mx);
             let inv = 1.0 / sum;
             for x in row.iter_mut() {
                 *x *= inv;
@@ -104,4 +100,38 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
     } else {
         task(0);
     }
+}
+
+/// Maximum of a row (NaN-propagating like `f32::max` folds are not: a NaN score row stays NaN
+/// through the exponentials anyway). Lane-wise so it vectorises.
+fn row_max(row: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact(16);
+    for ch in &mut chunks {
+        for l in 0..16 {
+            m[l] = if ch[l] > m[l] { ch[l] } else { m[l] };
+        }
+    }
+    let mut mx = chunks.remainder().iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    for v in m {
+        mx = mx.max(v);
+    }
+    mx
+}
+
+/// row[i] = exp(row[i] - shift), returning their sum.
+fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa::has_avx512() {
+            // SAFETY: the CPU has AVX-512F
+            return unsafe { crate::vmath::exp_shift_sum_avx512(row, shift) };
+        }
+    }
+    let mut sum = 0f32;
+    for x in row.iter_mut() {
+        *x = mathfn::exp(*x - shift);
+        sum += *x;
+    }
+    sum
 }

@@ -215,9 +215,43 @@ impl EwStep {
         Ok(EwStep { compute, prog, nregs, ins, outs, shape, strides })
     }
 
+    /// `load; op; store` over contiguous float32: the op reads the input and writes the
+    /// output directly, with no register block in between.
+    fn unary_contiguous(&self) -> Option<Un> {
+        if self.compute != Compute::F32 || self.shape.len() != 1 || self.strides.iter().any(|s| s[0] != 1) {
+            return None;
+        }
+        if self.ins.len() != 1 || self.outs.len() != 1 || self.ins[0].dtype != DType::F32 || self.outs[0].dtype != DType::F32 {
+            return None;
+        }
+        match self.prog.as_slice() {
+            [Instr::Load { dst: r0, src: 0 }, Instr::Un { op, dst: r1, a }, Instr::Store { dst: 0, src }] if a == r0 && src == r1 => Some(*op),
+            _ => None,
+        }
+    }
+
     pub fn run(&self, mem: &Mem) {
         let numel: usize = self.shape.iter().product();
         if numel == 0 {
+            return;
+        }
+        if let Some(op) = self.unary_contiguous() {
+            let (x, y) = unsafe { (mem.ptr::<f32>(&self.ins[0]), mem.ptr::<f32>(&self.outs[0])) };
+            // chunks of 16 Ki elements (64 KiB in + out: L2-sized), threads only when there
+            // are several chunks
+            const CH: usize = 1 << 14;
+            let chunk = |c: usize| {
+                let (lo, hi) = (c * CH, ((c + 1) * CH).min(numel));
+                // SAFETY: the views were validated for `numel` contiguous elements
+                let (xs, ys) = unsafe { (std::slice::from_raw_parts(x.add(lo), hi - lo), std::slice::from_raw_parts_mut(y.add(lo), hi - lo)) };
+                un_dispatch(op, ys, xs);
+            };
+            let chunks = numel.div_ceil(CH);
+            if numel >= PAR_MIN && chunks > 1 && rayon::current_num_threads() > 1 {
+                (0..chunks).into_par_iter().for_each(chunk);
+            } else {
+                (0..chunks).for_each(chunk);
+            }
             return;
         }
         let inner = *self.shape.last().unwrap_or(&1);
@@ -298,6 +332,32 @@ unsafe fn run_f32_avx512(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Ran
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
     run_items::<f32>(step, bases, range, cpr, inner)
+}
+
+/// `f32::un` in the best instantiation for this CPU.
+fn un_dispatch(op: Un, y: &mut [f32], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa::has_avx512() {
+            return unsafe { un_avx512_inst(op, y, x) };
+        }
+        if crate::isa::has_avx2() {
+            return unsafe { un_avx2_inst(op, y, x) };
+        }
+    }
+    f32::un(op, y, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn un_avx512_inst(op: Un, y: &mut [f32], x: &[f32]) {
+    f32::un(op, y, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn un_avx2_inst(op: Un, y: &mut [f32], x: &[f32]) {
+    f32::un(op, y, x)
 }
 
 pub trait Scalar: Copy + Default + Send + Sync + 'static {

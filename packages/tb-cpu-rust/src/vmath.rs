@@ -176,6 +176,28 @@ mod imp {
         }
     }
 
+    /// row[i] = exp(row[i] - shift); returns the sum of the new values.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp_shift_sum_avx512(row: &mut [f32], shift: f32) -> f32 {
+        let n = row.len();
+        let p = row.as_mut_ptr();
+        let sh = _mm512_set1_ps(shift);
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let k: __mmask16 = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as __mmask16 };
+            let v = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p.add(i)), sh));
+            let v = _mm512_maskz_mov_ps(k, v);
+            acc = _mm512_add_ps(acc, v);
+            _mm512_mask_storeu_ps(p.add(i), k, v);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
     /// out[i] = op(inp[i]) for the ops this module covers; false for any other op.
     ///
     /// # Safety
@@ -202,7 +224,7 @@ mod imp {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use imp::{softmax_row_avx512, un_avx512};
+pub use imp::{exp_shift_sum_avx512, softmax_row_avx512, un_avx512};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
