@@ -262,7 +262,7 @@ def run(threads: int, repeats: int = 5, inductor: bool = False, gemm_backends: b
                     )
                     row[f"{be}_gflops"] = flops / t_be / 1e9
                     notes.append(f"{be} {flops / t_be / 1e9:.0f} GFLOP/s ({te / t_be:.2f}×)")
-                _native.set_gemm_backend("auto")
+                _native.set_gemm_backend(before)
                 n = int(name.split()[1].split("^")[0])
                 ob = _openblas_gflops(n, threads)
                 row["openblas_gflops"] = ob
