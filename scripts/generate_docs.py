@@ -49,6 +49,25 @@ def coverage_page() -> str:
     return HEADER + intro + render_markdown(["op", "category", *shown], [*table, totals]) + "\n"
 
 
+def undocumented_variables() -> list[str]:
+    """TORCHBURN_* names read anywhere in the packages' sources but missing from ENV_VARS."""
+    import re
+
+    from torchburn.envvars import ENV_VARS
+
+    documented = {v.name for v in ENV_VARS}
+    found: set[str] = set()
+    for pattern in (
+        "packages/*/src/**/*.py",
+        "packages/*/python/**/*.py",
+        "packages/*/src/**/*.pyx",
+        "packages/*/src/**/*.rs",
+    ):
+        for path in ROOT.glob(pattern):
+            found.update(re.findall(r"TORCHBURN_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")))
+    return sorted(found - documented)
+
+
 PAGES = {"environment.md": environment_page, "op-coverage.md": coverage_page}
 
 
@@ -69,6 +88,10 @@ def main() -> int:
         else:
             path.write_text(text)
             print(f"wrote {path}")
+    missing = undocumented_variables()
+    if missing:
+        print(f"environment variables read but not in torchburn/envvars.py: {', '.join(missing)}", file=sys.stderr)
+        return 1
     if stale:
         print(f"stale generated docs: {', '.join(stale)}; run python scripts/generate_docs.py", file=sys.stderr)
         return 1

@@ -55,6 +55,24 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "`vulkan`, `metal`, `dx12` or `gl`: the wgpu backend to request.",
     ),
     EnvVar(
+        "TORCHBURN_WGPU_POWER",
+        "high-performance",
+        "tb-wgpu",
+        "`high-performance` or `low-power`: the adapter power preference.",
+    ),
+    EnvVar(
+        "TORCHBURN_WGPU_MATMUL",
+        "(by adapter type)",
+        "tb-wgpu",
+        "`tiled` or `direct`: force the workgroup-tiled or the register-blocked matmul kernel.",
+    ),
+    EnvVar(
+        "TORCHBURN_DISPATCH_IMPL",
+        "(compiled if built)",
+        "tb-cython-dispatch",
+        "`python` forces turbo_torch's pure-Python fallback instead of the compiled Cython module.",
+    ),
+    EnvVar(
         "TORCHBURN_DISPATCH_CACHE",
         "1",
         "tb-cython-dispatch",

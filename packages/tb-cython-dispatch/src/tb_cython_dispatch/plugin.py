@@ -32,6 +32,12 @@ class CythonDispatchEngine(torchburn.Engine):
 
         return {"implementation": _impl.implementation(), "compiled_extension": _impl.COMPILED_AVAILABLE}
 
+    def covered_ops(self) -> set[str]:
+        # Every ATen op with static shapes: the kernel is the op's own ATen entry.
+        from torchburn.catalog import CATALOG
+
+        return set(CATALOG)
+
     def check(self, node: torchburn.NodeInfo) -> str | None:
         from tb_cython_dispatch.engine import check_node
 

@@ -41,6 +41,11 @@ class WgpuEngine(torchburn.Engine):
         ctx, reason = probe()
         return ctx.describe() if ctx is not None else {"reason": reason}
 
+    def covered_ops(self) -> set[str]:
+        from tb_wgpu.support import RULES
+
+        return set(RULES)
+
     def check(self, node: torchburn.NodeInfo) -> str | None:
         from tb_wgpu.support import check
 

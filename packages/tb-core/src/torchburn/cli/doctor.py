@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 
@@ -47,6 +48,10 @@ def cpu_model() -> str:
 
 
 def gpu_adapters() -> list[str]:
+    # Load torch's compiler stack (and the LLVM that triton bundles) before a Vulkan driver
+    # that links the system LLVM: in the other order, lavapipe + triton crash the process.
+    with contextlib.suppress(Exception):
+        import torch._dynamo  # noqa: F401
     try:
         import wgpu  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
