@@ -266,7 +266,7 @@ impl EwStep {
             .collect();
         let work = |range: std::ops::Range<usize>| match self.compute {
             Compute::F32 => dispatch_f32(self, &bases, range, chunks_per_row, inner),
-            Compute::I64 => run_items::<i64>(self, &bases, range, chunks_per_row, inner),
+            Compute::I64 => i64::with_regs(self.nregs.max(1), |regs| run_items::<i64>(self, &bases, range, chunks_per_row, inner, regs)),
         };
         if numel >= PAR_MIN && rayon::current_num_threads() > 1 {
             let tasks = (rayon::current_num_threads() * 4).min(items);
@@ -310,28 +310,32 @@ pub fn coalesce(shape: &[usize], strides: Vec<Vec<usize>>) -> (Vec<usize>, Vec<V
 }
 
 fn dispatch_f32(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::isa::has_avx512() {
-            return unsafe { run_f32_avx512(step, bases, range, cpr, inner) };
+    // the register blocks come from a per-thread pool, fetched here, outside the
+    // target-feature functions, so the hot loop below is never split off into a closure
+    f32::with_regs(step.nregs.max(1), |regs| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::isa::has_avx512() {
+                return unsafe { run_f32_avx512(step, bases, range, cpr, inner, regs) };
+            }
+            if crate::isa::has_avx2() {
+                return unsafe { run_f32_avx2(step, bases, range, cpr, inner, regs) };
+            }
         }
-        if crate::isa::has_avx2() {
-            return unsafe { run_f32_avx2(step, bases, range, cpr, inner) };
-        }
-    }
-    run_items::<f32>(step, bases, range, cpr, inner)
+        run_items::<f32>(step, bases, range, cpr, inner, regs)
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn run_f32_avx512(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
-    run_items::<f32>(step, bases, range, cpr, inner)
+unsafe fn run_f32_avx512(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[f32; BLK]]) {
+    run_items::<f32>(step, bases, range, cpr, inner, regs)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
-    run_items::<f32>(step, bases, range, cpr, inner)
+unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[f32; BLK]]) {
+    run_items::<f32>(step, bases, range, cpr, inner, regs)
 }
 
 /// `f32::un` in the best instantiation for this CPU.
@@ -372,6 +376,27 @@ pub trait Scalar: Copy + Default + Send + Sync + 'static {
     fn from_bool(b: bool) -> Self;
     fn un(op: Un, x: &mut [Self], a: &[Self]);
     fn bin(op: Bin, x: &mut [Self], a: &[Self], b: &[Self]);
+    /// Runs `f` on `n` register blocks from a per-thread pool (allocated once per thread, not
+    /// per call; a fresh one only if the pool is already in use on this thread).
+    fn with_regs(n: usize, f: impl FnOnce(&mut [[Self; BLK]]));
+}
+
+thread_local! {
+    static REGS_F32: std::cell::RefCell<Vec<[f32; BLK]>> = const { std::cell::RefCell::new(Vec::new()) };
+    static REGS_I64: std::cell::RefCell<Vec<[i64; BLK]>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[inline(always)]
+fn with_pool<T: Copy + Default>(pool: &'static std::thread::LocalKey<std::cell::RefCell<Vec<[T; BLK]>>>, n: usize, f: impl FnOnce(&mut [[T; BLK]])) {
+    pool.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < n {
+                v.resize(n, [T::default(); BLK]);
+            }
+            f(&mut v[..n])
+        }
+        Err(_) => f(&mut vec![[T::default(); BLK]; n]),
+    })
 }
 
 impl Scalar for f32 {
@@ -405,6 +430,9 @@ impl Scalar for f32 {
     #[inline(always)]
     fn from_bool(b: bool) -> f32 {
         b as u8 as f32
+    }
+    fn with_regs(n: usize, f: impl FnOnce(&mut [[f32; BLK]])) {
+        with_pool(&REGS_F32, n, f)
     }
     #[inline(always)]
     fn un(op: Un, x: &mut [f32], a: &[f32]) {
@@ -565,6 +593,9 @@ impl Scalar for i64 {
     fn from_bool(b: bool) -> i64 {
         b as i64
     }
+    fn with_regs(n: usize, f: impl FnOnce(&mut [[i64; BLK]])) {
+        with_pool(&REGS_I64, n, f)
+    }
     fn un(op: Un, x: &mut [i64], a: &[i64]) {
         for (o, &v) in x.iter_mut().zip(a) {
             *o = match op {
@@ -653,10 +684,9 @@ macro_rules! with_dtype {
 }
 
 #[inline(always)]
-fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
+fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[T; BLK]]) {
     let nd = step.shape.len();
     let nin = step.ins.len();
-    let mut regs: Vec<[T; BLK]> = vec![[T::default(); BLK]; step.nregs.max(1)];
     let mut idx = vec![0usize; nd];
     let mut offs = vec![0usize; bases.len()];
     for item in range {

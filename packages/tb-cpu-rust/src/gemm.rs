@@ -65,16 +65,40 @@ pub enum EpiSpec {
     Residual,
 }
 
+/// Most epilogue steps one GEMM carries (a fixed array, so building one per call allocates nothing).
+pub const MAX_EPI: usize = 4;
+
 /// What runs on each output tile after the product: `c += beta * bias[i, j]`, then `ops`.
-#[derive(Clone, Default)]
+#[derive(Clone, Copy)]
 pub struct Epi {
     pub bias: Option<(Mat, f32)>,
-    pub ops: Vec<EpiOp>,
+    ops: [EpiOp; MAX_EPI],
+    n: usize,
+}
+
+impl Default for Epi {
+    fn default() -> Epi {
+        Epi { bias: None, ops: [EpiOp::Un(Un::Copy); MAX_EPI], n: 0 }
+    }
 }
 
 impl Epi {
+    /// Keeps the first `MAX_EPI` ops (plans are validated to carry no more).
+    pub fn new(bias: Option<(Mat, f32)>, ops: impl IntoIterator<Item = EpiOp>) -> Epi {
+        let mut e = Epi { bias, ..Epi::default() };
+        for op in ops.into_iter().take(MAX_EPI) {
+            e.ops[e.n] = op;
+            e.n += 1;
+        }
+        e
+    }
+
+    pub fn ops(&self) -> &[EpiOp] {
+        &self.ops[..self.n]
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.bias.is_none() && self.ops.is_empty()
+        self.bias.is_none() && self.n == 0
     }
 
     /// Applies the epilogue to `row`, the elements (i, j..j+row.len()) of the output.
@@ -111,7 +135,7 @@ impl Epi {
         if let Some((b, beta)) = self.bias {
             add(row, b, beta, i, j);
         }
-        for op in &self.ops {
+        for op in self.ops() {
             match *op {
                 EpiOp::Un(u) => {
                     for chunk in row.chunks_mut(64) {
@@ -254,8 +278,9 @@ pub unsafe fn epilogue(m: usize, n: usize, c: Mat, ops: &[Un]) {
     if ops.is_empty() {
         return;
     }
-    let epi = Epi { bias: None, ops: ops.iter().map(|&u| EpiOp::Un(u)).collect() };
-    epilogue_pass(m, n, c, &epi);
+    for chunk in ops.chunks(MAX_EPI) {
+        epilogue_pass(m, n, c, &Epi::new(None, chunk.iter().map(|&u| EpiOp::Un(u))));
+    }
 }
 
 #[cfg(test)]
@@ -332,10 +357,10 @@ mod tests {
             set_backend(be).unwrap();
             // c (column-major, to exercise strided output) = 0.5 * (2*ab + 3*bias) -> relu -> + 2*res
             let mut c = vec![1f32; m * n];
-            let epi = Epi {
-                bias: Some((Mat { p: SPtr(bias.as_ptr() as *mut f32), rs: 0, cs: 1 }, 3.0)),
-                ops: vec![EpiOp::Un(Un::Relu), EpiOp::Add(Mat { p: SPtr(res.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 2.0)],
-            };
+            let epi = Epi::new(
+                Some((Mat { p: SPtr(bias.as_ptr() as *mut f32), rs: 0, cs: 1 }, 3.0)),
+                [EpiOp::Un(Un::Relu), EpiOp::Add(Mat { p: SPtr(res.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 2.0)],
+            );
             unsafe {
                 sgemm_epi(
                     m, n, k,

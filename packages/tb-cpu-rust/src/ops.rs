@@ -158,6 +158,7 @@ impl Kernel {
                 }
                 need(res.is_some() == epi.contains(&EpiSpec::Residual), "gemm residual operand and epilogue disagree")?;
                 need(epi.iter().filter(|e| **e == EpiSpec::Residual).count() <= 1, "at most one residual add")?;
+                need(epi.len() <= crate::gemm::MAX_EPI, "too many GEMM epilogue steps")?;
                 Kernel::Gemm { a, b, c, bias, res, alpha: fl(0, 1.0) as f32, beta: fl(1, 1.0) as f32, epi }
             }
             "reduce" => {
@@ -414,19 +415,16 @@ impl Kernel {
                 let pres = res.as_ref().map(|v| (mem.ptr::<f32>(v), v));
                 let one = |i: usize, t: usize| {
                     // bias and residual are added per output tile, inside the GEMM's store
-                    let e = Epi {
-                        bias: pbias.map(|(p, v)| (mat(p, v, i), *beta)),
-                        ops: epi
-                            .iter()
-                            .map(|s| match *s {
-                                EpiSpec::Un(u) => EpiOp::Un(u),
-                                EpiSpec::Residual => {
-                                    let (p, v) = pres.expect("checked in Kernel::new");
-                                    EpiOp::Add(mat(p, v, i), 1.0)
-                                }
-                            })
-                            .collect(),
-                    };
+                    let e = Epi::new(
+                        pbias.map(|(p, v)| (mat(p, v, i), *beta)),
+                        epi.iter().map(|s| match *s {
+                            EpiSpec::Un(u) => EpiOp::Un(u),
+                            EpiSpec::Residual => {
+                                let (p, v) = pres.expect("checked in Kernel::new");
+                                EpiOp::Add(mat(p, v, i), 1.0)
+                            }
+                        }),
+                    );
                     sgemm_epi(m, n, k, mat(pa, a, i), mat(pb, b, i), mat(pc, c, i), *alpha, false, t, &e);
                 };
                 if batch > 1 && m * n * k < 256 * 256 * 256 {

@@ -28,6 +28,9 @@ EPILOGUE_UNARY = {
 }
 
 
+MAX_EPILOGUE = 4  # the executor's fixed epilogue capacity (gemm::MAX_EPI)
+
+
 class LoweringError(ValueError):
     pass
 
@@ -462,6 +465,8 @@ class Lowerer:
         if list(meta.shape) != csizes:
             return None
         step = self.gemm_open[c]
+        if len(step["epilogue"]) >= MAX_EPILOGUE:
+            return None
         if name == "add":
             other = args[1] if args[0] is gemm_arg else args[0]
             if not isinstance(other, Ref) or self.dtype_of_arg(other) != F32 or step["epilogue"].count("add"):
