@@ -230,7 +230,7 @@ def test_greedy_tokens_match_reference(ckpt, arch: str, quant: str) -> None:  # 
     if quant in ("bf16", "int8", "int4"):
         # the reference runs these in bf16 activations, we in f32 / int8 blocks: allow the
         # tail to drift once the two disagree on a near-tie, but the start must agree
-        assert a[:8] == b[:8]
+        assert a[:12] == b[:12]
     else:
         assert a == b
 

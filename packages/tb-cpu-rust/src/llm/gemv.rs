@@ -272,21 +272,33 @@ mod x86 {
     use super::{QuantRow, TILE};
     use std::arch::x86_64::*;
 
+    // Row-outer loops: a tile's rows are contiguous, so the weights stream as one sequential
+    // run the hardware prefetcher follows (interleaving 4 short rows measured 2x slower), and
+    // the activation row stays in L1.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn int8_vnni(w: *const u8, kp: usize, t: usize, q: &QuantRow, res: &mut [f32; TILE]) {
-        let mut acc = [_mm512_setzero_ps(); TILE];
         let (qp, lp) = (q.q.as_ptr(), q.lane_scale.as_ptr());
-        for c in 0..kp / 64 {
-            let xv = _mm512_loadu_si512(qp.add(c * 64) as *const _);
-            let lv = _mm512_loadu_ps(lp.add(c * 16));
-            for j in 0..t {
-                let wv = _mm512_loadu_si512(w.add(j * kp + c * 64) as *const _);
-                let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), lv, acc[j]);
-            }
-        }
         for j in 0..t {
-            res[j] = _mm512_reduce_add_ps(acc[j]);
+            let row = w.add(j * kp);
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut c = 0;
+            while c < kp / 64 {
+                // kp is a multiple of 128: chunks come in pairs, one per accumulator
+                let d0 = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_loadu_si512(row.add(c * 64) as *const _),
+                    _mm512_loadu_si512(qp.add(c * 64) as *const _),
+                );
+                let d1 = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_loadu_si512(row.add(c * 64 + 64) as *const _),
+                    _mm512_loadu_si512(qp.add(c * 64 + 64) as *const _),
+                );
+                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_loadu_ps(lp.add(c * 16)), a0);
+                a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_loadu_ps(lp.add(c * 16 + 16)), a1);
+                c += 2;
+            }
+            res[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
         }
     }
 
@@ -324,33 +336,30 @@ mod x86 {
         sc: *const f32,
         res: &mut [f32; TILE],
     ) {
-        let mut acc = [_mm512_setzero_ps(); TILE];
         let (qp, lp) = (q.q.as_ptr(), q.lane_scale.as_ptr());
         let nib = _mm512_set1_epi8(15);
         let rb = kp / 2;
-        let g = |kk: usize| (kk / group).min(ng - 1); // padding past K reads the last group (its xq are 0)
-        for p in 0..kp / 128 {
-            let x0 = _mm512_loadu_si512(qp.add(p * 128) as *const _);
-            let x1 = _mm512_loadu_si512(qp.add(p * 128 + 64) as *const _);
-            let l0 = _mm512_loadu_ps(lp.add(p * 32));
-            let l1 = _mm512_loadu_ps(lp.add(p * 32 + 16));
-            let k0 = p * 128;
-            let (g0, g1, g2, g3) = (g(k0), g(k0 + 32), g(k0 + 64), g(k0 + 96));
-            for j in 0..t {
-                let s = sc.add(j * ng);
-                let wv = _mm512_loadu_si512(w.add(j * rb + p * 64) as *const _);
+        // group sizes are powers of two: a shift, not a division, in the inner loop; padding
+        // past K reads the last group (its xq are 0)
+        let shift = group.trailing_zeros();
+        let g = |kk: usize| (kk >> shift).min(ng - 1);
+        for j in 0..t {
+            let s = sc.add(j * ng);
+            let row = w.add(j * rb);
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for p in 0..kp / 128 {
+                let k0 = p * 128;
+                let wv = _mm512_loadu_si512(row.add(p * 64) as *const _);
                 let lo = _mm512_and_si512(wv, nib);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
-                let d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x0);
-                let d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, x1);
-                let s0 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(*s.add(g0)), _mm512_set1_ps(*s.add(g1)));
-                let s1 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(*s.add(g2)), _mm512_set1_ps(*s.add(g3)));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, l0), acc[j]);
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, l1), acc[j]);
+                let d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qp.add(k0) as *const _));
+                let d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(qp.add(k0 + 64) as *const _));
+                let s0 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(*s.add(g(k0))), _mm512_set1_ps(*s.add(g(k0 + 32))));
+                let s1 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(*s.add(g(k0 + 64))), _mm512_set1_ps(*s.add(g(k0 + 96))));
+                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, _mm512_loadu_ps(lp.add(p * 32))), a0);
+                a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, _mm512_loadu_ps(lp.add(p * 32 + 16))), a1);
             }
-        }
-        for j in 0..t {
-            res[j] = _mm512_reduce_add_ps(acc[j]);
+            res[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
         }
     }
 
@@ -399,19 +408,19 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn bf16_avx512(w: *const u16, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
-        let mut acc = [_mm512_setzero_ps(); TILE];
-        let k16 = k / 16 * 16;
-        for i in (0..k16).step_by(16) {
-            let xv = _mm512_loadu_ps(x.add(i));
-            for j in 0..t {
-                let wv = _mm512_cvtepu16_epi32(_mm256_loadu_si256(w.add(j * k + i) as *const _));
-                acc[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)), xv, acc[j]);
-            }
-        }
+        let k32 = k / 32 * 32;
         for j in 0..t {
-            let mut s = _mm512_reduce_add_ps(acc[j]);
-            for i in k16..k {
-                s += f32::from_bits((*w.add(j * k + i) as u32) << 16) * *x.add(i);
+            let row = w.add(j * k);
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for i in (0..k32).step_by(32) {
+                let w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(i) as *const _));
+                let w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(i + 16) as *const _));
+                a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), _mm512_loadu_ps(x.add(i)), a0);
+                a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), _mm512_loadu_ps(x.add(i + 16)), a1);
+            }
+            let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+            for i in k32..k {
+                s += f32::from_bits((*row.add(i) as u32) << 16) * *x.add(i);
             }
             res[j] = s;
         }
@@ -419,18 +428,17 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512vl")]
     pub unsafe fn f32_avx512(w: *const f32, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
-        let mut acc = [_mm512_setzero_ps(); TILE];
-        let k16 = k / 16 * 16;
-        for i in (0..k16).step_by(16) {
-            let xv = _mm512_loadu_ps(x.add(i));
-            for j in 0..t {
-                acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(j * k + i)), xv, acc[j]);
-            }
-        }
+        let k32 = k / 32 * 32;
         for j in 0..t {
-            let mut s = _mm512_reduce_add_ps(acc[j]);
-            for i in k16..k {
-                s += *w.add(j * k + i) * *x.add(i);
+            let row = w.add(j * k);
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for i in (0..k32).step_by(32) {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(i)), _mm512_loadu_ps(x.add(i)), a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(i + 16)), _mm512_loadu_ps(x.add(i + 16)), a1);
+            }
+            let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+            for i in k32..k {
+                s += *row.add(i) * *x.add(i);
             }
             res[j] = s;
         }
