@@ -70,7 +70,8 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quants", default="int4,int8,bf16,fp32")
-    ap.add_argument("--folder", default=str(HERE / ".cache" / "qwen2.5-0.5b-shaped"))
+    cache = Path(os.environ.get("TORCHBURN_CACHE_DIR", Path.home() / ".cache" / "torchburn"))
+    ap.add_argument("--folder", default=str(cache / "bench-llm" / "qwen2.5-0.5b-shape"))  # bench_llm.py's
     args = ap.parse_args()
     os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
     import torch
@@ -78,14 +79,16 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(HERE))
     from bench_llm import make_model
-    from tb_llm import LLM
 
     from tb_cpu_rust import _native
+    from tb_llm import LLM
 
     folder = make_model(Path(args.folder))
     bw = bandwidth_gb_s(args.threads)
     print(f"isa={_native.llm_isa()} threads={args.threads} rayon={_native.num_threads()}")
-    print(f"memory bandwidth (torch, 1 GiB, best of 5): sum {bw['read_gb_s']:.1f} GB/s, copy {bw['copy_gb_s']:.1f} GB/s")
+    print(
+        f"memory bandwidth (torch, 1 GiB, best of 5): sum {bw['read_gb_s']:.1f} GB/s, copy {bw['copy_gb_s']:.1f} GB/s"
+    )
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 151936, (args.prompt_tokens,), generator=gen).tolist()
     rows = []

@@ -13,11 +13,11 @@ tb_llm = pytest.importorskip("tb_llm")
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from tb_llm.backends import ReferenceBackend  # noqa: E402
-from tb_llm.quant import quantize  # noqa: E402
 
 from tb_cpu_rust import _native  # noqa: E402
 from tb_cpu_rust.llm import NativeLLMBackend, _arg  # noqa: E402
+from tb_llm.backends import ReferenceBackend  # noqa: E402
+from tb_llm.quant import quantize  # noqa: E402
 
 BE = NativeLLMBackend()
 REF = ReferenceBackend("cpu")
@@ -186,7 +186,9 @@ def test_rope(rot: int, b: int, h: int, t: int) -> None:
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0])
-@pytest.mark.parametrize(("b", "h", "kv", "t", "s", "d"), [(1, 14, 2, 1, 9, 64), (2, 4, 2, 3, 7, 16), (1, 4, 4, 1, 300, 32)])
+@pytest.mark.parametrize(
+    ("b", "h", "kv", "t", "s", "d"), [(1, 14, 2, 1, 9, 64), (2, 4, 2, 3, 7, 16), (1, 4, 4, 1, 300, 32)]
+)
 def test_attention_over_cache_views(b: int, h: int, kv: int, t: int, s: int, d: int, softcap: float | None) -> None:
     torch.manual_seed(s)
     cap = s + 5

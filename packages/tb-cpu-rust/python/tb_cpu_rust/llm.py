@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from tb_cpu_rust import _native
 from tb_llm.backends import ReferenceBackend
 from tb_llm.errors import BackendError
 from tb_llm.quant import QuantWeight
-
-from tb_cpu_rust import _native
 
 
 def _arg(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
