@@ -341,21 +341,32 @@ mod x86 {
         let rb = kp / 2;
         // group sizes are powers of two: a shift, not a division, in the inner loop; padding
         // past K reads the last group (its xq are 0)
+        // The 128 weights of one step span groups base .. base + 4 (G = 32), base .. base + 2
+        // (G = 64) or just base (G = 128): one masked load of up to 4 scales, then a permute
+        // spreads them over the 16 lanes of each 64-weight half (lanes 0..8 = first 32 weights).
         let shift = group.trailing_zeros();
-        let g = |kk: usize| (kk >> shift).min(ng - 1);
+        let lane = |half: i32| -> __m512i {
+            let f = |l: i32| (half * 64 + (l / 8) * 32) >> shift;
+            _mm512_setr_epi32(f(0), f(0), f(0), f(0), f(0), f(0), f(0), f(0), f(8), f(8), f(8), f(8), f(8), f(8), f(8), f(8))
+        };
+        let (i0, i1) = (lane(0), lane(1));
         for j in 0..t {
             let s = sc.add(j * ng);
             let row = w.add(j * rb);
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for p in 0..kp / 128 {
                 let k0 = p * 128;
+                let base = k0 >> shift;
+                // past the row's last group (padding up to a multiple of 128) the mask reads nothing
+                let avail = ng.saturating_sub(base).min(4);
+                let sv = _mm512_castps128_ps512(_mm_maskz_loadu_ps(((1u32 << avail) - 1) as u8, s.add(base.min(ng - 1))));
                 let wv = _mm512_loadu_si512(row.add(p * 64) as *const _);
                 let lo = _mm512_and_si512(wv, nib);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
                 let d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qp.add(k0) as *const _));
                 let d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(qp.add(k0 + 64) as *const _));
-                let s0 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(*s.add(g(k0))), _mm512_set1_ps(*s.add(g(k0 + 32))));
-                let s1 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(*s.add(g(k0 + 64))), _mm512_set1_ps(*s.add(g(k0 + 96))));
+                let s0 = _mm512_permutexvar_ps(i0, sv);
+                let s1 = _mm512_permutexvar_ps(i1, sv);
                 a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, _mm512_loadu_ps(lp.add(p * 32))), a0);
                 a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, _mm512_loadu_ps(lp.add(p * 32 + 16))), a1);
             }
