@@ -14,6 +14,7 @@ pub mod exec;
 pub mod gemm;
 pub mod gemm_own;
 pub mod isa;
+pub mod llm;
 pub mod mathfn;
 pub mod ops;
 pub mod tensor;
@@ -125,5 +126,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(set_gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    llm::py::register(m)?;
     Ok(())
 }

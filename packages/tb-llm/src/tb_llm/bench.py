@@ -27,6 +27,8 @@ def weight_bytes(llm: Any) -> int:
             if key not in seen:
                 seen.add(key)
                 total += obj.untyped_storage().nbytes()
+        elif isinstance(getattr(obj, "nbytes", None), int):
+            total += obj.nbytes  # an engine's own packed weight (not a torch tensor)
         elif hasattr(obj, "__slots__"):
             for s in obj.__slots__:
                 add(getattr(obj, s, None))

@@ -1,0 +1,13 @@
+//! Decode kernels for tb-llm's `native_cpu` backend (see `tb_cpu_rust.llm`).
+//!
+//! Weights are packed once at load time into layouts the SIMD loops read straight through
+//! (`packed`); activations are quantized per 32-value block (`act_quant`) so int8 / int4
+//! weights meet them in integer dot products (AVX-512 VNNI); `gemv` runs the matrix-vector
+//! products over output rows with rayon; `ops` has the small per-token kernels (RMSNorm,
+//! SiLU-gate, RoPE, attention over the KV cache); `py` is the thin pyo3 layer.
+
+pub mod act_quant;
+pub mod gemv;
+pub mod ops;
+pub mod packed;
+pub mod py;

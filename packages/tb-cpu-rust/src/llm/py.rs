@@ -1,0 +1,337 @@
+//! pyo3 layer of the LLM kernels: validates every tensor descriptor (pointer, sizes, strides,
+//! dtype) and the shapes between them, then calls the plain-Rust kernels. A bad argument is a
+//! `ValueError`, never undefined behaviour. Weights are copied into Rust-owned `LLMWeight`s.
+
+use super::gemv::{self, detect};
+use super::ops::{self, V4};
+use super::packed::Packed;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+type TensorArg = (usize, Vec<i64>, Vec<i64>, String);
+
+fn err(e: impl Into<String>) -> PyErr {
+    PyValueError::new_err(e.into())
+}
+
+struct T {
+    ptr: usize,
+    sizes: Vec<usize>,
+    strides: Vec<usize>,
+    elem: usize,
+}
+
+impl T {
+    fn numel(&self) -> usize {
+        self.sizes.iter().product()
+    }
+    fn contiguous(&self) -> bool {
+        let mut acc = 1;
+        for i in (0..self.sizes.len()).rev() {
+            if self.sizes[i] != 1 && self.strides[i] != acc {
+                return false;
+            }
+            acc *= self.sizes[i];
+        }
+        true
+    }
+    /// Bytes from the first to one past the last element.
+    fn span(&self) -> (usize, usize) {
+        if self.numel() == 0 {
+            return (self.ptr, self.ptr);
+        }
+        let last: usize = self.sizes.iter().zip(&self.strides).map(|(s, st)| (s - 1) * st).sum();
+        (self.ptr, self.ptr + (last + 1) * self.elem)
+    }
+    /// # Safety
+    /// The descriptor must describe a live, contiguous tensor of element type `E`.
+    unsafe fn slice<'a, E>(&self) -> &'a [E] {
+        if self.numel() == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(self.ptr as *const E, self.numel())
+    }
+    /// # Safety
+    /// As `slice`, and nothing else may alias it during the call.
+    unsafe fn slice_mut<'a, E>(&self) -> &'a mut [E] {
+        if self.numel() == 0 {
+            return &mut [];
+        }
+        std::slice::from_raw_parts_mut(self.ptr as *mut E, self.numel())
+    }
+    fn v4(&self) -> V4 {
+        V4 {
+            ptr: self.ptr as *const f32,
+            sizes: [self.sizes[0], self.sizes[1], self.sizes[2], self.sizes[3]],
+            strides: [self.strides[0], self.strides[1], self.strides[2], self.strides[3]],
+        }
+    }
+}
+
+/// Checks one descriptor: dtype, rank, non-negative sizes and strides that do not overflow,
+/// a non-null aligned pointer; with `contig`, a contiguous layout.
+fn arg(a: TensorArg, what: &str, dtype: &str, rank: usize, contig: bool) -> PyResult<T> {
+    let (ptr, sizes, strides, dt) = a;
+    let dt = dt.trim_start_matches("torch.");
+    if dt != dtype {
+        return Err(err(format!("{what}: expected dtype {dtype}, got {dt}")));
+    }
+    if sizes.len() != rank || strides.len() != rank {
+        return Err(err(format!("{what}: expected {rank} dims, got sizes {sizes:?} strides {strides:?}")));
+    }
+    let to = |v: &[i64], n: &str| -> PyResult<Vec<usize>> {
+        v.iter().map(|&x| usize::try_from(x).map_err(|_| err(format!("{what}: negative {n} {v:?}")))).collect()
+    };
+    let elem = match dtype {
+        "float32" => 4,
+        "bfloat16" => 2,
+        _ => 1,
+    };
+    let t = T { ptr, sizes: to(&sizes, "size")?, strides: to(&strides, "stride")?, elem };
+    let mut last = 1usize;
+    for (s, st) in t.sizes.iter().zip(&t.strides) {
+        last = s
+            .checked_mul(*st)
+            .and_then(|x| x.checked_add(last))
+            .and_then(|x| x.checked_mul(elem))
+            .ok_or_else(|| err(format!("{what}: sizes {sizes:?} / strides {strides:?} overflow")))?
+            / elem;
+    }
+    if t.numel() > 0 && (ptr == 0 || ptr % elem != 0) {
+        return Err(err(format!("{what}: null or misaligned data pointer")));
+    }
+    if contig && !t.contiguous() {
+        return Err(err(format!("{what}: must be contiguous, got sizes {sizes:?} strides {strides:?}")));
+    }
+    if rank == 4 && t.strides[3] != 1 && t.sizes[3] > 1 {
+        return Err(err(format!("{what}: last dim must have stride 1, got strides {strides:?}")));
+    }
+    Ok(t)
+}
+
+fn same(what: &str, a: &[usize], b: &[usize]) -> PyResult<()> {
+    if a != b {
+        return Err(err(format!("{what}: shapes {a:?} and {b:?} differ")));
+    }
+    Ok(())
+}
+
+fn disjoint(out: &T, ins: &[&T]) -> PyResult<()> {
+    let (a0, a1) = out.span();
+    for t in ins {
+        let (b0, b1) = t.span();
+        if a0 < b1 && b0 < a1 {
+            return Err(err("output overlaps an input"));
+        }
+    }
+    Ok(())
+}
+
+/// A weight packed for the LLM kernels (owned by Rust, built once at load time).
+#[pyclass(module = "tb_cpu_rust._native", frozen)]
+pub struct LLMWeight {
+    inner: Packed,
+}
+
+#[pymethods]
+impl LLMWeight {
+    /// `out[M, N] = x[M, K] @ W^T (+ bias[N])`, all float32 and contiguous; GIL released.
+    #[pyo3(signature = (x, out, bias=None))]
+    fn linear(&self, py: Python<'_>, x: TensorArg, out: TensorArg, bias: Option<TensorArg>) -> PyResult<()> {
+        let (n, k) = self.inner.shape();
+        let x = arg(x, "x", "float32", 2, true)?;
+        let out = arg(out, "out", "float32", 2, true)?;
+        if x.sizes[1] != k {
+            return Err(err(format!("x has {} features but the weight takes {k}", x.sizes[1])));
+        }
+        same("out", &out.sizes, &[x.sizes[0], n])?;
+        let bias = bias.map(|b| arg(b, "bias", "float32", 1, true)).transpose()?;
+        if let Some(b) = &bias {
+            same("bias", &b.sizes, &[n])?;
+        }
+        let mut ins = vec![&x];
+        ins.extend(bias.as_ref());
+        disjoint(&out, &ins)?;
+        let m = x.sizes[0];
+        // SAFETY: validated above; Python keeps the tensors alive for the call.
+        let (xs, ys, bs) = unsafe { (x.slice::<f32>(), out.slice_mut::<f32>(), bias.as_ref().map(|b| b.slice::<f32>())) };
+        let inner = &self.inner;
+        let isa = detect();
+        if n * k >= 1 << 16 {
+            py.detach(move || gemv::linear(inner, xs, m, bs, ys, isa));
+        } else {
+            gemv::linear(inner, xs, m, bs, ys, isa);
+        }
+        Ok(())
+    }
+
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        self.inner.shape()
+    }
+
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner.nbytes()
+    }
+}
+
+/// int8 `[N, K]` in [-127, 127] with f32 scales `[N]` (tb-llm's int8 layout).
+#[pyfunction]
+fn llm_pack_int8(qweight: TensorArg, scales: TensorArg) -> PyResult<LLMWeight> {
+    let q = arg(qweight, "qweight", "int8", 2, true)?;
+    let s = arg(scales, "scales", "float32", 1, true)?;
+    let (n, k) = (q.sizes[0], q.sizes[1]);
+    same("scales", &s.sizes, &[n])?;
+    // SAFETY: validated contiguous descriptors.
+    let inner = unsafe { Packed::int8(n, k, q.slice::<i8>(), s.slice::<f32>()) }.map_err(err)?;
+    Ok(LLMWeight { inner })
+}
+
+/// uint8 `[N, K / 2]` nibbles with f32 scales / zeros `[N, K / group]` (tb-llm's int4 layout).
+#[pyfunction]
+fn llm_pack_int4(qweight: TensorArg, scales: TensorArg, zeros: TensorArg, group: usize) -> PyResult<LLMWeight> {
+    let q = arg(qweight, "qweight", "uint8", 2, true)?;
+    let s = arg(scales, "scales", "float32", 2, true)?;
+    let z = arg(zeros, "zeros", "float32", 2, true)?;
+    let (n, k) = (q.sizes[0], q.sizes[1] * 2);
+    if group == 0 || k % group != 0 {
+        return Err(err(format!("int4 group size {group} does not divide K={k}")));
+    }
+    same("scales", &s.sizes, &[n, k / group])?;
+    same("zeros", &z.sizes, &[n, k / group])?;
+    // SAFETY: validated contiguous descriptors.
+    let inner = unsafe { Packed::int4(n, k, group, q.slice::<u8>(), s.slice::<f32>(), z.slice::<f32>()) }.map_err(err)?;
+    Ok(LLMWeight { inner })
+}
+
+/// A float32 or bfloat16 `[N, K]` weight.
+#[pyfunction]
+fn llm_pack_dense(weight: TensorArg) -> PyResult<LLMWeight> {
+    let bf16 = weight.3.trim_start_matches("torch.") == "bfloat16";
+    let w = arg(weight, "weight", if bf16 { "bfloat16" } else { "float32" }, 2, true)?;
+    let (n, k) = (w.sizes[0], w.sizes[1]);
+    // SAFETY: validated contiguous descriptor.
+    let inner = unsafe {
+        if bf16 {
+            Packed::bf16(n, k, w.slice::<u16>())
+        } else {
+            Packed::f32(n, k, w.slice::<f32>())
+        }
+    }
+    .map_err(err)?;
+    Ok(LLMWeight { inner })
+}
+
+/// `out = x / rms(x) * (offset + weight)` over the last dim; x/out `[R, D]`, weight `[D]`.
+#[pyfunction]
+fn llm_rms_norm(x: TensorArg, weight: TensorArg, out: TensorArg, eps: f32, offset: f32) -> PyResult<()> {
+    let x = arg(x, "x", "float32", 2, true)?;
+    let w = arg(weight, "weight", "float32", 1, true)?;
+    let out = arg(out, "out", "float32", 2, true)?;
+    same("weight", &w.sizes, &x.sizes[1..])?;
+    same("out", &out.sizes, &x.sizes)?;
+    disjoint(&out, &[&x, &w])?;
+    // SAFETY: validated above.
+    unsafe { ops::rms_norm(x.slice(), w.slice(), eps, offset, out.slice_mut()) };
+    Ok(())
+}
+
+/// `out = act(gate) * up`, three contiguous float32 tensors of one shape `[R, C]`.
+#[pyfunction]
+fn llm_gated_act(gate: TensorArg, up: TensorArg, out: TensorArg, act: &str) -> PyResult<()> {
+    let act = ops::Act::parse(act).map_err(err)?;
+    let g = arg(gate, "gate", "float32", 2, true)?;
+    let u = arg(up, "up", "float32", 2, true)?;
+    let out = arg(out, "out", "float32", 2, true)?;
+    same("up", &u.sizes, &g.sizes)?;
+    same("out", &out.sizes, &g.sizes)?;
+    disjoint(&out, &[&g, &u])?;
+    // SAFETY: validated above.
+    unsafe { ops::gated_act(g.slice(), u.slice(), act, out.slice_mut()) };
+    Ok(())
+}
+
+/// RoPE ("rotate half") on x `[B, H, T, D]` (strided, unit last stride) with cos/sin
+/// `[B, 1, T, R]`; out contiguous `[B, H, T, D]`.
+#[pyfunction]
+fn llm_rope(x: TensorArg, cos: TensorArg, sin: TensorArg, out: TensorArg) -> PyResult<()> {
+    let x = arg(x, "x", "float32", 4, false)?;
+    let c = arg(cos, "cos", "float32", 4, false)?;
+    let s = arg(sin, "sin", "float32", 4, false)?;
+    let out = arg(out, "out", "float32", 4, true)?;
+    let r = c.sizes[3];
+    same("cos", &c.sizes, &[x.sizes[0], 1, x.sizes[2], r])?;
+    same("sin", &s.sizes, &c.sizes)?;
+    if r % 2 != 0 || r > x.sizes[3] {
+        return Err(err(format!("rotary dims {r} must be even and at most the head dim {}", x.sizes[3])));
+    }
+    same("out", &out.sizes, &x.sizes)?;
+    disjoint(&out, &[&x, &c, &s])?;
+    // SAFETY: validated above.
+    unsafe { ops::rope(x.v4(), c.v4(), s.v4(), out.slice_mut()) };
+    Ok(())
+}
+
+/// Grouped-query attention over the KV cache: q `[B, H, T, D]`, k/v `[B, KV, S, D]` (strided
+/// views, unit last stride), mask bool `[B, 1, T, S]` contiguous, out contiguous `[B, H, T, D]`.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, mask, out, scale, softcap=None))]
+fn llm_attention(
+    py: Python<'_>,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    mask: TensorArg,
+    out: TensorArg,
+    scale: f32,
+    softcap: Option<f32>,
+) -> PyResult<()> {
+    let q = arg(q, "q", "float32", 4, false)?;
+    let k = arg(k, "k", "float32", 4, false)?;
+    let v = arg(v, "v", "float32", 4, false)?;
+    let m = arg(mask, "mask", "bool", 4, true)?;
+    let out = arg(out, "out", "float32", 4, true)?;
+    let [b, h, t, d] = [q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]];
+    let (kvh, s) = (k.sizes[1], k.sizes[2]);
+    same("k", &k.sizes, &[b, kvh, s, d])?;
+    same("v", &v.sizes, &k.sizes)?;
+    same("mask", &m.sizes, &[b, 1, t, s])?;
+    same("out", &out.sizes, &q.sizes)?;
+    if kvh == 0 || h % kvh != 0 {
+        return Err(err(format!("{h} query heads are not a multiple of {kvh} KV heads")));
+    }
+    if softcap.is_some_and(|c| c <= 0.0 || !c.is_finite()) {
+        return Err(err("softcap must be a positive finite number"));
+    }
+    disjoint(&out, &[&q, &k, &v, &m])?;
+    // SAFETY: validated above; bool tensors hold 0 or 1 bytes.
+    let (ms, os) = unsafe { (m.slice::<u8>(), out.slice_mut::<f32>()) };
+    let (qv, kv, vv) = (q.v4(), k.v4(), v.v4());
+    py.detach(move || unsafe { ops::attention(qv, kv, vv, ms, scale, softcap, os) });
+    Ok(())
+}
+
+/// The instruction set the LLM kernels run with: avx512-vnni, avx512, avx2+fma or scalar.
+#[pyfunction]
+fn llm_isa() -> &'static str {
+    gemv::isa_name()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<LLMWeight>()?;
+    m.add_function(wrap_pyfunction!(llm_pack_int8, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_pack_int4, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_pack_dense, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_gated_act, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_rope, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_isa, m)?)?;
+    Ok(())
+}
