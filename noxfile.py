@@ -122,6 +122,8 @@ def integration(session: nox.Session) -> None:
     _install_everything(session)
     session.run("python", "scripts/generate_docs.py", "--check")
     session.run("pytest", "integration_tests", *session.posargs)
+    # Package tests that need two packages together (they skip in their hermetic sessions).
+    session.run("pytest", "packages/tb-cpu-rust/tests/test_llm_backend.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-tb_llm = pytest.importorskip("tb_llm")
+tb_llm = pytest.importorskip("tb_llm", reason="the LLM backend is tested where tb-llm is installed (nox -s integration)")
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
