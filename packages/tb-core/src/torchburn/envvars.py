@@ -78,5 +78,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "tb-cython-dispatch",
         "`0` turns off turbo_torch's dispatch cache (for A/B comparison).",
     ),
+    EnvVar(
+        "TORCHBURN_LLM_ISA",
+        "(detected)",
+        "tb-cpu-rust",
+        "`scalar` forces the portable LLM GEMV kernels instead of AVX-512/AVX2 (for testing and comparison).",
+    ),
     EnvVar("TORCHBURN_API_KEY", "(unset)", "tb-llm", "API key that `tb_llm serve` requires when set."),
 )
