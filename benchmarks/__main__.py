@@ -124,6 +124,9 @@ def main() -> int:
             continue
         try:
             module = importlib.import_module(f"benchmarks.bench_{suite}")
+            if not hasattr(module, "run"):
+                skipped[suite] = "a standalone script (run it directly; it has no run(threads) rows)"
+                continue
             got = module.run(args.threads)
         except ImportError as exc:
             skipped[suite] = f"not installed ({exc})"
