@@ -1,10 +1,12 @@
-"""Regenerate the generated pages of docs/: environment variables and per-engine op coverage.
+"""Regenerate the generated pages of docs/: environment variables, per-engine op coverage, benchmarks.
 
     python scripts/generate_docs.py          # rewrite
     python scripts/generate_docs.py --check  # exit 1 if a page is stale (CI)
 
 Op coverage lists every engine installed in the running environment, so run it where every
-package is installed (`nox -s docs` or `nox -s integration`).
+package is installed (`nox -s docs` or `nox -s integration`). The benchmark page is measured by
+`nox -s bench`, which also stores its rows in docs/benchmarks.json; here it is re-rendered from
+that JSON, so a hand edit of docs/benchmarks.md or a renderer change without a re-render is stale.
 """
 
 from __future__ import annotations
@@ -68,7 +70,17 @@ def undocumented_variables() -> list[str]:
     return sorted(found - documented)
 
 
-PAGES = {"environment.md": environment_page, "op-coverage.md": coverage_page}
+def benchmarks_page() -> str:
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.__main__ import render
+
+    measured = json.loads((DOCS / "benchmarks.json").read_text())
+    return render(measured["rows"], measured["machine"], measured["skipped"])
+
+
+PAGES = {"environment.md": environment_page, "op-coverage.md": coverage_page, "benchmarks.md": benchmarks_page}
 
 
 def main() -> int:
