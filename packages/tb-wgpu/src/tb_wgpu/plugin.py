@@ -66,3 +66,32 @@ class WgpuEngine(torchburn.Engine):
 @torchburn.hookimpl
 def tb_register_engines() -> list[Any]:
     return [WgpuEngine]
+
+
+@torchburn.hookimpl
+def tb_register_llm_backends() -> list[Any]:
+    from torchburn.llm_backend import LLMBackend
+
+    return [
+        LLMBackend(
+            name="wgpu",
+            engine="wgpu",
+            device="gpu",
+            load=_load_llm_backend,
+            priority=GPU_PRIORITY,
+            description="whole decode step (all layers, int8/int4 dequantized in-shader, device KV cache) "
+            "as one WebGPU command buffer per token",
+        )
+    ]
+
+
+def _load_llm_backend() -> Any:
+    """Lazy: opens the adapter only when tb-llm picks this backend; raises when there is none."""
+    from tb_wgpu.device import WgpuUnavailableError, probe
+
+    ctx, reason = probe()
+    if ctx is None:
+        raise WgpuUnavailableError(f"the wgpu LLM backend needs a WebGPU adapter: {reason}")
+    from tb_wgpu.llm import backend_class
+
+    return backend_class()()
