@@ -51,3 +51,40 @@ def test_eviction_keeps_cache_within_limit() -> None:
         assert torchburn.cache_info()["evictions"] > 0
     finally:
         configure(maxsize=512)
+
+
+def _llm_engines() -> list[str | None]:
+    """The PyTorch reference path plus every installed engine that offers tb-llm a backend."""
+    try:
+        from torchburn.llm_backend import llm_backends
+    except ImportError:
+        return [None]
+    return [None, *sorted({b.engine for b in llm_backends()})]
+
+
+@pytest.mark.parametrize("llm_engine", _llm_engines(), ids=lambda e: e or "reference")
+def test_two_thousand_generated_tokens_keep_memory_flat(llm_engine: str | None, tmp_path_factory) -> None:
+    tb_llm = pytest.importorskip("tb_llm", reason="tb-llm is not installed")
+    pytest.importorskip("transformers", reason="the tiny checkpoint is built with transformers")
+    from tb_llm.testing import make_checkpoint
+
+    folder = make_checkpoint("llama", tmp_path_factory.mktemp("soak") / "model")
+    llm = tb_llm.LLM.from_pretrained(folder, device="cpu", engine=llm_engine)
+    llm.generate("warm up", max_new_tokens=64, ignore_eos=True)  # allocator and kernels reach steady state
+    # (deltas streamed so far, RSS MB): a delta is one token, or several merged into whole UTF-8 characters
+    samples: list[tuple[int, float]] = []
+    result: list = []
+    stream = llm.stream("def main():", max_new_tokens=2000, temperature=0.8, seed=0, ignore_eos=True, result=result)
+    for deltas, _ in enumerate(stream, 1):
+        if deltas % 100 == 0:
+            samples.append((deltas, rss_mb()))
+    generated = len(result[0].token_ids)
+    assert generated == 2000, f"stopped after {generated} tokens ({result[0].finish_reason})"
+    tail = samples[len(samples) // 4 :]  # after warm-up
+    (d0, m0), (d1, m1) = tail[0], tail[-1]
+    per_1000_tokens = (m1 - m0) / (d1 - d0) * 1000 * deltas / generated
+    print(
+        f"llm {llm_engine or 'reference'}: RSS {samples[0][1]:.1f} -> {samples[-1][1]:.1f} MB over {generated} "
+        f"tokens, slope {per_1000_tokens:.3f} MB/1000 tokens"
+    )
+    assert per_1000_tokens < 1.0, f"resident memory grows {per_1000_tokens:.2f} MB per 1000 tokens: {samples}"
