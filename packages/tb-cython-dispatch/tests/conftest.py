@@ -9,7 +9,7 @@ from types import ModuleType
 import pytest
 
 import tb_cython_dispatch
-from tb_cython_dispatch import _impl
+from tb_cython_dispatch import _impl, native
 
 IMPLS = ["compiled", "python"]
 
@@ -34,3 +34,15 @@ def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
         yield module
     finally:
         tb_cython_dispatch.set_implementation(previous)
+
+
+@pytest.fixture(autouse=True)
+def _native_off(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The suite checks bit-identity with PyTorch, so the (timed, reassociating) native decision is
+    off unless a test asks for it with the ``native_on`` fixture (tests/test_native.py)."""
+    previous = native.native_enabled()
+    native.set_native_enabled("native_on" in request.fixturenames)
+    try:
+        yield
+    finally:
+        native.set_native_enabled(previous)

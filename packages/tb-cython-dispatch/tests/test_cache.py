@@ -31,7 +31,7 @@ def test_hit_after_warmup(impl) -> None:  # type: ignore[no-untyped-def]
     for _ in range(5):
         assert torch.equal(m(x), _eager(m, x))
     info = turbo_torch.cache_info()["nn.Sequential"]
-    assert info == {"hits": 4, "misses": 1, "entries": 1, "invalidations": 0}
+    assert info == {"hits": 4, "misses": 1, "entries": 1, "invalidations": 0, "native": 0}
 
 
 def test_hit_skips_resolution(impl, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -121,7 +121,7 @@ def test_clear_cache(impl) -> None:  # type: ignore[no-untyped-def]
     turbo_torch.clear_cache()
     assert turbo_torch.cache_info() == {}
     m(x)
-    assert turbo_torch.cache_info()["nn.Sequential"] == {"hits": 0, "misses": 1, "entries": 1, "invalidations": 0}
+    assert turbo_torch.cache_info()["nn.Sequential"] == {"hits": 0, "misses": 1, "entries": 1, "invalidations": 0, "native": 0}
 
 
 def test_many_signatures_evict(impl) -> None:  # type: ignore[no-untyped-def]

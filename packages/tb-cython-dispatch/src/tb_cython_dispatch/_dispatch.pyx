@@ -11,6 +11,8 @@ step list, and running a compiled plan. Resolution (what a key maps to) is share
 import torch
 import torch.nn.modules.module as _module_mod
 
+from tb_cython_dispatch import native as _native_mod
+
 IMPLEMENTATION = "compiled"
 
 cdef object _Tensor = torch.Tensor
@@ -66,7 +68,13 @@ cdef class DispatchCache:
         return s
 
     def info(self):
-        return {op: s.as_dict() for op, s in sorted(self._stats.items())}
+        native = _native_mod.counts(self.epoch)
+        out = {}
+        for op, s in sorted(self._stats.items()):
+            d = s.as_dict()
+            d["native"] = native.get(op, 0)
+            out[op] = d
+        return out
 
     def clear(self):
         """Forget every entry (live sites drop theirs on their next call) and the statistics."""
@@ -228,6 +236,8 @@ cdef enum:
     T_UNARY_ATTR = 3    # fn(x, module.<attr>)
     T_SEQUENTIAL = 4    # a cached plan of the children
 
+cdef dict _NAT = _native_mod._state
+cdef int _NAT_DECIDED_TORCH = _native_mod.TORCH  # states below it may run natively (COLD, TRIAL, NATIVE)
 cdef dict _TYPES = {}
 cdef object _resolve_type = None
 cdef object _resolve_sequential = None
@@ -284,7 +294,72 @@ cpdef object module_call(object module, tuple args, dict kwargs):
         # The container changed since this plan was made: resolve against what it holds now.
         (<Site>site).invalidate()
         entry = (<Site>site).lookup(module, key)
+    nat = entry[3]
+    if nat is not None and _NAT["enabled"]:
+        fast = nat.fast
+        if fast is not None:
+            y = native_fast(<tuple>fast, x)
+            if y is _STALE:
+                nat.stale()
+            elif y is not None:
+                return y
+        elif nat.state < _NAT_DECIDED_TORCH:
+            return nat.call(x, entry[2], run_steps, hooks_free, native_fast)
     return run_steps(entry[2], x)
+
+
+# -- the native decision of a Sequential entry (tb_cython_dispatch.native) ----------------------
+cdef object _f32 = torch.float32
+cdef object _empty = torch.empty
+cdef object _fn_mode = torch._C._is_torch_function_mode_enabled
+cdef object _dispatch_depth = torch._C._len_torch_dispatch_stack
+cdef object _profiling = torch._C._autograd._profiler_enabled
+cdef object _STALE = _native_mod.STALE
+
+
+cpdef object native_fast(tuple parts, object x):
+    """One native call of a prepared Sequential entry; None when PyTorch would observe or record
+    something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
+    cdef object executor = parts[0]
+    cdef tuple linears = parts[1]
+    cdef tuple lin
+    cdef object child, t, out
+    cdef dict params, d
+    cdef bint grad = parts[6]
+    cdef list descs
+    cdef tuple out_shape = parts[3]
+    if _fn_mode() or _dispatch_depth() or _profiling():
+        return None
+    for child in <tuple>parts[2]:
+        if not hooks_free(child):
+            return None
+    descs = [(x.data_ptr(), parts[4], parts[5], "float32")]
+    for lin in linears:
+        child = lin[0]
+        d = child.__dict__
+        if "weight" in d or "bias" in d:
+            return None
+        params = d["_parameters"]
+        t = params.get("weight")
+        if t is None or t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+            return None
+        descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+        t = params.get("bias")
+        if t is None:
+            if lin[1]:
+                return _STALE
+        else:
+            if not lin[1]:
+                return _STALE
+            if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+                return None
+            descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+    out = _empty(*out_shape)
+    try:
+        executor.run(descs, [(out.data_ptr(), out_shape, out.stride(), "float32")])
+    except ValueError:
+        return _STALE
+    return out
 
 
 # -- compiled plans -----------------------------------------------------------------------------

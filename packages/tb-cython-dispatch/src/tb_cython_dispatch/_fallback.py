@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn.modules.module as _module_mod
 
+from tb_cython_dispatch import native as _native_mod
+
 IMPLEMENTATION = "python"
 
 _Tensor = torch.Tensor
@@ -51,7 +53,8 @@ class DispatchCache:
         return s
 
     def info(self) -> dict[str, dict[str, int]]:
-        return {op: s.as_dict() for op, s in sorted(self._stats.items())}
+        native = _native_mod.counts(self.epoch)
+        return {op: {**s.as_dict(), "native": native.get(op, 0)} for op, s in sorted(self._stats.items())}
 
     def clear(self) -> None:
         self.epoch += 1
@@ -194,6 +197,8 @@ def run_steps(steps: tuple[Any, ...], x: Any) -> Any:
 
 
 T_FORWARD, T_LINEAR, T_UNARY, T_UNARY_ATTR, T_SEQUENTIAL = range(5)
+_NAT = _native_mod._state
+_NAT_DECIDED_TORCH = _native_mod.TORCH  # states below it may run natively (COLD, TRIAL, NATIVE)
 _TYPES: dict[type, tuple[Any, ...]] = {}
 _resolvers: list[Any] = [None, None]
 _generic_call = torch.nn.Module.__call__
@@ -239,7 +244,61 @@ def module_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     if entry[0] != children or entry[1] != tuple([type(c) for c in children]):
         site.invalidate()
         entry = site.lookup(module, key)
+    nat = entry[3]
+    if nat is not None and _NAT["enabled"]:
+        fast = nat.fast
+        if fast is not None:
+            y = native_fast(fast, x)
+            if y is _STALE:
+                nat.stale()
+            elif y is not None:
+                return y
+        elif nat.state < _NAT_DECIDED_TORCH:
+            return nat.call(x, entry[2], run_steps, hooks_free, native_fast)
     return run_steps(entry[2], x)
+
+
+# -- the native decision of a Sequential entry (tb_cython_dispatch.native) ----------------------
+_f32 = torch.float32
+_empty = torch.empty
+_fn_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_profiling = torch._C._autograd._profiler_enabled
+_STALE = _native_mod.STALE
+
+
+def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
+    """One native call of a prepared Sequential entry; None when PyTorch would observe or record
+    something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
+    executor, linears, children, out_shape, x_shape, x_stride, grad = parts
+    if _fn_mode() or _dispatch_depth() or _profiling():
+        return None
+    for child in children:
+        if not hooks_free(child):
+            return None
+    descs = [(x.data_ptr(), x_shape, x_stride, "float32")]
+    for child, has_bias in linears:
+        d = child.__dict__
+        if "weight" in d or "bias" in d:
+            return None
+        params = d["_parameters"]
+        t = params.get("weight")
+        if t is None or t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+            return None
+        descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+        t = params.get("bias")
+        if (t is None) == has_bias:
+            return _STALE
+        if t is not None:
+            if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+                return None
+            descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+    out = _empty(*out_shape)
+    try:
+        executor.run(descs, [(out.data_ptr(), out_shape, out.stride(), "float32")])
+    except ValueError:
+        return _STALE
+    return out
 
 
 class PlanRunner:

@@ -70,13 +70,16 @@ def _ndim(key: Any) -> int | None:
     return len(key[0][0])
 
 
-def resolve_sequential(seq: nn.Sequential, key: Any) -> tuple[tuple[Any, ...], tuple[type, ...], tuple[Any, ...]]:
-    """(children, their types, steps) for one Sequential under one dispatch key.
+def resolve_sequential(seq: nn.Sequential, key: Any) -> tuple[tuple[Any, ...], tuple[type, ...], tuple[Any, ...], Any]:
+    """(children, their types, steps, native slot) for one Sequential under one dispatch key.
 
     Linear followed by ReLU on a 2-D input becomes ``relu_(linear(...))``: the intermediate is
     never visible (no hooks, not returned), linear's backward does not read its output, and
     ``relu_`` is the same kernel as ``relu``, so values and gradients are bit-identical.
     On other ranks linear's output may be a view, so the two stay separate steps.
+
+    The native slot (``tb_cython_dispatch.native.NativeSeq``, or None) holds the entry's
+    prepared tb-cpu-rust program and the timed decision whether to use it.
     """
     children = tuple(seq._modules.values())
     types = tuple(type(c) for c in children)
@@ -102,4 +105,8 @@ def resolve_sequential(seq: nn.Sequential, key: Any) -> tuple[tuple[Any, ...], t
             steps.append((K_CALL, child))
             ndim = None
         i += 1
-    return children, types, tuple(steps)
+    steps_t = tuple(steps)
+    from tb_cython_dispatch import _impl, native
+
+    nat = native.for_entry("nn.Sequential", _impl.core.CACHE.epoch, key, steps_t)
+    return children, types, steps_t, nat

@@ -21,7 +21,15 @@ from typing import Any
 import torch as _torch
 
 from turbo_torch import _alias, nn, optim
-from turbo_torch._cache import cache_enabled, cache_info, clear_cache, set_cache_enabled
+from turbo_torch._cache import (
+    cache_enabled,
+    cache_info,
+    clear_cache,
+    native_available,
+    native_enabled,
+    set_cache_enabled,
+    set_native_enabled,
+)
 
 _alias.install()
 
@@ -41,4 +49,14 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(dir(_torch)))
 
 
-__all__ = ["cache_enabled", "cache_info", "clear_cache", "nn", "optim", "set_cache_enabled"]
+__all__ = [
+    "cache_enabled",
+    "cache_info",
+    "clear_cache",
+    "native_available",
+    "native_enabled",
+    "nn",
+    "optim",
+    "set_cache_enabled",
+    "set_native_enabled",
+]

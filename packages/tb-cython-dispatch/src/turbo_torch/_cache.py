@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tb_cython_dispatch import _impl
+from tb_cython_dispatch import _impl, native
 
 
 def cache_info() -> dict[str, dict[str, int]]:
-    """Per op (``"nn.Sequential"``, ``"optim.Adam"``...): hits, misses, entries, invalidations."""
+    """Per op (``"nn.Sequential"``, ``"optim.Adam"``...): hits, misses, entries, invalidations, and
+    ``native``: how many live entries run as one tb-cpu-rust program (decided by timing)."""
     return _impl.core.CACHE.info()  # type: ignore[no-any-return]
 
 
@@ -22,3 +23,18 @@ def cache_enabled() -> bool:
 def set_cache_enabled(enabled: bool) -> None:
     """The run-time form of ``TORCHBURN_DISPATCH_CACHE``: False means plain PyTorch paths."""
     _impl.core.CACHE.enabled = bool(enabled)
+
+
+def set_native_enabled(enabled: bool) -> None:
+    """False keeps every cached entry on its ATen path (bit-identical to PyTorch); True (the default)
+    lets an entry that tb-cpu-rust can run decide by timing whether to (see ``tb_cython_dispatch.native``)."""
+    native.set_native_enabled(enabled)
+
+
+def native_enabled() -> bool:
+    return native.native_enabled()
+
+
+def native_available() -> tuple[bool, str]:
+    """(True, "") when tb-cpu-rust's executor can be used, else (False, the reason)."""
+    return native.native_available()

@@ -1,0 +1,315 @@
+"""The native decision of a cached ``nn.Sequential`` entry: one tb-cpu-rust call per forward.
+
+Where tb-cpu-rust is installed, an entry of a Sequential made only of ``Linear`` and ``ReLU``,
+called on a 2-D float32 CPU tensor with no autograd graph to record, may run the whole stack as
+one prepared native program (GEMM with the ReLU in its epilogue, the next GEMM, one FFI call with
+the GIL released) instead of one ATen call per layer. Whether it does is decided per entry, that
+is per dispatch key, by timing both paths on the entry's own calls; the decision lives in the
+entry and ``cache_info()`` counts the entries that run natively.
+
+Numerics: the native GEMM sums in another order than PyTorch's BLAS, so a native entry's result
+differs from eager PyTorch by float32 reassociation (a few ulps of each dot product; the tests
+hold it to ``rtol=1e-5, atol=1e-5``). ReLU is exact. ``set_native_enabled(False)`` (or
+``turbo_torch.set_native_enabled(False)``) keeps every call on the bit-identical ATen path.
+
+A native call is made only when PyTorch would record nothing and observe nothing: grad mode off
+(or no parameter and not the input requiring grad), no hook on the container or a child, no
+``__torch_function__`` or ``__torch_dispatch__`` mode, profiler off, not tracing. Parameters are
+read live on every call (their values may change freely); a parameter whose shape, strides,
+dtype or device no longer match what the program was prepared for makes the entry prepare anew
+and decide again. Without tb-cpu-rust nothing here is imported and every entry stays on ATen.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+import torch
+
+from tb_cython_dispatch import resolve
+
+# states of a NativeSeq
+COLD, TRIAL, NATIVE, TORCH, OFF = range(5)
+HOT_AFTER = 3  # calls of an entry before it prepares a program (one-off signatures never pay for one)
+WARMUP = 2  # untimed calls of each path at the start of a trial
+SAMPLES = 5  # timed calls of each path; the decision compares the fastest of each
+MARGIN = 0.95  # native must beat ATen's fastest by 5% to be chosen
+
+_F32 = torch.float32
+_perf = time.perf_counter_ns
+_fn_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_profiling = torch._C._autograd._profiler_enabled
+
+STALE = object()  # what native_fast returns when the program no longer fits the parameters
+_state: dict[str, Any] = {"enabled": True, "native": None, "reason": ""}
+_live: weakref.WeakSet[NativeSeq] = weakref.WeakSet()
+
+
+def set_native_enabled(enabled: bool) -> None:
+    """False: every entry stays on the ATen path (bit-identical to PyTorch); True: decide by timing."""
+    _state["enabled"] = bool(enabled)
+
+
+def native_enabled() -> bool:
+    return bool(_state["enabled"])
+
+
+def native_available() -> tuple[bool, str]:
+    """(True, "") when tb-cpu-rust's executor loads, else (False, why)."""
+    return _load() is not None, str(_state["reason"])
+
+
+def _load() -> Any:
+    mod = _state["native"]
+    if mod is None:
+        try:
+            from tb_cpu_rust import _native
+            from tb_cpu_rust.lower import lower
+        except Exception as exc:  # not installed, or built for another platform
+            _state["native"] = False
+            _state["reason"] = f"tb-cpu-rust not usable: {type(exc).__name__}: {exc}"
+            return None
+        mod = _state["native"] = (_native, lower)
+    return mod or None
+
+
+def counts(epoch: int) -> dict[str, int]:
+    """op -> number of live entries (of this cache epoch) whose decision is native."""
+    out: dict[str, int] = {}
+    for nat in list(_live):
+        if nat.state == NATIVE and nat.epoch == epoch:
+            out[nat.op] = out.get(nat.op, 0) + 1
+    return out
+
+
+def for_entry(op: str, epoch: int, key: Any, steps: tuple[Any, ...]) -> NativeSeq | None:
+    """The native slot of a new Sequential entry, or None when the entry can never run natively."""
+    if not _state["enabled"] or _state["native"] is False:
+        return None
+    (shape, _stride, dtype, device, requires_grad), grad_enabled, inference = key
+    if dtype is not _F32 or device.type != "cpu" or len(shape) != 2 or shape[0] == 0:
+        return None
+    if requires_grad and grad_enabled and not inference:
+        return None  # the input's graph must be recorded
+    layers: list[tuple[Any, bool]] = []  # (linear child, relu after it)
+    for step in steps:
+        kind = step[0]
+        if kind in (resolve.K_LINEAR, resolve.K_LINEAR_RELU):
+            layers.append((step[1], kind == resolve.K_LINEAR_RELU))
+        elif kind == resolve.K_UNARY_ARG and step[2] is resolve._relu_sel and layers and not layers[-1][1]:
+            layers[-1] = (layers[-1][0], True)
+        else:
+            return None
+    if not layers:
+        return None
+    grad_possible = bool(grad_enabled and not inference)
+    return NativeSeq(op, epoch, key, tuple(child for child, _ in steps_children(steps)), layers, grad_possible)
+
+
+def steps_children(steps: tuple[Any, ...]) -> list[tuple[Any, Any]]:
+    """(child, step) of every child module a step list touches (a fused step touches two)."""
+    out = []
+    for step in steps:
+        out.append((step[1], step))
+        if step[0] == resolve.K_LINEAR_RELU:
+            out.append((step[3], step))
+    return out
+
+
+class NativeSeq:
+    """The native half of one Sequential entry: its prepared program and its decision."""
+
+    def __init__(
+        self, op: str, epoch: int, key: Any, children: tuple[Any, ...], layers: list[tuple[Any, bool]], grad: bool
+    ) -> None:
+        self.op = op
+        self.epoch = epoch
+        self.shape = tuple(key[0][0])
+        self.stride = tuple(key[0][1])
+        self.children = children  # every module whose hooks would make the call observable
+        self.linears = tuple(child for child, _ in layers)
+        self.relus = tuple(relu for _, relu in layers)
+        self.grad = grad  # grad mode on: native only while no parameter requires grad
+        self.state = COLD
+        self.calls = 0
+        self.executor: Any = None
+        self.out_shape: tuple[int, ...] = ()
+        self.expect: tuple[Any, ...] = ()  # per parameter: (shape, stride) the program was prepared for
+        self.t_native: list[int] = []
+        self.t_torch: list[int] = []
+        self.prepares = 0
+        # Set while the decision is NATIVE: what the implementations' native_fast() needs, as one tuple
+        # (executor, ((linear, has_bias), ...), children, out_shape, x_shape, x_stride, grad).
+        self.fast: tuple[Any, ...] | None = None
+        _live.add(self)
+
+    # -- what a call may do --------------------------------------------------------------------
+    def observed(self, hooks_free: Any) -> bool:
+        """True when running natively would hide something from PyTorch's machinery."""
+        if _fn_mode() or _dispatch_depth() or _profiling():
+            return True
+        for child in self.children:
+            if not hooks_free(child):
+                return True
+        return False
+
+    def params(self) -> list[Any] | None:
+        """The current parameters, in program input order, or None if one is not a plain CPU f32 tensor."""
+        out = []
+        for child in self.linears:
+            d = child.__dict__
+            if "weight" in d or "bias" in d:
+                return None
+            p = child._parameters
+            w = p.get("weight")
+            if w is None:
+                return None
+            out.append(w)
+            b = p.get("bias")
+            if b is not None:
+                out.append(b)
+        for t in out:
+            if t.dtype is not _F32 or not t.is_cpu or (self.grad and t.requires_grad) or t.layout is not torch.strided:
+                return None
+        return out
+
+    # -- preparing -------------------------------------------------------------------------------
+    def prepare(self, params: list[Any]) -> bool:
+        """Lower the stack for these parameters' shapes; False (and state OFF) when it cannot run natively."""
+        mod = _load()
+        if mod is None:
+            self.state = OFF
+            return False
+        _native, lower = mod
+        try:
+            spec, out_shape = _build_spec(lower, self.shape, self.stride, self.linears, self.relus, params)
+            self.executor = _native.Executor(spec)
+        except Exception:  # a shape the native lowering does not take: ATen it is
+            self.state = OFF
+            return False
+        self.out_shape = out_shape
+        self.expect = tuple((tuple(t.shape), tuple(t.stride())) for t in params)
+        self.prepares += 1
+        self.t_native, self.t_torch = [], []
+        self.state = TRIAL
+        self.fast = None
+        self._fast_parts: tuple[Any, ...] = (
+            self.executor,
+            tuple((child, child._parameters.get("bias") is not None) for child in self.linears),
+            self.children,
+            out_shape,
+            self.shape,
+            self.stride,
+            self.grad,
+        )
+        return True
+
+    def stale(self) -> None:
+        """The native call refused the current parameters: prepare anew on the next call."""
+        self.fast = None
+        self.state = COLD
+        self.calls = HOT_AFTER
+
+    # -- running ---------------------------------------------------------------------------------
+    def call(self, x: Any, steps: tuple[Any, ...], run_steps: Any, hooks_free: Any, native_fast: Any) -> Any:
+        """The entry's forward while it is COLD or in its TRIAL: ATen, or native, timed."""
+        if self.state == COLD:
+            self.calls += 1
+            if self.calls < HOT_AFTER or self.observed(hooks_free):
+                return run_steps(steps, x)
+            params = self.params()
+            if params is None or not self.prepare(params):
+                return run_steps(steps, x)
+        elif self.state != TRIAL:
+            return run_steps(steps, x)
+        # TRIAL: alternate the two paths, time each, decide once both have their samples.
+        if len(self.t_native) <= len(self.t_torch):
+            t0 = _perf()
+            y = native_fast(self._fast_parts, x)
+            if y is None or y is STALE:
+                if y is STALE:
+                    self.stale()
+                return run_steps(steps, x)
+            self.t_native.append(_perf() - t0)
+        else:
+            t0 = _perf()
+            y = run_steps(steps, x)
+            self.t_torch.append(_perf() - t0)
+        if len(self.t_torch) >= WARMUP + SAMPLES and len(self.t_native) >= WARMUP + SAMPLES:
+            self.state = decide(min(self.t_native[WARMUP:]), min(self.t_torch[WARMUP:]))
+            self.fast = self._fast_parts if self.state == NATIVE else None
+        return y
+
+
+def decide(native_ns: int, torch_ns: int) -> int:
+    """NATIVE when the native program's fastest call beats ATen's fastest by the margin."""
+    return NATIVE if native_ns < torch_ns * MARGIN else TORCH
+
+
+def _build_spec(
+    lower: Any, shape: tuple[int, ...], stride: tuple[int, ...], linears: tuple[Any, ...], relus: tuple[bool, ...],
+    params: list[Any],
+) -> tuple[str, tuple[int, ...]]:
+    """The executor spec of x -> [addmm|mm (+relu)]* as a tb-core plan lowered by tb-cpu-rust."""
+    from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, resolve_op
+
+    def meta(s: tuple[int, ...], st: tuple[int, ...]) -> TensorMeta:
+        return TensorMeta(tuple(s), tuple(st), _F32, "cpu")
+
+    def contig(s: tuple[int, ...]) -> tuple[int, ...]:
+        return (s[1], 1)
+
+    inputs: list[Any] = [meta(shape, stride)]
+    for t in params:
+        inputs.append(meta(tuple(t.shape), tuple(t.stride())))
+    nodes: list[Any] = []
+    n_in = len(inputs)
+
+    def add(op: str, args: tuple[Any, ...], out: TensorMeta) -> Ref:
+        nodes.append(PlanNode(op, args, {}, out, resolve_op(op)))
+        return Ref(n_in + len(nodes) - 1)
+
+    cur, rows = Ref(0), shape[0]
+    slot = 1
+    for child, relu in zip(linears, relus):
+        w_slot = slot
+        slot += 1
+        has_bias = child._parameters.get("bias") is not None
+        w = inputs[w_slot]
+        out_f, in_f = w.shape
+        wt = add("aten.t.default", (Ref(w_slot),), meta((in_f, out_f), (w.stride[1], w.stride[0])))
+        out_meta = meta((rows, out_f), contig((rows, out_f)))
+        if has_bias:
+            cur = add("aten.addmm.default", (Ref(slot), cur, wt), out_meta)
+            slot += 1
+        else:
+            cur = add("aten.mm.default", (cur, wt), out_meta)
+        if relu:
+            cur = add("aten.relu.default", (cur,), out_meta)
+    plan = Plan(inputs, nodes, [cur], {}, True)
+    lowered = lower(plan)
+    out_shape = (rows, nodes[-1].out.shape[1])
+    # The one output must be a whole, contiguous output buffer: then a fresh torch.empty is it.
+    outs = lowered["outputs"]
+    if len(outs) != 1 or outs[0][0] != "v":
+        raise ValueError("native plan output is not a plain value")
+    val = lowered["values"][outs[0][1]]
+    buf = lowered["buffers"][val["buf"]]
+    if (
+        buf["kind"] != "output"
+        or val["offset"] != 0
+        or tuple(val["sizes"]) != out_shape
+        or tuple(val["strides"]) != contig(out_shape)
+        or buf["numel"] != out_shape[0] * out_shape[1]
+    ):
+        raise ValueError("native plan output is not one contiguous output buffer")
+    return str(lowered["json"]), out_shape
+
+
+def reset_for_tests() -> None:
+    """Forget whether tb-cpu-rust loads (tests that hide it)."""
+    _state["native"] = None
+    _state["reason"] = ""
