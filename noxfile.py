@@ -123,14 +123,16 @@ def integration(session: nox.Session) -> None:
     session.run("python", "scripts/generate_docs.py", "--check")
     session.run("pytest", "integration_tests", *session.posargs)
     # Package tests that need two packages together (they skip in their hermetic sessions).
-    session.run("pytest", "packages/tb-cpu-rust/tests/test_llm_backend.py", *session.posargs)
+    together = [f"{p}/tests/test_llm_backend.py" for p in ("packages/tb-cpu-rust", "packages/tb-wgpu")]
+    session.run("pytest", *[t for t in together if (ROOT / t).exists()], *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: same-run interleaved ratios against eager and inductor; writes docs/benchmarks.md."""
     _install_everything(session)
-    session.install("matplotlib")
+    # gguf writes the llama.cpp side of the LLM comparison; cmake builds llama.cpp (once, cached).
+    session.install("matplotlib", "gguf", "cmake")
     session.run("python", "-m", "benchmarks", *session.posargs)
 
 

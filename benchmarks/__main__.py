@@ -41,21 +41,37 @@ def normalize(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+QUANT_ORDER = ["fp32", "bf16", "int8", "int4"]
+
+
 def render_llm(rows: list[dict[str, Any]]) -> list[str]:
+    """LLM rows grouped by weight format, so tb-llm sits beside llama.cpp's matching format."""
     if not rows:
         return []
+    bandwidth = max((r.get("bandwidth_gb_s") or 0.0 for r in rows), default=0.0)
+
+    def group(r: dict[str, Any]) -> int:
+        quant = r.get("matches", r.get("quant"))
+        return QUANT_ORDER.index(quant) if quant in QUANT_ORDER else len(QUANT_ORDER)
+
     lines = [
         "",
         "## LLM decode and prefill",
         "",
-        "| runtime | engine | quant | prompt | prefill tok/s | decode tok/s | ms/token | weights MB | weight GB/s | notes |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
+    if bandwidth:
+        lines += [f"Memory read bandwidth measured in the same run: {bandwidth:.1f} GB/s.", ""]
+    lines += [
+        "| runtime | engine | quant | prompt | prefill tok/s | decode tok/s | ms/token | weights MB | weight GB/s "
+        "| of memory BW | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(rows, key=group):
+        share = f"{r.get('weight_gb_s', 0) / bandwidth:.0%}" if bandwidth else "-"
         lines.append(
             f"| {r.get('runtime', '-')} | {r.get('engine', '-')} | {r.get('quant', '-')} | {r.get('prompt_tokens', '-')} | "
             f"{r.get('prefill_tok_s', 0):.1f} | {r.get('decode_tok_s', 0):.2f} | {r.get('ms_per_token', 0):.1f} | "
-            f"{r.get('weight_mb', 0):.0f} | {r.get('weight_gb_s', 0):.1f} | {r.get('notes', r.get('load', ''))} |"
+            f"{r.get('weight_mb', 0):.0f} | {r.get('weight_gb_s', 0):.1f} | {share} | {r.get('notes', r.get('load', ''))} |"
         )
     return lines
 
