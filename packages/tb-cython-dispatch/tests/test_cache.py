@@ -121,7 +121,13 @@ def test_clear_cache(impl) -> None:  # type: ignore[no-untyped-def]
     turbo_torch.clear_cache()
     assert turbo_torch.cache_info() == {}
     m(x)
-    assert turbo_torch.cache_info()["nn.Sequential"] == {"hits": 0, "misses": 1, "entries": 1, "invalidations": 0, "native": 0}
+    assert turbo_torch.cache_info()["nn.Sequential"] == {
+        "hits": 0,
+        "misses": 1,
+        "entries": 1,
+        "invalidations": 0,
+        "native": 0,
+    }
 
 
 def test_many_signatures_evict(impl) -> None:  # type: ignore[no-untyped-def]

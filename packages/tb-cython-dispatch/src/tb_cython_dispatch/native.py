@@ -151,10 +151,7 @@ class NativeSeq:
         """True when running natively would hide something from PyTorch's machinery."""
         if _fn_mode() or _dispatch_depth() or _profiling():
             return True
-        for child in self.children:
-            if not hooks_free(child):
-                return True
-        return False
+        return any(not hooks_free(child) for child in self.children)
 
     def params(self) -> list[Any] | None:
         """The current parameters, in program input order, or None if one is not a plain CPU f32 tensor."""
@@ -250,7 +247,11 @@ def decide(native_ns: int, torch_ns: int) -> int:
 
 
 def _build_spec(
-    lower: Any, shape: tuple[int, ...], stride: tuple[int, ...], linears: tuple[Any, ...], relus: tuple[bool, ...],
+    lower: Any,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    linears: tuple[Any, ...],
+    relus: tuple[bool, ...],
     params: list[Any],
 ) -> tuple[str, tuple[int, ...]]:
     """The executor spec of x -> [addmm|mm (+relu)]* as a tb-core plan lowered by tb-cpu-rust."""
