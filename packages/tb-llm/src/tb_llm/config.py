@@ -39,7 +39,7 @@ FAMILIES: dict[str, Family] = {
         norm_offset=1.0, embed_scale=True, sandwich_norms=True, default_act="gelu_pytorch_tanh", default_tie=True
     ),
 }
-SUPPORTED_ROPE = ("default", "linear", "dynamic", "llama3")
+SUPPORTED_ROPE = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
 
@@ -52,6 +52,14 @@ class RopeConfig:
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
     rotary_dim: int = 0  # dims of each head that rotate (partial rotary)
+    # YaRN: the ramp between interpolated and extrapolated frequencies, and the cos/sin scale
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0  # multiplies cos and sin (YaRN's mscale, LongRoPE's scale)
+    # LongRoPE (Phi-3 128k): per-frequency divisors below / above the original context length
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,16 +196,60 @@ def _rope(raw: dict[str, Any], head_dim: int, path: str | Path) -> RopeConfig:
             f"{path}: RoPE type {rope_type!r} is not supported; tb-llm supports {', '.join(SUPPORTED_ROPE)}"
         )
     partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    rotary_dim = int(head_dim * partial)
+    max_position = int(raw.get("max_position_embeddings", 8192))
+    original = int(
+        params.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings") or max_position
+    )
+    factor = params.get("factor")
+    factor = float(factor) if factor is not None else max_position / original
+    extra: dict[str, Any] = {}
+    if rope_type == "yarn":
+        extra.update(
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            truncate=bool(params.get("truncate", True)),
+            attention_factor=_yarn_attention_factor(params, factor),
+        )
+    elif rope_type == "longrope":
+        short, long = params.get("short_factor"), params.get("long_factor")
+        for name, value in (("short_factor", short), ("long_factor", long)):
+            if not isinstance(value, list) or len(value) != rotary_dim // 2:
+                raise UnsupportedModelError(
+                    f"{path}: longrope {name} must list {rotary_dim // 2} numbers (one per rotary frequency)"
+                )
+        # LongRoPE's scale depends on how far the context was stretched (a given factor, else
+        # max / original positions, as Phi-3 configs state it).
+        stretch = float(params["factor"]) if params.get("factor") is not None else max_position / original
+        given = params.get("attention_factor")
+        extra.update(
+            short_factor=tuple(float(v) for v in short),  # type: ignore[union-attr]
+            long_factor=tuple(float(v) for v in long),  # type: ignore[union-attr]
+            attention_factor=float(given)
+            if given is not None
+            else (1.0 if stretch <= 1.0 else math.sqrt(1 + math.log(stretch) / math.log(original))),
+        )
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
+        factor=factor if rope_type != "default" else 1.0,
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(
-            params.get("original_max_position_embeddings")
-            or raw.get("original_max_position_embeddings")
-            or raw.get("max_position_embeddings", 8192)
-        ),
-        rotary_dim=int(head_dim * partial),
+        original_max_position=original,
+        rotary_dim=rotary_dim,
+        **extra,
     )
+
+
+def _yarn_attention_factor(params: dict[str, Any], factor: float) -> float:
+    """YaRN's cos/sin scale: ``0.1 ln(s) + 1`` (the paper's sqrt(1/t)), or the ratio of two such
+    terms when a config gives ``mscale`` / ``mscale_all_dim``, or the config's own value."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+
+    def m(scale: float, weight: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * weight * math.log(scale) + 1.0
+
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return m(factor, float(params["mscale"])) / m(factor, float(params["mscale_all_dim"]))
+    return m(factor)

@@ -28,6 +28,9 @@ class KVCache:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.pos = torch.empty(batch, 0, dtype=torch.long, device=device)
+        # the token id in each slot: lets the model re-encode the cached sequence when its RoPE
+        # frequencies change with length (LongRoPE crossing its original context)
+        self.tokens = torch.empty(batch, 0, dtype=torch.long, device=device)
         self.reserve(capacity)
 
     def reserve(self, capacity: int) -> None:
@@ -48,7 +51,9 @@ class KVCache:
         self.k, self.v = ks, vs
         pos = torch.full((self.batch, new), -1, dtype=torch.long, device=self.device)
         pos[:, : self.length] = self.pos[:, : self.length]
-        self.pos = pos
+        tokens = torch.zeros((self.batch, new), dtype=torch.long, device=self.device)
+        tokens[:, : self.length] = self.tokens[:, : self.length]
+        self.pos, self.tokens = pos, tokens
         self.capacity = new
 
     def begin(self, positions: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tb_llm.backends import KernelBackend
-from tb_llm.config import ModelConfig
+from tb_llm.config import ModelConfig, RopeConfig
 from tb_llm.errors import CheckpointError
 from tb_llm.kv_cache import KVCache
 from tb_llm.quant import QuantWeight, quantize
@@ -203,18 +203,24 @@ class Decoder:
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rope = self.cfg.rope
         pos = positions.clamp(min=0)
-        if rope.rope_type == "dynamic":
+        scale = rope.attention_factor
+        # Frequencies that depend on how long the sequence is (as transformers picks them: by the
+        # largest position of this forward pass) are computed per call; the rest are cached.
+        if rope.rope_type == "dynamic" or (
+            rope.rope_type == "longrope" and int(pos.max()) + 1 > rope.original_max_position
+        ):
             inv = _inv_freq(self.cfg, seq_len=int(pos.max()) + 1)
             freqs = pos[..., None].float() * inv.to(pos.device)
             emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+            return (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
         need = int(pos.max()) + 1
         if self._rope_cache is None or self._rope_cache[0].shape[0] < need:
             n = max(need, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 256))
             t = torch.arange(n, dtype=torch.float32)
             freqs = t[:, None] * self._inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope_cache = (emb.cos().to(self.device, self.dtype), emb.sin().to(self.device, self.dtype))
+            cos, sin = emb.cos() * scale, emb.sin() * scale
+            self._rope_cache = (cos.to(self.device, self.dtype), sin.to(self.device, self.dtype))
         cos, sin = self._rope_cache
         return cos[pos], sin[pos]
 
@@ -225,9 +231,27 @@ class Decoder:
     ) -> torch.Tensor:
         """Run ``ids`` ``[B, T]`` at ``positions`` ``[B, T]`` (-1: padding) through the model,
         appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
-        if self._fused is not None:
-            return self._fused(ids, positions, cache, last_only)
-        return self.reference_forward(ids, positions, cache, last_only)
+        t = ids.shape[1]
+        if self.cfg.rope.rope_type == "longrope" and self._crosses_original_context(positions, cache):
+            # LongRoPE switches every frequency once the sequence outgrows the original context;
+            # keys cached with the short factors would no longer match, so the cached sequence is
+            # encoded again with this step (as transformers' Phi-3 generation does).
+            keep = cache.length
+            ids = torch.cat((cache.tokens[:, :keep], ids), dim=1)
+            positions = torch.cat((cache.pos[:, :keep], positions), dim=1)
+            cache.truncate(0)
+        start = cache.length
+        step = self._fused if self._fused is not None else self.reference_forward
+        logits = step(ids, positions, cache, last_only)
+        if isinstance(cache, KVCache):
+            cache.tokens[:, start : start + ids.shape[1]] = ids
+        return logits if last_only else logits[:, -t:]
+
+    def _crosses_original_context(self, positions: torch.Tensor, cache: KVCache) -> bool:
+        if not cache.length or not isinstance(cache, KVCache):
+            return False
+        limit = self.cfg.rope.original_max_position
+        return int(cache.pos[:, : cache.length].max()) + 1 <= limit < int(positions.max()) + 1
 
     @torch.inference_mode()
     def reference_forward(
@@ -322,7 +346,14 @@ def _inv_freq(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tensor:
     base = rope.theta
     if rope.rope_type == "dynamic" and seq_len is not None and seq_len > cfg.max_position:
         base = base * ((rope.factor * seq_len / cfg.max_position) - (rope.factor - 1)) ** (dim / (dim - 2))
-    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv = 1.0 / (base**exponents)
+    if rope.rope_type == "yarn":
+        return _yarn_inv_freq(rope, base**exponents)
+    if rope.rope_type == "longrope":
+        long = seq_len is not None and seq_len > rope.original_max_position
+        divisors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32)
+        return 1.0 / (divisors * base**exponents)
     if rope.rope_type == "linear":
         inv = inv / rope.factor
     elif rope.rope_type == "llama3":
@@ -336,3 +367,27 @@ def _inv_freq(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tensor:
         medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
         inv = torch.where(medium, smoothed, scaled)
     return inv
+
+
+def _yarn_inv_freq(rope: RopeConfig, wavelength_base: torch.Tensor) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071): frequencies that turn many times over the original context keep
+    their value (extrapolate); slow ones are divided by the factor (interpolate); a linear ramp
+    over the dims between ``beta_fast`` and ``beta_slow`` rotations blends the two."""
+    dim = rope.rotary_dim
+    old = rope.original_max_position
+
+    def dim_for_rotations(rotations: float) -> float:
+        # the dim index whose wavelength fits ``rotations`` times into the original context
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = dim_for_rotations(rope.beta_fast), dim_for_rotations(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    extrapolated = 1.0 / wavelength_base
+    interpolated = extrapolated / rope.factor
+    return interpolated * (1 - keep) + extrapolated * keep

@@ -54,6 +54,27 @@ ARCHS: dict[str, dict[str, Any]] = {
         model_type="llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
     ),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    # YaRN and LongRoPE with a tiny original context, so 32 generated tokens run past it.
+    "qwen2-yarn-rope": dict(
+        model_type="qwen2",
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+    "phi3-longrope": dict(
+        model_type="phi3",
+        original_max_position_embeddings=24,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.0, 1.1, 1.2, 1.5, 2.0, 3.0, 4.0],
+            "long_factor": [1.0, 1.3, 1.8, 2.5, 4.0, 6.0, 9.0, 12.0],
+            "original_max_position_embeddings": 24,
+        },
+    ),
     "qwen3": dict(model_type="qwen3"),
     "mistral": dict(model_type="mistral", sliding_window=8),
     "phi3": dict(
