@@ -5,7 +5,9 @@ submodule imports under this name too (``turbo_torch.utils.data`` is ``torch.uti
 What differs is the hot paths of ``turbo_torch.nn`` (module calls without hooks, ``Sequential``
 as a cached plan, ``Linear`` and activations bound to their ATen entries) and
 ``turbo_torch.optim`` (Adam, AdamW and SGD steps as multi-tensor updates). Results are
-bit-identical to PyTorch's.
+bit-identical to PyTorch's, except a ``Sequential`` entry that decided (by timing, where
+tb-cpu-rust is installed) to run as one native program: that one is within float32 reassociation
+(``set_native_enabled(False)`` turns it off; see ``tb_cython_dispatch.native``).
 
     import turbo_torch as torch
     from turbo_torch import nn, optim
