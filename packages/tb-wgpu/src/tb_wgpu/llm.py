@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,9 @@ class GpuWeight:
     buffers: list[Any]  # the weight, then its scales (int8) or (scale, zero) pairs (int4)
     group: int = 0
     nbytes: int = 0
+    #: "rows": row-major (the cooperative kernel); "cols": transposed by 4-column blocks,
+    #: [K4, N] (the barrier-free kernel for CPU adapters)
+    layout: str = "rows"
 
     @property
     def k4(self) -> int:
@@ -119,22 +123,33 @@ class _LinearKernels:
     ) -> tuple[Any, int]:
         n_w = len(w.buffers)
         n_in = 2 + n_w + (1 if bias else 0)
-        gx = min(w.n, self.ctx.max_workgroups)
-        weight = shaders.render(f"llm_w_{w.kind}", G=w.group) if w.kind == "int4" else shaders.source(f"llm_w_{w.kind}")
+        cols = w.layout == "cols"
+        gx = min(-(-w.n // 64) if cols else w.n, self.ctx.max_workgroups)
+        if w.kind == "int4":
+            widx, sidx = (
+                ("(k4 / 2u) * N + n", "((k4 * 4u) / G) * N + n")
+                if cols
+                else (
+                    "n * (K4 / 2u) + k4 / 2u",
+                    "n * NG + (k4 * 4u) / G",
+                )
+            )
+            weight = shaders.render("llm_w_int4", G=w.group, WIDX=widx, SIDX=sidx)
+        else:
+            weight = shaders.render(f"llm_w_{w.kind}", WIDX="k4 * N + n" if cols else "n * K4 + k4")
         if w.k % 4 == 0:
-            x4 = "return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);"
+            xtype, x4 = "array<vec4<f32>>", "return x[m * K4 + k4];"
         else:  # the stored rows are zero-padded; the activations must not leak the next row in
+            xtype = "array<f32>"
             x4 = (
-                "let k = k4 * 4u;\n    return vec4<f32>(x[i], select(0.0, x[i + 1u], k + 1u < K), "
+                "let i = m * K + k4 * 4u;\n    let k = k4 * 4u;\n    return vec4<f32>(x[i], select(0.0, x[i + 1u], k + 1u < K), "
                 "select(0.0, x[i + 2u], k + 2u < K), select(0.0, x[i + 3u], k + 3u < K));"
             )
         src = shaders.render(
-            "llm_linear",
+            "llm_linear_direct" if cols else "llm_linear",
             ENABLE="enable f16;" if w.kind == "f16" else "",
             WEIGHT=weight,
-            BIAS_DECL=(
-                f"@group(0) @binding({2 + n_w}) var<storage, read> bias: array<f32>;" if bias else ""
-            ),
+            BIAS_DECL=(f"@group(0) @binding({2 + n_w}) var<storage, read> bias: array<f32>;" if bias else ""),
             BIAS=" + bias[n]" if bias else "",
             OUT_BINDING=n_in,
             N=w.n,
@@ -145,13 +160,14 @@ class _LinearKernels:
             OUT_OFF=out_off,
             ROWS=rows,
             X4=x4,
+            XTYPE=xtype,
             STORE="y[o] = y[o] + v;" if accumulate else "y[o] = v;",
         )
         return self.ctx.pipeline(shaders.shader_key(src), src, n_in, 1), gx
 
 
 def _linear_grid(w: GpuWeight, gx: int, final: bool = False) -> Any:
-    gy = -(-w.n // gx)
+    gy = -(-(-(-w.n // 64) if w.layout == "cols" else w.n) // gx)
 
     def grid(rows: int, frows: int) -> tuple[int, int, int]:
         return gx, gy, -(-(frows if final else rows) // 4)
@@ -167,11 +183,20 @@ def _make_base() -> type:
 
         name = "wgpu"
 
-        def __init__(self, device: str | torch.device = "cpu", f16: bool | None = None) -> None:
+        def __init__(
+            self, device: str | torch.device = "cpu", f16: bool | None = None, linear: str | None = None
+        ) -> None:
             """``f16``: store bf16 weights as f16 (``None``: where the adapter has ``shader-f16``;
-            ``False``: packed bf16, widened exactly to f32, on any adapter)."""
+            ``False``: packed bf16, widened exactly to f32, on any adapter). ``linear``: the GEMV
+            kernel, ``"tiled"`` (a workgroup per output, cooperative over K: GPUs) or ``"direct"``
+            (an invocation per output, no barriers: CPU adapters); default from
+            ``TORCHBURN_WGPU_MATMUL``, else by adapter type."""
             super().__init__("cpu")  # tensors in / out live on the CPU; the device is ours
             self.ctx = context()
+            choice = (linear or os.environ.get("TORCHBURN_WGPU_MATMUL", "")).strip().lower()
+            if choice not in ("", "tiled", "direct"):
+                raise ValueError(f"linear={choice!r}: use 'tiled' or 'direct'")
+            self.layout = "cols" if choice == "direct" or (not choice and self.ctx.is_software) else "rows"
             if f16 and not self.ctx.shader_f16:
                 raise WgpuError(f"f16=True but {self.ctx.adapter_name} does not offer the shader-f16 feature")
             self.f16 = self.ctx.shader_f16 if f16 is None else bool(f16)
@@ -219,22 +244,22 @@ def _make_base() -> type:
                 dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[kind]
                 padded = torch.zeros(n, k4 * 4, dtype=dtype)
                 padded[:, :k] = src.to(dtype)
-                raw = padded.view(torch.int32 if kind == "f32" else torch.int16).numpy()
-                parts = [raw]
+                raw = padded.view(torch.int32 if kind == "f32" else torch.int16)
+                parts = [self._blocks(raw, 4)]
                 group = 0
             elif w.kind == "int8":
                 kind = "int8"
                 padded = torch.zeros(n, k4 * 4, dtype=torch.int8)
                 padded[:, :k] = w.qweight
-                parts = [padded.numpy(), w.scales.float().contiguous().numpy()]
+                parts = [self._blocks(padded, 4), w.scales.float().contiguous().numpy()]
                 group = 0
             elif w.kind == "int4":
                 kind = "int4"
                 group = int(w.group_size)
                 if k % 8 or k % group:
                     raise WgpuError(f"int4 weight {w.shape}: K must be a multiple of 8 and of the group size")
-                sz = torch.stack((w.scales.float(), w.zeros.float()), dim=-1).contiguous()
-                parts = [w.qweight.contiguous().numpy(), sz.numpy()]
+                sz = torch.stack((w.scales.float(), w.zeros.float()), dim=-1)
+                parts = [self._blocks(w.qweight, 4), self._blocks(sz.reshape(n, -1), 2)]
             else:
                 return super().prepare_linear(w)
             nbytes = sum(p.nbytes for p in parts)
@@ -251,7 +276,14 @@ def _make_base() -> type:
                 return super().prepare_linear(w)
             with self.ctx.lock:
                 buffers = [self._upload(p) for p in parts]
-            return GpuWeight(kind, n, k, buffers, group, nbytes)
+            return GpuWeight(kind, n, k, buffers, group, nbytes, self.layout)
+
+        def _blocks(self, t: torch.Tensor, width: int) -> np.ndarray:
+            """``t`` [N, C] as stored: row-major, or [C / width, N, width] for the "cols" layout."""
+            if self.layout == "cols":
+                n = t.shape[0]
+                t = t.reshape(n, -1, width).transpose(0, 1)
+            return t.contiguous().numpy()
 
         # -- the per-kernel path: linear on the GPU, one submission per call -----------
         def linear(self, x: torch.Tensor, handle: Any, bias: torch.Tensor | None) -> torch.Tensor:
@@ -320,9 +352,7 @@ def _make_base() -> type:
 
 def _bind(ctx: GpuContext, pipeline: Any, buffers: list[Any]) -> Any:
     layout = pipeline.get_bind_group_layout(0)
-    entries = [
-        {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)
-    ]
+    entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)]
     return ctx.device.create_bind_group(layout=layout, entries=entries)
 
 
@@ -380,7 +410,9 @@ class FusedStep:
         rows_grid = lambda rows, frows: (rows, 1, 1)  # noqa: E731
         ops: list[_Op] = []
 
-        def linear(lin: Any, inp: str, out: str, accumulate: bool = False, stride: int | None = None, off: int = 0) -> None:
+        def linear(
+            lin: Any, inp: str, out: str, accumulate: bool = False, stride: int | None = None, off: int = 0
+        ) -> None:
             w: GpuWeight = lin.handle
             pipe, gx = lk.pipeline(w, lin.bias is not None, accumulate, P_ROWS, stride, off)
             bound = ["params", inp, *w.buffers]

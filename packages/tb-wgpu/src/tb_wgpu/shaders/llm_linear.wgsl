@@ -5,7 +5,7 @@
 // packed bf16, int8 + scale, int4 + group scale / zero) and are dequantized here, in registers.
 {{ENABLE}}
 @group(0) @binding(0) var<storage, read> params: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> x: {{XTYPE}};
 {{WEIGHT}}
 {{BIAS_DECL}}
 @group(0) @binding({{OUT_BINDING}}) var<storage, read_write> y: array<f32>;
@@ -20,8 +20,13 @@ const OUT_OFF: u32 = {{OUT_OFF}}u;
 var<workgroup> part: array<vec4<f32>, 64>;
 
 fn x4(m: u32, k4: u32) -> vec4<f32> {
-    let i = m * K + k4 * 4u;
     {{X4}}
+}
+
+fn put(m: u32, n: u32, acc: f32) {
+    let v = acc{{BIAS}};
+    let o = m * OUT_STRIDE + OUT_OFF + n;
+    {{STORE}}
 }
 
 @compute @workgroup_size(64)
@@ -50,8 +55,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (lid < 4u && m0 + lid < rows) {
         let total = part[0];
-        let v = total[lid] * wscale(n){{BIAS}};
-        let o = (m0 + lid) * OUT_STRIDE + OUT_OFF + n;
-        {{STORE}}
+        put(m0 + lid, n, total[lid] * wscale(n));
     }
 }

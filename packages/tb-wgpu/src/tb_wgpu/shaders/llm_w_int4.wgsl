@@ -7,10 +7,10 @@ const G: u32 = {{G}}u;
 const NG: u32 = K / G;
 
 fn w4(n: u32, k4: u32) -> vec4<f32> {
-    let word = w[n * (K4 / 2u) + k4 / 2u];
+    let word = w[{{WIDX}}];
     let b = (word >> (16u * (k4 & 1u))) & 0xffffu;
     let q = vec4<f32>(f32(b & 15u), f32((b >> 4u) & 15u), f32((b >> 8u) & 15u), f32(b >> 12u));
-    let p = sz[n * NG + (k4 * 4u) / G];
+    let p = sz[{{SIDX}}];
     return (q - 8.0) * p.x + p.y;
 }
 

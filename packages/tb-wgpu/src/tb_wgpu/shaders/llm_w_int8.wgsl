@@ -3,7 +3,7 @@
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 
 fn w4(n: u32, k4: u32) -> vec4<f32> {
-    let u = i32(w[n * K4 + k4]);
+    let u = i32(w[{{WIDX}}]);
     return vec4<f32>(f32(extractBits(u, 0u, 8u)), f32(extractBits(u, 8u, 8u)),
                      f32(extractBits(u, 16u, 8u)), f32(extractBits(u, 24u, 8u)));
 }
