@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,48 @@ def bench_tb_llm(folder: Path, quant: str, prompt_tokens: int, new_tokens: int, 
     r["weight_gb_s"] = r["weight_mb"] / 1e3 * r["decode_tok_s"]
     del llm
     gc.collect()
+    r.update(cold_start(folder, quant, torch.get_num_threads()))
+    resident, budget = r["cold_resident_mb"], r["weight_mb"] + r["cold_kv_mb"]
+    r["notes"] = (
+        f"fresh process: first token {r['cold_first_token_s']:.2f} s after from_pretrained "
+        f"({COLD_PROMPT}-token prompt), resident {resident:.0f} MB = {resident / budget:.2f}x (weights + KV)"
+    )
     return r
+
+
+COLD_PROMPT = 16
+
+
+def cold_start(folder: Path, quant: str, threads: int) -> dict[str, float]:
+    """Time to the first token and resident memory, in a fresh process (nothing cached or warm).
+
+    The child measures its RSS after importing torch and tb_llm (the baseline), then
+    ``from_pretrained`` + one token from a short prompt; resident = RSS then - baseline.
+    """
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, __file__, "--cold", str(folder), quant, str(threads)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _cold_child(folder: str, quant: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    import tb_llm
+
+    base = _rss_mb()
+    start = time.perf_counter()
+    llm = tb_llm.LLM.from_pretrained(folder, quant=quant, device="cpu")
+    prompt = torch.randint(0, CONFIG["vocab_size"], (COLD_PROMPT,), generator=torch.Generator().manual_seed(1))
+    llm.generate(prompt.tolist(), max_new_tokens=1, ignore_eos=True)
+    first = time.perf_counter() - start
+    gc.collect()
+    kv = llm._last_cache.nbytes() / 1e6
+    print(json.dumps({"cold_first_token_s": first, "cold_resident_mb": _rss_mb() - base, "cold_kv_mb": kv}))
 
 
 def bench_transformers(
@@ -220,6 +262,9 @@ def write_docs(rows: list[dict[str, Any]], command: str) -> None:
 
 
 def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--cold":
+        _cold_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=512)
