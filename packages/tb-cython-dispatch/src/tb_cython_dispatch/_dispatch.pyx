@@ -252,6 +252,19 @@ def set_resolvers(resolve_type, resolve_sequential):
     _TYPES.clear()
 
 
+cdef inline bint _same_children(tuple children, tuple types, object modules):
+    """The container still holds exactly these children, of these types (no tuples built)."""
+    cdef Py_ssize_t i = 0
+    cdef object c
+    if len(modules) != len(children):
+        return False
+    for c in modules.values():
+        if c is not children[i] or type(c) is not types[i]:
+            return False
+        i += 1
+    return True
+
+
 cpdef object module_call(object module, tuple args, dict kwargs):
     """``module(*args, **kwargs)``, skipping ``nn.Module.__call__`` when nothing observes the call."""
     cdef tuple handler
@@ -288,9 +301,8 @@ cpdef object module_call(object module, tuple args, dict kwargs):
     if site is None:
         site = Site("nn.Sequential", _resolve_sequential)
         module.__dict__[SITE_ATTR] = site
-    children = tuple(module._modules.values())
     entry = (<Site>site).lookup(module, key)
-    if entry[0] != children or entry[1] != tuple([type(c) for c in children]):
+    if not _same_children(<tuple>entry[0], <tuple>entry[1], module._modules):
         # The container changed since this plan was made: resolve against what it holds now.
         (<Site>site).invalidate()
         entry = (<Site>site).lookup(module, key)
@@ -354,9 +366,9 @@ cpdef object native_fast(tuple parts, object x):
             if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
                 return None
             descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
-    out = _empty(*out_shape)
+    out = _empty(*out_shape)  # contiguous, so its strides are the ones the program was prepared for
     try:
-        executor.run(descs, [(out.data_ptr(), out_shape, out.stride(), "float32")])
+        executor.run(descs, [(out.data_ptr(), out_shape, parts[7], "float32")])
     except ValueError:
         return _STALE
     return out

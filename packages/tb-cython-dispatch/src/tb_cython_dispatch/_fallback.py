@@ -270,7 +270,7 @@ _STALE = _native_mod.STALE
 def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
     """One native call of a prepared Sequential entry; None when PyTorch would observe or record
     something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
-    executor, linears, children, out_shape, x_shape, x_stride, grad = parts
+    executor, linears, children, out_shape, x_shape, x_stride, grad, out_stride = parts
     if _fn_mode() or _dispatch_depth() or _profiling():
         return None
     for child in children:
@@ -295,7 +295,7 @@ def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
             descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
     out = _empty(*out_shape)
     try:
-        executor.run(descs, [(out.data_ptr(), out_shape, out.stride(), "float32")])
+        executor.run(descs, [(out.data_ptr(), out_shape, out_stride, "float32")])
     except ValueError:
         return _STALE
     return out

@@ -13,7 +13,8 @@ hold it to ``rtol=1e-5, atol=1e-5``). ReLU is exact. ``set_native_enabled(False)
 ``turbo_torch.set_native_enabled(False)``) keeps every call on the bit-identical ATen path.
 
 A native call is made only when PyTorch would record nothing and observe nothing: grad mode off
-(or no parameter and not the input requiring grad), no hook on the container or a child, no
+(or, for an entry made while no parameter required grad, neither the input nor a parameter
+requiring grad), no hook on the container or a child, no
 ``__torch_function__`` or ``__torch_dispatch__`` mode, profiler off, not tracing. Parameters are
 read live on every call (their values may change freely); a parameter whose shape, strides,
 dtype or device no longer match what the program was prepared for makes the entry prepare anew
@@ -106,6 +107,12 @@ def for_entry(op: str, epoch: int, key: Any, steps: tuple[Any, ...]) -> NativeSe
     if not layers:
         return None
     grad_possible = bool(grad_enabled and not inference)
+    if grad_possible:
+        # Training-style calls record a graph on every call: such an entry never runs natively, and
+        # pays nothing for the option (an entry is per grad mode, so no_grad calls get their own).
+        for child, _ in layers:
+            if any(p is not None and p.requires_grad for p in child._parameters.values()):
+                return None
     return NativeSeq(op, epoch, key, tuple(child for child, _ in steps_children(steps)), layers, grad_possible)
 
 
@@ -142,7 +149,7 @@ class NativeSeq:
         self.t_torch: list[int] = []
         self.prepares = 0
         # Set while the decision is NATIVE: what the implementations' native_fast() needs, as one tuple
-        # (executor, ((linear, has_bias), ...), children, out_shape, x_shape, x_stride, grad).
+        # (executor, ((linear, has_bias), ...), children, out_shape, x_shape, x_stride, grad, out_stride).
         self.fast: tuple[Any, ...] | None = None
         _live.add(self)
 
@@ -201,6 +208,7 @@ class NativeSeq:
             self.shape,
             self.stride,
             self.grad,
+            (out_shape[1], 1),
         )
         return True
 
@@ -218,7 +226,10 @@ class NativeSeq:
             if self.calls < HOT_AFTER or self.observed(hooks_free):
                 return run_steps(steps, x)
             params = self.params()
-            if params is None or not self.prepare(params):
+            if params is None:
+                self.state = TORCH  # not natively runnable now: this entry keeps to ATen
+                return run_steps(steps, x)
+            if not self.prepare(params):
                 return run_steps(steps, x)
         elif self.state != TRIAL:
             return run_steps(steps, x)
