@@ -61,6 +61,10 @@ def ab(name: str, a: Fn, b: Fn, repeats: int, threads: int, budget_s: float = 0.
     }
 
 
+def _native_entries() -> int:
+    return int(turbo_torch.cache_info().get("nn.Sequential", {}).get("native", 0))
+
+
 def _mlp(ns: Any) -> Any:
     torch.manual_seed(0)
     return ns.nn.Sequential(ns.nn.Linear(784, 256), ns.nn.ReLU(), ns.nn.Linear(256, 10))
@@ -157,6 +161,7 @@ def run(threads: int = 2, repeats: int = 7) -> list[dict[str, Any]]:
     for batch in (1, 64):
         x = torch.randn(batch, 784)
         with torch.no_grad():
+            before = _native_entries()
             rows.append(
                 ab(
                     f"MLP 784-256-ReLU-10 forward, batch {batch}, no_grad",
@@ -166,6 +171,8 @@ def run(threads: int = 2, repeats: int = 7) -> list[dict[str, Any]]:
                     threads,
                 )
             )
+            # the entry decides by timing (tb-cpu-rust program or ATen) during its first calls
+            rows[-1]["notes"] = "native entry" if _native_entries() > before else "ATen entry"
         rows.append(
             ab(
                 f"MLP 784-256-ReLU-10 forward, batch {batch}, grad on",
@@ -263,6 +270,7 @@ def main() -> None:
     print(f"{'workload':<88} {'torch µs':>10} {'turbo µs':>10} {'ratio':>7}")
     for r in rows:
         extra = f"  (hit only {r['hit_only_us']:.3f} µs)" if "hit_only_us" in r else ""
+        extra += f"  ({r['notes']})" if r.get("notes") else ""
         print(
             f"{r['workload']:<88} {_fmt(r['torch_us'], '10.2f')} {_fmt(r['turbo_us'], '10.3f')} {_fmt(r['ratio'], '7.2f')}{extra}"
         )
