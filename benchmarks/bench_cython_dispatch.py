@@ -112,7 +112,7 @@ def _plan_rows(repeats: int, threads: int) -> list[dict[str, Any]]:
     CythonDispatchEngine.compile = spy  # type: ignore[method-assign]
     try:
         torch._dynamo.reset()
-        opts = {"engine": "cython_dispatch", "cache": False, "warn": False}
+        opts: dict[str, Any] = {"engine": "cython_dispatch", "cache": False, "warn": False}
         x = torch.randn(64, 64)
         compiled = torch.compile(_chain, backend="torchburn", options=opts, dynamic=False)
         with torch.no_grad():

@@ -60,7 +60,7 @@ _LEAVES: dict[type, tuple[Any, ...]] = {
 def resolve_type(cls: type) -> tuple[Any, ...]:
     """The leaf handler of a module class (T_FORWARD: call its forward)."""
     for base, handler in _LEAVES.items():
-        if issubclass(cls, base) and getattr(cls, "forward", None) is base.forward:
+        if issubclass(cls, base) and getattr(cls, "forward", None) is getattr(base, "forward", None):
             return handler
     return (T_FORWARD,)
 

@@ -40,7 +40,7 @@ def __dir__() -> list[str]:
 
 def _torch_step(cls: type) -> Any:
     """torch's step for ``cls``, wrapped with its hook/profiling wrapper as torch would be."""
-    step = cls.step
+    step = getattr(cls, "step")  # noqa: B009 - a class attribute mypy cannot see on `type`
     if not getattr(step, "hooked", False):
         step = _Optimizer.profile_hook_step(step)
     return step
@@ -146,7 +146,7 @@ def _adam_step(opt: _topt.Adam) -> bool:
             if group["decoupled_weight_decay"]:
                 torch._foreach_mul_(params, 1 - lr * weight_decay)
             else:
-                grads = torch._foreach_add(grads, params, alpha=weight_decay)
+                grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
@@ -194,7 +194,7 @@ def _sgd_step(opt: _topt.SGD) -> bool:
         weight_decay = group["weight_decay"]
         momentum = group["momentum"]
         if weight_decay != 0:
-            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+            grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
         if momentum != 0:
             bufs: list[Any] = []
             old_bufs, old_grads = [], []
@@ -211,7 +211,7 @@ def _sgd_step(opt: _topt.SGD) -> bool:
             if old_bufs:
                 torch._foreach_mul_(old_bufs, momentum)
                 torch._foreach_add_(old_bufs, old_grads, alpha=1 - group["dampening"])
-            grads = torch._foreach_add(grads, bufs, alpha=momentum) if group["nesterov"] else bufs
+            grads = list(torch._foreach_add(grads, bufs, alpha=momentum)) if group["nesterov"] else bufs
         torch._foreach_add_(params, grads, alpha=-lr)
     return True
 
