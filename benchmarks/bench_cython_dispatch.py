@@ -1,14 +1,19 @@
 # ruff: noqa: B023 - every timed lambda runs inside the iteration that made it
 """tb-cython-dispatch against plain PyTorch, same process, interleaved A/B medians.
 
-    python benchmarks/bench_cython_dispatch.py [--threads 2] [--repeats 7]
+    python benchmarks/bench_cython_dispatch.py [--threads 2] [--repeats 7] [--clock wall|thread]
 
 Each row times the same workload written against ``torch`` (A) and ``turbo_torch`` (B); the two
 run alternately, round after round, and each side's figure is the median over rounds of the
 per-call mean, so drift on a shared machine hits both sides alike. ``ratio`` is A/B (above 1:
 turbo_torch is faster). The plan-runner row compares the ``cython_dispatch`` engine's compiled
 plan with tb-core's default ``KernelProgram`` on the same plan; the cache row is the cost of one
-dispatch-cache lookup (key + inline-cache hit) on its own.
+dispatch-cache lookup (key + inline-cache hit) on its own. The MLP no_grad rows note whether the
+entry decided (by timing, where tb-cpu-rust is installed) to run as one native program.
+
+On a machine shared with other jobs, ``--threads 1 --clock thread`` times CPU time of the calling
+thread instead of wall time: other jobs then barely move the figures (OpenMP threads that stall
+when their core is taken make 2-thread wall-clock figures swing by 10x and more).
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ import turbo_torch
 Fn = Callable[[], Any]
 
 
+_clock = time.perf_counter  # --clock thread: time.thread_time (CPU time of this thread, --threads 1 only)
+
+
 def _per_call(fn: Fn, number: int) -> float:
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(number):
         fn()
-    return (time.perf_counter() - start) / number
+    return (_clock() - start) / number
 
 
 def _number_for(fn: Fn, budget_s: float = 0.02) -> int:
@@ -264,9 +272,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: CPU time of the calling thread, which other jobs on a shared machine barely move "
+        "(only with --threads 1: other threads' work would not be counted)",
+    )
     args = parser.parse_args()
+    if args.clock == "thread":
+        if args.threads != 1:
+            parser.error("--clock thread needs --threads 1")
+        global _clock
+        _clock = time.thread_time
     rows = run(args.threads, args.repeats)
-    print(f"torch {torch.__version__}, threads={args.threads}, repeats={args.repeats}")
+    print(f"torch {torch.__version__}, threads={args.threads}, repeats={args.repeats}, clock={args.clock}")
     print(f"{'workload':<88} {'torch µs':>10} {'turbo µs':>10} {'ratio':>7}")
     for r in rows:
         extra = f"  (hit only {r['hit_only_us']:.3f} µs)" if "hit_only_us" in r else ""
