@@ -69,9 +69,11 @@ fn tb_erf(x: f32) -> f32 {
     return sign(x) * (1.0 - poly * exp(-a * a));
 }
 
-// torch's CPU kernel gives NaN at +-inf; the engine matches eager, not the limit.
+// IEEE arithmetic of x * 0.5 * (1 + erf(x / sqrt 2)), as torch's CPU kernel (2.15) computes it:
+// inf at +inf, NaN (-inf * 0) at -inf. WGSL may assume finite floats, so both are spelled out.
 fn tb_gelu(x: f32) -> f32 {
-    if (abs(x) == tb_inf()) { return tb_nan(); }
+    if (x == tb_inf()) { return x; }
+    if (x == -tb_inf()) { return tb_nan(); }
     return x * 0.5 * (1.0 + tb_erf(x * 0.70710678118654752));
 }
 
