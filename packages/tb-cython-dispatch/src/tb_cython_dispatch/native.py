@@ -144,13 +144,13 @@ class NativeSeq:
         self.calls = 0
         self.executor: Any = None
         self.out_shape: tuple[int, ...] = ()
-        self.expect: tuple[Any, ...] = ()  # per parameter: (shape, stride) the program was prepared for
         self.t_native: list[int] = []
         self.t_torch: list[int] = []
         self.prepares = 0
         # Set while the decision is NATIVE: what the implementations' native_fast() needs, as one tuple
         # (executor, ((linear, has_bias), ...), children, out_shape, x_shape, x_stride, grad, out_stride).
         self.fast: tuple[Any, ...] | None = None
+        self._fast_parts: tuple[Any, ...] = ()  # the same tuple, from prepare() on (the trial uses it)
         _live.add(self)
 
     # -- what a call may do --------------------------------------------------------------------
@@ -195,12 +195,11 @@ class NativeSeq:
             self.state = OFF
             return False
         self.out_shape = out_shape
-        self.expect = tuple((tuple(t.shape), tuple(t.stride())) for t in params)
         self.prepares += 1
         self.t_native, self.t_torch = [], []
         self.state = TRIAL
         self.fast = None
-        self._fast_parts: tuple[Any, ...] = (
+        self._fast_parts = (
             self.executor,
             tuple((child, child._parameters.get("bias") is not None) for child in self.linears),
             self.children,
