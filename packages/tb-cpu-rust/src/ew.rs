@@ -31,12 +31,15 @@ pub enum Un {
     Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Sigmoid, Relu, GeluErf, GeluTanh,
     Silu, Erf, Floor, Ceil, Round, Trunc, Sign, Recip, Clamp(f32, f32), Leaky(f32), Elu(f32, f32, f32),
     PowS(f32), Square, LogicalNot, IsNan, Log2, Exp2, Atan, Asin, Acos, Sinh, Cosh, Frac, Copy, Softplus(f32, f32),
+    Lgamma, Digamma, Erfc, Erfinv, Log10, Asinh, Acosh, Atanh, IsInf, Signbit, Erfcx, SphJ0, I0, I0e, I1, I1e, Ndtri,
+    BesselJ0, BesselJ1, BesselY0, BesselY1,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Bin {
     Add(f32), Sub(f32), Mul, Div, Max, Min, Pow, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Xor, ThresholdBwd(f32),
-    Atan2, Fmod, Remainder, FloorDiv,
+    Atan2, Fmod, Remainder, FloorDiv, Copysign, Nextafter, Hypot, Fmax, Fmin, Zeta,
+    Poly(mathfn::Poly, bool),
 }
 
 #[derive(Clone, Debug)]
@@ -152,6 +155,51 @@ fn parse_instr(s: &InstrSpec, compute: Compute) -> Result<Instr> {
         "or" => bin(Bin::Or),
         "xor" => bin(Bin::Xor),
         "threshold_backward" => bin(Bin::ThresholdBwd(f32p(f, 0, 0.0))),
+        "lgamma" => un(Un::Lgamma),
+        "digamma" => un(Un::Digamma),
+        "erfc" => un(Un::Erfc),
+        "erfinv" => un(Un::Erfinv),
+        "log10" => un(Un::Log10),
+        "asinh" => un(Un::Asinh),
+        "acosh" => un(Un::Acosh),
+        "atanh" => un(Un::Atanh),
+        "isinf" => un(Un::IsInf),
+        "signbit" => un(Un::Signbit),
+        "copysign" => bin(Bin::Copysign),
+        "nextafter" => bin(Bin::Nextafter),
+        "hypot" => bin(Bin::Hypot),
+        "fmax" => bin(Bin::Fmax),
+        "fmin" => bin(Bin::Fmin),
+        "zeta" => bin(Bin::Zeta),
+        "erfcx" => un(Un::Erfcx),
+        "spherical_j0" => un(Un::SphJ0),
+        "i0" => un(Un::I0),
+        "i0e" => un(Un::I0e),
+        "i1" => un(Un::I1),
+        "i1e" => un(Un::I1e),
+        "ndtri" => un(Un::Ndtri),
+        "bessel_j0" => un(Un::BesselJ0),
+        "bessel_j1" => un(Un::BesselJ1),
+        "bessel_y0" => un(Un::BesselY0),
+        "bessel_y1" => un(Un::BesselY1),
+        poly if poly.starts_with("poly_") => {
+            let (name, shifted) = match poly.strip_prefix("poly_shifted_") {
+                Some(rest) => (rest, true),
+                None => (&poly[5..], false),
+            };
+            let kind = match name {
+                "chebyshev_t" => mathfn::Poly::ChebT,
+                "chebyshev_u" => mathfn::Poly::ChebU,
+                "chebyshev_v" => mathfn::Poly::ChebV,
+                "chebyshev_w" => mathfn::Poly::ChebW,
+                "hermite_h" => mathfn::Poly::HermiteH,
+                "hermite_he" => mathfn::Poly::HermiteHe,
+                "laguerre_l" => mathfn::Poly::LaguerreL,
+                "legendre_p" => mathfn::Poly::LegendreP,
+                other => return Err(format!("unknown polynomial {other:?}")),
+            };
+            bin(Bin::Poly(kind, shifted))
+        }
         other => Err(format!("unknown elementwise op {other:?}")),
     }
 }
@@ -488,6 +536,27 @@ impl Scalar for f32 {
             Un::Recip => map!(v => 1.0 / v),
             Un::Square => map!(v => v * v),
             Un::IsNan => map!(v => v.is_nan() as u8 as f32),
+            Un::IsInf => map!(v => v.is_infinite() as u8 as f32),
+            Un::Signbit => map!(v => v.is_sign_negative() as u8 as f32),
+            Un::Lgamma => map!(v => mathfn::lgamma(v as f64) as f32),
+            Un::Digamma => map!(v => mathfn::digamma(v as f64) as f32),
+            Un::Erfc => map!(v => mathfn::erfc(v as f64) as f32),
+            Un::Erfinv => map!(v => mathfn::erfinv(v as f64) as f32),
+            Un::Log10 => map!(v => v.log10()),
+            Un::Asinh => map!(v => (v as f64).asinh() as f32),
+            Un::Acosh => map!(v => (v as f64).acosh() as f32),
+            Un::Atanh => map!(v => (v as f64).atanh() as f32),
+            Un::Erfcx => map!(v => mathfn::erfcx(v as f64) as f32),
+            Un::SphJ0 => map!(v => mathfn::spherical_j0(v as f64) as f32),
+            Un::I0 => map!(v => mathfn::bessel_i(0, v as f64, false) as f32),
+            Un::I0e => map!(v => mathfn::bessel_i(0, v as f64, true) as f32),
+            Un::I1 => map!(v => mathfn::bessel_i(1, v as f64, false) as f32),
+            Un::I1e => map!(v => mathfn::bessel_i(1, v as f64, true) as f32),
+            Un::BesselJ0 => map!(v => libm::j0(v as f64) as f32),
+            Un::BesselJ1 => map!(v => libm::j1(v as f64) as f32),
+            Un::BesselY0 => map!(v => libm::y0(v as f64) as f32),
+            Un::BesselY1 => map!(v => libm::y1(v as f64) as f32),
+            Un::Ndtri => map!(v => (std::f64::consts::SQRT_2 * mathfn::erfinv(2.0 * v as f64 - 1.0)) as f32),
             Un::LogicalNot => map!(v => (v == 0.0) as u8 as f32),
             Un::Clamp(lo, hi) => map!(v => if v < lo { lo } else if v > hi { hi } else { v }),
             Un::Leaky(s) => map!(v => if v > 0.0 { v } else { v * s }),
@@ -559,6 +628,15 @@ impl Scalar for f32 {
             Bin::Or => zip!(p, q => (p != 0.0 || q != 0.0) as u8 as f32),
             Bin::Xor => zip!(p, q => ((p != 0.0) != (q != 0.0)) as u8 as f32),
             Bin::ThresholdBwd(t) => zip!(g, s => if s <= t { 0.0 } else { g }),
+            Bin::Copysign => zip!(p, q => p.copysign(q)),
+            Bin::Nextafter => zip!(p, q => mathfn::nextafter(p, q)),
+            Bin::Hypot => zip!(p, q => p.hypot(q)),
+            // fmax/fmin: NaN only when both are NaN
+            Bin::Fmax => zip!(p, q => p.max(q)),
+            Bin::Fmin => zip!(p, q => p.min(q)),
+            Bin::Zeta => zip!(p, q => mathfn::zeta(p as f64, q as f64) as f32),
+            // shifted polynomials: the same recurrence at 2x - 1
+            Bin::Poly(kind, shifted) => zip!(p, q => mathfn::poly(kind, if shifted { p + p - 1.0 } else { p }, q)),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod ew;
 pub mod exec;
 pub mod gemm;
 pub mod gemm_own;
+pub mod indexing;
 pub mod isa;
 pub mod llm;
 pub mod mathfn;

@@ -37,6 +37,11 @@ pub enum Kernel {
     Gather { x: View, idx: View, out: View, dim: usize },
     IndexSelect { x: View, idx: View, out: View, dim: usize },
     Cumsum { x: View, y: View, dim: usize },
+    /// 0: cumprod, 1: logcumsumexp
+    Scan { x: View, y: View, dim: usize, mode: i64 },
+    Scatter { base: View, idx: View, src: View, out: View, dim: usize, how: crate::indexing::Combine, include_self: bool },
+    IndexPut { base: View, values: View, idx: Vec<View>, out: View, accumulate: bool },
+    Sort { x: View, vals: View, pos: View, dim: usize, descending: bool },
     Arange { y: View, start: f64, step: f64 },
     Conv2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7], epi: Vec<Un> },
     MaxPool { x: View, y: View, idx: View, p: [usize; 8] },
@@ -212,6 +217,7 @@ impl Kernel {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
                 need(x.sizes == y.sizes, "softmax shapes differ")?;
+                need(x.rank() >= 1, "softmax of a 0-d tensor (view it as 1-d)")?;
                 let d = dim(ints, 0, x.rank())?;
                 Kernel::Softmax { x, y, dim: d, log: op == "log_softmax" }
             }
@@ -306,7 +312,47 @@ impl Kernel {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 need(x.sizes == y.sizes, "cumsum shapes")?;
                 need(y.dtype != DType::Bool && !(y.dtype == DType::I64 && x.dtype == DType::F32), "cumsum dtypes")?;
+                need(x.rank() >= 1, "cumsum of a 0-d tensor (view it as 1-d)")?;
                 Kernel::Cumsum { dim: dim(ints, 0, x.rank())?, x, y }
+            }
+            "scan" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                f32s(&[&x, &y])?;
+                need(x.sizes == y.sizes && x.rank() >= 1, "scan shapes")?;
+                let mode = int(ints, 1)?;
+                need((0..=1).contains(&mode), "scan mode")?;
+                Kernel::Scan { dim: dim(ints, 0, x.rank())?, x, y, mode }
+            }
+            "scatter" => {
+                let (base, idx, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
+                need(o.sizes == base.sizes && o.dtype == base.dtype && src.dtype == o.dtype, "scatter output")?;
+                need(idx.dtype == DType::I64 && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
+                let d = dim(ints, 0, o.rank())?;
+                for i in 0..o.rank() {
+                    need(idx.sizes[i] <= src.sizes[i], "scatter index larger than src")?;
+                    need(i == d || idx.sizes[i] <= o.sizes[i], "scatter index larger than self")?;
+                }
+                let how = crate::indexing::Combine::from_code(int(ints, 1)?)?;
+                need(o.dtype == DType::F32 || !matches!(how, crate::indexing::Combine::Mean) || o.dtype == DType::I64, "scatter mean dtype")?;
+                Kernel::Scatter { base, idx, src, out: o, dim: d, how, include_self: int(ints, 2)? != 0 }
+            }
+            "index_put" => {
+                let (base, values, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                let idx: Vec<View> = (2..ins.len()).map(|i| take(&ins, i)).collect::<Result<_>>()?;
+                need(!idx.is_empty() && idx.len() <= o.rank(), "index_put needs 1..rank index tensors")?;
+                need(o.sizes == base.sizes && o.dtype == base.dtype && values.dtype == o.dtype, "index_put output")?;
+                let bshape = idx[0].sizes.clone();
+                need(idx.iter().all(|i| i.dtype == DType::I64 && i.sizes == bshape), "index_put indices must be int64 and broadcast")?;
+                let mut expect = bshape;
+                expect.extend_from_slice(&o.sizes[idx.len()..]);
+                need(values.sizes == expect, "index_put values shape")?;
+                Kernel::IndexPut { base, values, idx, out: o, accumulate: int(ints, 0)? != 0 }
+            }
+            "sort" => {
+                let (x, vals, pos) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
+                need(x.rank() >= 1 && vals.sizes == x.sizes && pos.sizes == x.sizes, "sort shapes")?;
+                need(vals.dtype == x.dtype && pos.dtype == DType::I64, "sort dtypes")?;
+                Kernel::Sort { dim: dim(ints, 0, x.rank())?, x, vals, pos, descending: int(ints, 1)? != 0 }
             }
             "arange" => {
                 let y = out(&outs, 0)?;
@@ -613,6 +659,41 @@ impl Kernel {
                         }
                     }
                 });
+            }
+            Kernel::Scan { x, y, dim, mode } => {
+                let n = x.sizes[*dim];
+                let (sx, sy) = (x.strides[*dim], y.strides[*dim]);
+                let osz = drop_dim(&x.sizes, *dim);
+                let (px, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y));
+                for_each(&osz, [&drop_dim(&x.strides, *dim), &drop_dim(&y.strides, *dim)], |[a, b]| {
+                    let mut acc = if *mode == 0 { 1f64 } else { f64::NEG_INFINITY };
+                    for i in 0..n {
+                        let v = *px.add(a + i * sx) as f64;
+                        acc = if *mode == 0 {
+                            acc * v
+                        } else {
+                            // log(e^acc + e^v), stable
+                            let (hi, lo) = if acc > v { (acc, v) } else { (v, acc) };
+                            if lo == f64::NEG_INFINITY || hi.is_nan() || lo.is_nan() {
+                                if lo.is_nan() { lo } else { hi }
+                            } else if hi == f64::INFINITY {
+                                hi
+                            } else {
+                                hi + (lo - hi).exp().ln_1p()
+                            }
+                        };
+                        *py.add(b + i * sy) = acc as f32;
+                    }
+                });
+            }
+            Kernel::Scatter { base, idx, src, out, dim, how, include_self } => {
+                crate::indexing::scatter(mem, base, idx, src, out, *dim, *how, *include_self)?;
+            }
+            Kernel::IndexPut { base, values, idx, out, accumulate } => {
+                crate::indexing::index_put(mem, base, values, idx, out, *accumulate)?;
+            }
+            Kernel::Sort { x, vals, pos, dim, descending } => {
+                crate::indexing::sort(mem, x, vals, pos, *dim, *descending);
             }
             Kernel::Arange { y, start, step } => {
                 let p = mem.byte_ptr(y);

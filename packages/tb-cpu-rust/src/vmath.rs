@@ -88,9 +88,11 @@ mod imp {
                 // GeluErf
                 let e = erf_for_gelu(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2)));
                 let y = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5), x), _mm512_add_ps(_mm512_set1_ps(1.0), e));
-                // PyTorch's CPU kernel gives NaN for both infinities
-                let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(x), _mm512_set1_ps(f32::INFINITY));
-                _mm512_mask_mov_ps(y, inf, _mm512_set1_ps(f32::NAN))
+                // as PyTorch's CPU kernel: +inf -> inf, -inf -> NaN (-inf·0)
+                let pinf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::INFINITY));
+                let ninf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::NEG_INFINITY));
+                let y = _mm512_mask_mov_ps(y, pinf, _mm512_set1_ps(f32::INFINITY));
+                _mm512_mask_mov_ps(y, ninf, _mm512_set1_ps(f32::NAN))
             }
         }
     }
@@ -249,8 +251,10 @@ mod tests {
                     Un::Sigmoid => 1.0 / (1.0 + (-xd).exp()),
                     Un::Silu => xd / (1.0 + (-xd).exp()),
                     _ => {
-                        if x.is_infinite() {
+                        if x == f32::NEG_INFINITY {
                             f64::NAN
+                        } else if x == f32::INFINITY {
+                            f64::INFINITY
                         } else {
                             xd * phi(xd)
                         }

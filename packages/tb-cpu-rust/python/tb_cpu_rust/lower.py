@@ -198,6 +198,9 @@ class Lowerer:
         if isinstance(arg, (int, float)):
             if isinstance(arg, float) and g.compute == "i64" and not arg.is_integer():
                 raise LoweringError("float scalar in an integer program")
+            if isinstance(arg, float) and math.isnan(arg):
+                zero = g.emit("const", [], [0.0])
+                return g.emit("div", [zero, zero])  # JSON has no NaN literal
             return g.emit("const", [], [float(arg)])
         raise LoweringError(f"unsupported elementwise operand {arg!r}")
 
@@ -301,6 +304,10 @@ class Lowerer:
         op = node.op
         if op in T.VIEWS:
             return self.lower_view(node)
+        if op in T.COPY_VIEWS:
+            return self.lower_copy_view(node)
+        if op in T.SCATTER_VIEWS:
+            return self.lower_scatter_view(node)
         if T.ew_instruction(op) is not None or op in T.SPECIAL_EW:
             return self.lower_ew(node, slot)
         if op in T.REDUCTIONS:
@@ -321,6 +328,34 @@ class Lowerer:
             return tuple(self.view_of(v, r) for r in result)
         return self.view_of(v, result)
 
+    def lower_copy_view(self, node: Any) -> Any:
+        args = list(node.args)
+        v = self.value(args[0])
+        if any(isinstance(a, Ref) for a in args[1:]):
+            raise LoweringError("view with tensor arguments")
+        view_op = _overload(T.COPY_VIEWS[node.op])
+        result = view_op(self.meta_tensor(v), *args[1:], **node.kwargs)
+        views = result if isinstance(result, (tuple, list)) else (result,)
+        metas = node.out if isinstance(node.out, tuple) else (node.out,)
+        outs = []
+        for t, meta in zip(views, metas):
+            o = self.fresh(meta)
+            self.copy_into(self.view_of(v, t), o)
+            outs.append(o)
+        return tuple(outs) if isinstance(result, (tuple, list)) else outs[0]
+
+    def lower_scatter_view(self, node: Any) -> Any:
+        args = list(node.args)
+        base, src = self.value(args[0]), self.value(args[1])
+        if any(isinstance(a, Ref) for a in args[2:]):
+            raise LoweringError("view with tensor arguments")
+        o = self.fresh(node.out)
+        self.copy_into(base, o)
+        view_op = _overload(T.SCATTER_VIEWS[node.op])
+        part = view_op(self.meta_tensor(o), *args[2:], **node.kwargs)
+        self.copy_into(src, self.view_of(o, part))
+        return o
+
     # elementwise -----------------------------------------------------------------------------
     def lower_ew(self, node: Any, slot: int) -> Any:
         op, args, kw = node.op, list(node.args), dict(node.kwargs)
@@ -337,12 +372,11 @@ class Lowerer:
         in_dtypes = [self.dtype_of_arg(a) for a in args if isinstance(a, Ref)]
         if name in T.COMPARE:
             compute = "f32" if F32 in in_dtypes or any(isinstance(a, float) for a in args) else "i64"
+        elif name == "copy" and F32 in in_dtypes:
+            compute = "f32"  # float -> int64/bool conversion happens in the store
         else:
             compute = "f32" if meta.dtype == F32 else "i64"
-        if compute == "i64" and name not in T.INT_OK and op not in (
-            "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
-            "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar", "aten.where.self",
-        ):
+        if compute == "i64" and name not in T.INT_OK and op not in T.FILLS and op != "aten.where.self":
             raise LoweringError(f"{name} has no integer kernel")
         g = self.open_group(tuple(meta.shape), compute, args)
         o = self.operand
@@ -352,8 +386,52 @@ class Lowerer:
             r = o(g, args[0])
         elif op in ("aten.full_like.default", "aten.fill.Scalar"):
             r = o(g, args[1])
-        elif op == "aten.zeros_like.default":
-            r = o(g, 0)
+        elif op in ("aten.zeros_like.default", "aten.empty.memory_format", "aten.empty_permuted.default",
+                    "aten.empty_strided.default"):
+            r = o(g, 0)  # empty memory is zero-filled: never leak stale values
+        elif op == "aten.copy.default":
+            r = o(g, args[1])  # copy(self, src): src broadcast to self's shape, in self's dtype
+        elif op == "aten.masked_fill.Tensor":
+            r = g.emit("where", [o(g, args[1]), o(g, args[2]), o(g, args[0])])
+        elif op in ("aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor"):
+            if op == "aten.clamp_min.Tensor":
+                lo, hi = args[1], None
+            elif op == "aten.clamp_max.Tensor":
+                lo, hi = None, args[1]
+            else:
+                lo = args[1] if len(args) > 1 else kw.get("min")
+                hi = args[2] if len(args) > 2 else kw.get("max")
+            r = o(g, args[0])
+            if lo is not None:
+                r = g.emit("maximum", [r, o(g, lo)])
+            if hi is not None:
+                r = g.emit("minimum", [r, o(g, hi)])
+        elif op == "aten.round.decimals":
+            d = int(kw.get("decimals", args[1] if len(args) > 1 else 0))
+            scale = g.emit("const", [], [float(10 ** abs(d))])
+            x = o(g, args[0])
+            if d >= 0:
+                r = g.emit("div", [g.emit("round", [g.emit("mul", [x, scale])]), scale])
+            else:
+                r = g.emit("mul", [g.emit("round", [g.emit("div", [x, scale])]), scale])
+        elif op == "aten.polygamma.default":
+            n, x = int(args[0]), o(g, args[1])
+            if n == 0:
+                r = g.emit("digamma", [x])
+            else:
+                # ψ⁽ⁿ⁾(x) = (-1)^(n+1) n! ζ(n+1, x)
+                z = g.emit("zeta", [g.emit("const", [], [float(n + 1)]), x])
+                r = g.emit("mul", [z, g.emit("const", [], [float((-1) ** (n + 1) * math.factorial(n))])])
+        elif name == "ldexp":
+            r = g.emit("mul", [o(g, args[0]), g.emit("exp2", [o(g, args[1])])])
+        elif name == "fmod" and compute == "i64":
+            # C fmod on integers: the remainder takes the dividend's sign
+            a, b = o(g, args[0]), o(g, args[1])
+            rem = g.emit("remainder", [a, b])
+            zero = g.emit("const", [], [0.0])
+            differ = g.emit("xor", [g.emit("lt", [a, zero]), g.emit("lt", [b, zero])])
+            fix = g.emit("and", [g.emit("ne", [rem, zero]), differ])
+            r = g.emit("where", [fix, g.emit("sub", [rem, b], [1.0]), rem])
         elif op == "aten.ones_like.default":
             r = o(g, 1)
         elif op == "aten.where.self":
@@ -536,7 +614,14 @@ class Lowerer:
         kind = T.REDUCTIONS[op]
         corr = 0.0
         keep = False
-        if op in ("aten.sum.default", "aten.mean.default", "aten.prod.default"):
+        if self.dtype_of(x) == BOOL:
+            x = self.convert(x, F32)
+        elif self.dtype_of(x) == I64:
+            if kind != 9:
+                raise LoweringError("integer input of a float reduction")
+            x = self.convert(x, F32, nonzero=True)
+        if op in ("aten.sum.default", "aten.mean.default", "aten.prod.default", "aten.any.default", "aten.max.default",
+                  "aten.min.default"):
             dims: Any = None
         elif op in ("aten.argmax.default", "aten.argmin.default"):
             dims = args[1] if len(args) > 1 else kw.get("dim")
@@ -545,7 +630,7 @@ class Lowerer:
         elif op in ("aten.max.dim", "aten.min.dim", "aten.prod.dim_int"):
             dims = [args[1]]
             keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
-        elif op in ("aten.var.correction", "aten.std.correction", "aten.var.dim"):
+        elif op in ("aten.var.correction", "aten.std.correction", "aten.var.dim", "aten.var_mean.correction"):
             dims = args[1] if len(args) > 1 else kw.get("dim")
             if op == "aten.var.dim":
                 unbiased = args[2] if len(args) > 2 else kw.get("unbiased", True)
@@ -564,6 +649,8 @@ class Lowerer:
             dt = kw.get("dtype")
             if dt is not None and dt != F32:
                 raise LoweringError("reduction dtype")
+        if isinstance(dims, int):
+            dims = [dims]
         if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
             red = list(range(rank))
         else:
@@ -572,7 +659,14 @@ class Lowerer:
         outs = node.out if isinstance(node.out, tuple) else (node.out,)
         results = []
         kinds = [kind] if op not in ("aten.max.dim", "aten.min.dim") else [kind, kind + 2]
+        if op == "aten.var_mean.correction":
+            kinds = [6, 1]
         for k, meta in zip(kinds, outs):
+            final = None
+            if k not in (4, 5, 9) and meta.dtype != F32:
+                # e.g. the int64 sum of a bool tensor: reduce in float32, then convert (exact below 2**24)
+                final = meta
+                meta = TensorMeta(meta.shape, meta.stride, F32, meta.device)
             v = self.fresh(meta)
             val = self.values[v]
             # a keepdim view of the output: size 1 and stride 0 on reduced dims
@@ -589,8 +683,99 @@ class Lowerer:
                     j += 1
             kv = self.new_value(val["buf"], val["offset"], sizes, strides)
             self.steps.append({"op": "reduce", "ins": [x], "outs": [kv], "ints": [k, *mask], "floats": [corr]})
-            results.append(v)
+            results.append(v if final is None else self.convert(v, final.dtype))
         return results[0] if len(results) == 1 else tuple(results)
+
+    def convert(self, v: int, dtype: torch.dtype, nonzero: bool = False) -> int:
+        """A copy of value ``v`` in a fresh contiguous buffer of ``dtype`` (``nonzero``: x != 0)."""
+        sizes = list(self.values[v]["sizes"])
+        out = self.fresh(TensorMeta(tuple(sizes), tuple(_contig(sizes)), dtype, "cpu"))
+        src = self.dtype_of(v)
+        compute = "f32" if F32 in (src, dtype) and not (nonzero and src != F32) else "i64"
+        prog = [{"op": "load", "dst": 0, "a": [0], "f": []}]
+        if nonzero:
+            prog += [{"op": "const", "dst": 1, "a": [], "f": [0.0]}, {"op": "ne", "dst": 2, "a": [0, 1], "f": []}]
+        prog.append({"op": "store", "dst": 0, "a": [len(prog) - 1 if nonzero else 0], "f": []})
+        self.steps.append({"op": "ew", "compute": compute, "ins": [v], "outs": [out], "prog": prog})
+        return out
+
+    def fill(self, v: int, value: float) -> None:
+        """Writes ``value`` into every element of value ``v``."""
+        compute = "f32" if self.dtype_of(v) == F32 else "i64"
+        prog = [{"op": "const", "dst": 0, "a": [], "f": [float(value)]}, {"op": "store", "dst": 0, "a": [0], "f": []}]
+        self.steps.append({"op": "ew", "compute": compute, "ins": [], "outs": [v], "prog": prog})
+
+    def copy_into(self, src: int, dst: int) -> None:
+        compute = "f32" if F32 in (self.dtype_of(src), self.dtype_of(dst)) else "i64"
+        prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "store", "dst": 0, "a": [0], "f": []}]
+        self.steps.append({"op": "ew", "compute": compute, "ins": [src], "outs": [dst], "prog": prog})
+
+    def unsqueeze2(self, v: int) -> int:
+        """(N, C, L) as (N, C, 1, L)."""
+        return self.view_of(v, self.meta_tensor(v).unsqueeze(2))
+
+    def as_1d(self, v: int) -> int:
+        """A 0-d value as a 1-element 1-d view (kernels that take a dim need one)."""
+        val = self.values[v]
+        if val["sizes"]:
+            return v
+        return self.new_value(val["buf"], val["offset"], [1], [1])
+
+    def lower_group_norm(self, node: Any) -> Any:
+        """Group norm from two reductions and one elementwise sweep over (N, G, C/G, HxW)."""
+        x_arg, w_arg, b_arg, n, c, hw, groups, eps = node.args
+        x = self.value(x_arg)
+        cg = c // groups
+        try:
+            xt = self.meta_tensor(x)
+            xg = self.view_of(x, xt.view(n, groups, cg * hw))
+            x4 = self.view_of(x, xt.view(n, groups, cg, hw))
+        except RuntimeError as exc:
+            raise LoweringError(f"group norm input layout: {exc}") from exc
+        y_meta, mean_meta, rstd_meta = node.out
+        mean, rstd = self.fresh(mean_meta), self.fresh(rstd_meta)
+        var = self.fresh(TensorMeta((n, groups), (groups, 1), F32, "cpu"))
+
+        def keep(v: int) -> int:
+            val = self.values[v]
+            return self.new_value(val["buf"], val["offset"], [n, groups, 1], [*val["strides"], 0])
+
+        self.steps.append({"op": "reduce", "ins": [xg], "outs": [keep(mean)], "ints": [1, 0, 0, 1], "floats": [0.0]})
+        self.steps.append({"op": "reduce", "ins": [xg], "outs": [keep(var)], "ints": [6, 0, 0, 1], "floats": [0.0]})
+        prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "const", "dst": 1, "a": [], "f": [float(eps)]},
+                {"op": "add", "dst": 2, "a": [0, 1], "f": [1.0]}, {"op": "rsqrt", "dst": 3, "a": [2], "f": []},
+                {"op": "store", "dst": 0, "a": [3], "f": []}]
+        self.steps.append({"op": "ew", "compute": "f32", "ins": [var], "outs": [rstd], "prog": prog})
+        y = self.fresh(y_meta)
+        try:
+            y4 = self.view_of(y, self.meta_tensor(y).view(n, groups, cg, hw))
+        except RuntimeError as exc:
+            raise LoweringError(f"group norm output layout: {exc}") from exc
+
+        def per_group(v: int) -> int:
+            val = self.values[v]
+            return self.new_value(val["buf"], val["offset"], [n, groups, cg, hw], [*val["strides"], 0, 0])
+
+        def per_channel(arg: Any) -> int:
+            val = self.values[self.value(arg)]
+            st = val["strides"][0]
+            return self.new_value(val["buf"], val["offset"], [n, groups, cg, hw], [0, cg * st, st, 0])
+
+        ins = [x4, per_group(mean), per_group(rstd)]
+        prog = [{"op": "load", "dst": i, "a": [i], "f": []} for i in range(3)]
+        prog += [{"op": "sub", "dst": 3, "a": [0, 1], "f": [1.0]}, {"op": "mul", "dst": 4, "a": [3, 2], "f": []}]
+        r = 4
+        if w_arg is not None:
+            ins.append(per_channel(w_arg))
+            prog += [{"op": "load", "dst": 5, "a": [len(ins) - 1], "f": []}, {"op": "mul", "dst": 6, "a": [r, 5], "f": []}]
+            r = 6
+        if b_arg is not None:
+            ins.append(per_channel(b_arg))
+            prog += [{"op": "load", "dst": 7, "a": [len(ins) - 1], "f": []}, {"op": "add", "dst": 8, "a": [r, 7], "f": [1.0]}]
+            r = 8
+        prog.append({"op": "store", "dst": 0, "a": [r], "f": []})
+        self.steps.append({"op": "ew", "compute": "f32", "ins": ins, "outs": [y4], "prog": prog})
+        return (y, mean, rstd)
 
     # kernels ----------------------------------------------------------------------------------
     def lower_kernel(self, node: Any) -> Any:
@@ -617,7 +802,8 @@ class Lowerer:
         if op in ("aten._softmax.default", "aten._log_softmax.default"):
             x = self.value(a[0])
             y = self.fresh(out)
-            step({"op": "softmax" if "_softmax" == op[5:13] else "log_softmax", "ins": [x], "outs": [y], "ints": [a[1]]})
+            name = "softmax" if "_softmax" == op[5:13] else "log_softmax"
+            step({"op": name, "ins": [self.as_1d(x)], "outs": [self.as_1d(y)], "ints": [a[1] if out.shape else 0]})
             return y
         if op in ("aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default"):
             g, y = self.value(a[0]), self.value(a[1])
@@ -671,7 +857,11 @@ class Lowerer:
         if op == "aten.gather.default":
             x, idx = self.value(a[0]), self.value(a[2])
             o = self.fresh(out)
-            step({"op": "gather", "ins": [x, idx], "outs": [o], "ints": [a[1]]})
+            if not self.values[x]["sizes"] and not self.values[idx]["sizes"]:
+                x, idx, t = self.as_1d(x), self.as_1d(idx), self.as_1d(o)
+            else:
+                t = o
+            step({"op": "gather", "ins": [x, idx], "outs": [t], "ints": [a[1]]})
             return o
         if op == "aten.index_select.default":
             x, idx = self.value(a[0]), self.value(a[2])
@@ -681,7 +871,189 @@ class Lowerer:
         if op == "aten.cumsum.default":
             x = self.value(a[0])
             o = self.fresh(out)
-            step({"op": "cumsum", "ins": [x], "outs": [o], "ints": [a[1]]})
+            step({"op": "cumsum", "ins": [self.as_1d(x)], "outs": [self.as_1d(o)], "ints": [a[1] if out.shape else 0]})
+            return o
+        if op in ("aten.cumprod.default", "aten.logcumsumexp.default"):
+            x = self.value(a[0])
+            if self.dtype_of(x) != F32 or out.dtype != F32:
+                raise LoweringError("scan of a non-float32 tensor")
+            o = self.fresh(out)
+            mode = 0 if op == "aten.cumprod.default" else 1
+            step({"op": "scan", "ins": [self.as_1d(x)], "outs": [self.as_1d(o)], "ints": [a[1] if out.shape else 0, mode]})
+            return o
+        if op in ("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default", "aten.scatter_reduce.two",
+                  "aten.scatter.reduce", "aten.scatter.value_reduce"):
+            base, dim_, idx = self.value(a[0]), a[1], self.value(a[2])
+            if op in ("aten.scatter.value", "aten.scatter.value_reduce"):
+                isz = self.values[idx]["sizes"]
+                src = self.fresh(TensorMeta(tuple(isz), tuple(_contig(isz)), out.dtype, "cpu"))
+                self.fill(src, a[3])
+            else:
+                src = self.value(a[3])
+            how, include = 0, 1
+            if op == "aten.scatter_add.default":
+                how = 1
+            elif op == "aten.scatter_reduce.two":
+                how = {"sum": 1, "prod": 2, "amax": 3, "amin": 4, "mean": 5}[a[4]]
+                include = int(bool(kw.get("include_self", a[5] if len(a) > 5 else True)))
+            elif op in ("aten.scatter.reduce", "aten.scatter.value_reduce"):
+                how = {"add": 1, "multiply": 2}[kw.get("reduce", a[4] if len(a) > 4 else None)]
+            o = self.fresh(out)
+            ins = [self.as_1d(base), self.as_1d(idx), self.as_1d(src)]
+            step({"op": "scatter", "ins": ins, "outs": [self.as_1d(o)], "ints": [dim_ if out.shape else 0, how, include]})
+            return o
+        if op == "aten.index_reduce.default":
+            base, dim_, idx, src, red = self.value(a[0]), a[1], self.value(a[2]), self.value(a[3]), a[4]
+            include = int(bool(kw.get("include_self", a[5] if len(a) > 5 else True)))
+            how = {"prod": 2, "amax": 3, "amin": 4, "mean": 5}[red]
+            o = self.fresh(out)
+            if not out.shape:
+                base, src, idx = self.as_1d(base), self.as_1d(src), self.as_1d(idx)
+                step({"op": "scatter", "ins": [base, idx, src], "outs": [self.as_1d(o)], "ints": [0, how, include]})
+                return o
+            ssz = self.values[src]["sizes"]
+            d = dim_ % len(ssz)
+            iv = self.values[idx]
+            strides = [0] * len(ssz)
+            strides[d] = iv["strides"][0] if iv["sizes"] else 0
+            idx_view = self.new_value(iv["buf"], iv["offset"], list(ssz), strides)
+            step({"op": "scatter", "ins": [base, idx_view, src], "outs": [o], "ints": [d, how, include]})
+            return o
+        if op == "aten.index_put.default":
+            base, values = self.value(a[0]), self.value(a[2])
+            accumulate = bool(kw.get("accumulate", a[3] if len(a) > 3 else False))
+            idx = [self.value(i) for i in a[1]]
+            bshape = tuple(torch.broadcast_shapes(*[tuple(self.values[i]["sizes"]) for i in idx]))
+            idx = [self.broadcast(i, bshape) for i in idx]
+            rest = tuple(out.shape[len(idx):])
+            vals = self.broadcast(values, bshape + rest)
+            if self.dtype_of(vals) != out.dtype:
+                vals = self.convert(vals, out.dtype)
+            o = self.fresh(out)
+            step({"op": "index_put", "ins": [base, vals, *idx], "outs": [o], "ints": [int(accumulate)]})
+            return o
+        if op == "aten.native_group_norm.default":
+            return self.lower_group_norm(node)
+        if op == "aten.median.default":
+            # the lower middle of the sorted values, NaN when any value is NaN (as PyTorch)
+            x = self.value(a[0])
+            n = math.prod(self.values[x]["sizes"])
+            if n == 0:
+                raise LoweringError("median of an empty tensor")
+            flat = self.fresh(TensorMeta((n,), (1,), F32, "cpu"))
+            self.copy_into(x, self.view_of(flat, self.meta_tensor(flat).view(self.values[x]["sizes"])))
+            vals, pos = (self.fresh(TensorMeta((n,), (1,), dt, "cpu")) for dt in (F32, I64))
+            step({"op": "sort", "ins": [flat], "outs": [vals, pos], "ints": [0, 0]})
+            nan = self.fresh(TensorMeta((n,), (1,), F32, "cpu"))
+            prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "isnan", "dst": 1, "a": [0], "f": []},
+                    {"op": "store", "dst": 0, "a": [1], "f": []}]
+            step({"op": "ew", "compute": "f32", "ins": [flat], "outs": [nan], "prog": prog})
+            anynan = self.fresh(TensorMeta((1,), (1,), BOOL, "cpu"))
+            step({"op": "reduce", "ins": [nan], "outs": [anynan], "ints": [9, 1], "floats": [0.0]})
+            mid = self.view_of(vals, self.meta_tensor(vals).narrow(0, (n - 1) // 2, 1))
+            o = self.fresh(out)
+            o1 = self.as_1d(o)
+            prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "load", "dst": 1, "a": [1], "f": []},
+                    {"op": "const", "dst": 2, "a": [], "f": [0.0]}, {"op": "div", "dst": 3, "a": [2, 2], "f": []},
+                    {"op": "where", "dst": 4, "a": [0, 3, 1], "f": []}, {"op": "store", "dst": 0, "a": [4], "f": []}]
+            step({"op": "ew", "compute": "f32", "ins": [anynan, mid], "outs": [o1], "prog": prog})
+            return o
+        if op == "aten.kthvalue.default":
+            x = self.as_1d(self.value(a[0]))
+            k = a[1]
+            dim_ = a[2] if len(a) > 2 else kw.get("dim", -1)
+            keep = bool(a[3] if len(a) > 3 else kw.get("keepdim", False))
+            sizes = self.values[x]["sizes"]
+            d = dim_ % len(sizes)
+            metas = [TensorMeta(tuple(sizes), tuple(_contig(sizes)), dt, "cpu") for dt in (self.dtype_of(x), I64)]
+            vals, pos = (self.fresh(m) for m in metas)
+            step({"op": "sort", "ins": [x], "outs": [vals, pos], "ints": [d, 0]})
+            results = []
+            for v, meta in zip((vals, pos), out):
+                t = self.meta_tensor(v).narrow(d, k - 1, 1)
+                t = t.reshape(meta.shape) if (not keep or not meta.shape) else t
+                results.append(self.view_of(v, t))
+            return tuple(results)
+        if op in ("aten.sort.default", "aten.sort.stable", "aten.topk.default"):
+            x = self.as_1d(self.value(a[0]))
+            rank = len(self.values[x]["sizes"])
+            if op == "aten.topk.default":
+                k = a[1]
+                dim_ = a[2] if len(a) > 2 else kw.get("dim", -1)
+                desc = bool(a[3] if len(a) > 3 else kw.get("largest", True))
+            elif op == "aten.sort.stable":
+                dim_ = kw.get("dim", -1)
+                desc = bool(kw.get("descending", False))
+            else:
+                dim_ = a[1] if len(a) > 1 else kw.get("dim", -1)
+                desc = bool(a[2] if len(a) > 2 else kw.get("descending", False))
+            d = dim_ % rank
+            sizes = self.values[x]["sizes"]
+            metas = [TensorMeta(tuple(sizes), tuple(_contig(sizes)), dt, "cpu") for dt in (self.dtype_of(x), I64)]
+            vals, pos = (self.fresh(m) for m in metas)
+            step({"op": "sort", "ins": [x], "outs": [vals, pos], "ints": [d, int(desc)]})
+            results = []
+            for v, meta in zip((vals, pos), out):
+                t = self.meta_tensor(v)
+                if op == "aten.topk.default":
+                    t = t.narrow(d, 0, k)
+                t = t.reshape(meta.shape) if not meta.shape else t
+                results.append(self.view_of(v, t))
+            return tuple(results)
+        if op == "aten.constant_pad_nd.default":
+            x = self.value(a[0])
+            pad = list(a[1])
+            value = a[2] if len(a) > 2 else kw.get("value", 0)
+            o = self.fresh(out)
+            if isinstance(value, float) and math.isnan(value):
+                raise LoweringError("NaN padding value")
+            self.fill(o, value)
+            src, dst = self.meta_tensor(x), self.meta_tensor(o)
+            rank = len(out.shape)
+            for i in range(len(pad) // 2):
+                d = rank - 1 - i
+                lo, hi = pad[2 * i], pad[2 * i + 1]
+                n = src.shape[d] - max(0, -lo) - max(0, -hi)
+                if n <= 0:
+                    return o
+                src = src.narrow(d, max(0, -lo), n)
+                dst = dst.narrow(d, max(0, lo), n)
+            self.copy_into(self.view_of(x, src), self.view_of(o, dst))
+            return o
+        if op == "aten.repeat.default":
+            x = self.value(a[0])
+            reps = list(a[1])
+            xs, xst = self.values[x]["sizes"], self.values[x]["strides"]
+            pad = len(reps) - len(xs)
+            xs, xst = [1] * pad + list(xs), [0] * pad + list(xst)
+            o = self.fresh(out)
+            ov = self.values[o]
+            sizes, ostr, istr = [], [], []
+            for r, n, st, os_ in zip(reps, xs, xst, ov["strides"]):
+                sizes += [r, n]
+                ostr += [n * os_, os_]
+                istr += [0, st]
+            src = self.new_value(self.values[x]["buf"], self.values[x]["offset"], sizes, istr)
+            dst = self.new_value(ov["buf"], ov["offset"], sizes, ostr)
+            self.copy_into(src, dst)
+            return o
+        if op == "aten.flip.default":
+            v = self.value(a[0])
+            sizes = self.values[v]["sizes"]
+            dims = sorted({d % len(sizes) for d in a[1]} if sizes else set())
+            dims = [d for d in dims if sizes[d] > 1]
+            o = self.fresh(out)
+            if not dims:
+                self.copy_into(v, o)
+            for j, d in enumerate(dims):
+                # no negative strides in a view: gather through a reversed arange instead
+                n = sizes[d]
+                rev = self.fresh(TensorMeta((n,), (1,), I64, "cpu"))
+                step({"op": "arange", "outs": [rev], "floats": [float(n - 1), -1.0]})
+                last = j == len(dims) - 1
+                nxt = o if last else self.fresh(TensorMeta(tuple(sizes), tuple(_contig(sizes)), out.dtype, "cpu"))
+                step({"op": "index_select", "ins": [v, rev], "outs": [nxt], "ints": [d]})
+                v = nxt
             return o
         if op.startswith("aten.arange."):
             if op == "aten.arange.default":
@@ -695,12 +1067,17 @@ class Lowerer:
             return o
         if op == "aten.convolution.default":
             x, w, b, stride, padding, dilation, transposed, _outpad, groups = a
-            if transposed or len(stride) != 2:
-                raise LoweringError("only 2-d non-transposed convolution")
+            if transposed or len(stride) not in (1, 2):
+                raise LoweringError("only 1-d and 2-d non-transposed convolution")
             o = self.fresh(out)
             ins = [self.value(x), self.value(w), self.value(b) if b is not None else None]
+            target = o
+            if len(stride) == 1:
+                # a 1-d convolution is a 2-d one over a height of 1
+                ins[0], ins[1], target = (self.unsqueeze2(v) for v in (ins[0], ins[1], o))
+                stride, padding, dilation = [1, stride[0]], [0, padding[0]], [1, dilation[0]]
             ints = [stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups]
-            step({"op": "conv2d", "ins": ins, "outs": [o], "ints": ints})
+            step({"op": "conv2d", "ins": ins, "outs": [target], "ints": ints})
             return o
         if op == "aten.max_pool2d_with_indices.default":
             x = self.value(a[0])
@@ -759,6 +1136,11 @@ class Lowerer:
                 })
             return o
         raise LoweringError(f"no lowering for {op}")
+
+
+def _overload(name: str) -> Any:
+    _, packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)
 
 
 def _pair(v: Any) -> list[int]:

@@ -26,6 +26,15 @@ UNARY: dict[str, str] = {
     "aten.frac.default": "frac", "aten.sign.default": "sign", "aten.reciprocal.default": "reciprocal",
     "aten.logical_not.default": "logical_not", "aten.isnan.default": "isnan", "aten.clone.default": "copy",
     "aten._to_copy.default": "copy", "aten.lift_fresh_copy.default": "copy",
+    "aten.lgamma.default": "lgamma", "aten.digamma.default": "digamma", "aten.erfc.default": "erfc",
+    "aten.erfinv.default": "erfinv", "aten.log10.default": "log10", "aten.asinh.default": "asinh",
+    "aten.acosh.default": "acosh", "aten.atanh.default": "atanh", "aten.isinf.default": "isinf",
+    "aten.signbit.default": "signbit", "aten.special_erfcx.default": "erfcx",
+    "aten.special_spherical_bessel_j0.default": "spherical_j0", "aten.i0.default": "i0", "aten.special_i0e.default": "i0e",
+    "aten.special_i1.default": "i1", "aten.special_i1e.default": "i1e", "aten.special_ndtri.default": "ndtri",
+    "aten.special_modified_bessel_i0.default": "i0", "aten.special_modified_bessel_i1.default": "i1",
+    "aten.special_bessel_j0.default": "bessel_j0", "aten.special_bessel_j1.default": "bessel_j1",
+    "aten.special_bessel_y0.default": "bessel_y0", "aten.special_bessel_y1.default": "bessel_y1",
 }
 # elementwise binary (Tensor and Scalar overloads): op -> instruction name
 BINARY: dict[str, str] = {}
@@ -41,7 +50,19 @@ BINARY.update({
     "aten.pow.Tensor_Tensor": "pow", "aten.pow.Tensor_Scalar": "pow_scalar", "aten.pow.Scalar": "pow",
     "aten.threshold_backward.default": "threshold_backward", "aten.rsub.Scalar": "rsub", "aten.rsub.Tensor": "rsub",
     "aten.div.Tensor_mode": "div_mode", "aten.floor_divide.default": "floor_divide",
+    "aten.copysign.Tensor": "copysign", "aten.copysign.Scalar": "copysign", "aten.nextafter.default": "nextafter",
+    "aten.hypot.default": "hypot", "aten.fmax.default": "fmax", "aten.fmin.default": "fmin",
+    "aten.special_zeta.default": "zeta", "aten.special_zeta.self_scalar": "zeta", "aten.special_zeta.other_scalar": "zeta",
+    "aten.ldexp.Tensor": "ldexp",
 })
+for _poly in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+              "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"):
+    for _shift in ("", "shifted_"):
+        if _shift and not _poly.startswith("chebyshev"):
+            continue
+        _ins = "poly_" + _shift + _poly.replace("_polynomial", "")
+        for _ov in ("default", "x_scalar", "n_scalar"):
+            BINARY[f"aten.special_{_shift}{_poly}.{_ov}"] = _ins
 for _name in ("logical_and", "logical_or", "logical_xor"):
     BINARY[f"aten.{_name}.default"] = BINARY.pop(f"aten.{_name}.Tensor")
     BINARY.pop(f"aten.{_name}.Scalar")
@@ -53,11 +74,22 @@ SPECIAL_EW = frozenset({
     "aten.fill.Scalar", "aten.sigmoid_backward.default", "aten.tanh_backward.default",
     "aten._native_batch_norm_legit_no_training.default", "aten.hardsigmoid.default", "aten.hardswish.default",
     "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar",
+    "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor", "aten.round.decimals",
+    "aten.polygamma.default", "aten.empty.memory_format", "aten.empty_permuted.default", "aten.empty_strided.default",
+    "aten.masked_fill.Tensor", "aten.copy.default",
 })
-COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "logical_not", "isnan"})
+#: ops that only write a value (their integer form needs no integer arithmetic)
+FILLS = frozenset({
+    "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor",
+    "aten.empty.memory_format", "aten.empty_permuted.default", "aten.empty_strided.default",
+})
+COMPARE = frozenset({
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "logical_not", "isnan", "isinf", "signbit",
+})
 INT_OK = frozenset({
     "copy", "neg", "abs", "add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and",
-    "or", "xor", "logical_not", "sign", "rsub", "clamp", "relu", "remainder", "floor_divide", "where", "const",
+    "or", "xor", "logical_not", "sign", "rsub", "clamp", "relu", "remainder", "floor_divide", "where", "const", "fmod",
 })
 VIEWS = frozenset({
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
@@ -66,12 +98,31 @@ VIEWS = frozenset({
     "aten.alias.default", "aten.diagonal.default", "aten.split.Tensor", "aten.split_with_sizes.default",
     "aten.unbind.int", "aten.detach.default", "aten.unfold.default", "aten.narrow.default",
 })
+#: view-and-copy ops: the view is resolved at compile time, the copy is one elementwise step
+COPY_VIEWS: dict[str, str] = {
+    "aten.view_copy.default": "aten.view.default", "aten.permute_copy.default": "aten.permute.default",
+    "aten.narrow_copy.default": "aten.narrow.default", "aten.unbind_copy.int": "aten.unbind.int",
+    "aten.expand_copy.default": "aten.expand.default", "aten.t_copy.default": "aten.t.default",
+    "aten.transpose_copy.int": "aten.transpose.int", "aten.unsqueeze_copy.default": "aten.unsqueeze.default",
+    "aten.squeeze_copy.dim": "aten.squeeze.dim", "aten.squeeze_copy.dims": "aten.squeeze.dims",
+    "aten.diagonal_copy.default": "aten.diagonal.default", "aten.select_copy.int": "aten.select.int",
+    "aten.slice_copy.Tensor": "aten.slice.Tensor", "aten.alias_copy.default": "aten.alias.default",
+}
+#: scatter-into-a-view ops: out = copy of self with src written into one view of it
+SCATTER_VIEWS: dict[str, str] = {
+    "aten.slice_scatter.default": "aten.slice.Tensor", "aten.select_scatter.default": "aten.select.int",
+    "aten.diagonal_scatter.default": "aten.diagonal.default",
+}
 REDUCTIONS: dict[str, int] = {
     "aten.sum.dim_IntList": 0, "aten.sum.default": 0, "aten.mean.dim": 1, "aten.mean.default": 1, "aten.amax.default": 2,
     "aten.amin.default": 3, "aten.argmax.default": 4, "aten.argmin.default": 5, "aten.var.correction": 6,
     "aten.prod.dim_int": 7, "aten.prod.default": 7, "aten.logsumexp.default": 8, "aten.max.dim": 2, "aten.min.dim": 3,
-    "aten.var.dim": 6, "aten.std.correction": 6,
+    "aten.var.dim": 6, "aten.std.correction": 6, "aten.var_mean.correction": 6, "aten.max.default": 2,
+    "aten.min.default": 3,
+    "aten.any.default": 9, "aten.any.dim": 9, "aten.any.dims": 9,
 }
+#: reductions that may read int64 (compared with zero, which is exact)
+INT_INPUT_REDUCTIONS = frozenset({"aten.any.default", "aten.any.dim", "aten.any.dims"})
 KERNELS = frozenset({
     "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
     "aten._softmax.default", "aten._log_softmax.default", "aten._softmax_backward_data.default",
@@ -80,16 +131,28 @@ KERNELS = frozenset({
     "aten.gather.default", "aten.index_select.default", "aten.cumsum.default", "aten.arange.start_step",
     "aten.arange.default", "aten.arange.start", "aten.convolution.default", "aten.max_pool2d_with_indices.default",
     "aten.avg_pool2d.default", "aten.nll_loss_forward.default", "aten.nll_loss_backward.default", "aten.cat.default",
-    "aten.stack.default",
+    "aten.stack.default", "aten.cumprod.default", "aten.logcumsumexp.default", "aten.scatter.src", "aten.scatter.value",
+    "aten.scatter_add.default", "aten.scatter_reduce.two", "aten.index_reduce.default", "aten.index_put.default",
+    "aten.sort.default", "aten.sort.stable", "aten.topk.default", "aten.constant_pad_nd.default", "aten.repeat.default",
+    "aten.flip.default", "aten.kthvalue.default",
 })
 FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
     "aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.cumsum.default",
     "aten.arange.start_step", "aten.arange.default", "aten.arange.start", "aten.cat.default", "aten.stack.default",
     "aten.embedding.default", "aten.nll_loss_forward.default", "aten.nll_loss_backward.default",
-    "aten.max_pool2d_with_indices.default",
+    "aten.max_pool2d_with_indices.default", "aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
+    "aten.scatter_reduce.two", "aten.index_put.default", "aten.sort.default", "aten.sort.stable",
+    "aten.constant_pad_nd.default", "aten.repeat.default", "aten.flip.default",
 })
 
-SUPPORTED = frozenset(UNARY) | frozenset(BINARY) | SPECIAL_EW | VIEWS | frozenset(REDUCTIONS) | KERNELS
+KERNELS = KERNELS | {"aten.scatter.reduce", "aten.scatter.value_reduce", "aten.median.default",
+                     "aten.native_group_norm.default"}
+FLOAT_ONLY_KERNELS = FLOAT_ONLY_KERNELS | {"aten.median.default", "aten.native_group_norm.default"}
+
+SUPPORTED = (
+    frozenset(UNARY) | frozenset(BINARY) | SPECIAL_EW | VIEWS | frozenset(REDUCTIONS) | KERNELS | frozenset(COPY_VIEWS)
+    | frozenset(SCATTER_VIEWS)
+)
 
 
 def ew_instruction(op: str) -> str | None:
@@ -112,9 +175,14 @@ def check(info: Any) -> str | None:
     kwargs = info.kwargs
     if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
         return "not a cpu tensor"
-    if op in FLOAT_ONLY_KERNELS or op in REDUCTIONS:
-        if any(m.dtype != F32 for m in info.inputs[:1]):
-            return "float32 input only"
+    if op in REDUCTIONS and info.inputs:
+        x = info.inputs[0]
+        if x.dtype == BOOL and x.numel >= 1 << 24:
+            return "bool reduction over 2**24 elements or more"  # counted in float32
+        if x.dtype == I64 and op not in INT_INPUT_REDUCTIONS:
+            return "float32 or bool input only"
+    if op in FLOAT_ONLY_KERNELS and any(m.dtype != F32 for m in info.inputs[:1]):
+        return "float32 input only"
     if op in FLOAT_ONLY_KERNELS and any(m.dtype != F32 for m in info.out_metas if m.dtype != I64):
         return "float32 only"
     ins = ew_instruction(op)
@@ -126,23 +194,27 @@ def check(info: Any) -> str | None:
             compute_float = (F32 in dts) if name in COMPARE else out.dtype == F32 or F32 in dts and name == "copy"
             if name == "where":
                 compute_float = out.dtype == F32
-            if not compute_float and name not in INT_OK and op not in (
-                "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
-                "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar",
-            ):
+            if not compute_float and name not in INT_OK and op not in FILLS:
                 return f"{name} has no integer kernel"
         if op == "aten.div.Tensor_mode" and kwargs.get("rounding_mode") not in (None, "floor", "trunc"):
             return "rounding mode"
         if op == "aten._to_copy.default" and kwargs.get("layout", torch.strided) not in (None, torch.strided):
             return "layout"
     if op == "aten.convolution.default":
-        if len(info.inputs[0].shape) != 4 or info.args[6]:
-            return "only 2-d, non-transposed convolution"
+        if len(info.inputs[0].shape) not in (3, 4) or info.args[6]:
+            return "only 1-d and 2-d, non-transposed convolution"
     if op in ("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default") and len(info.inputs[0].shape) != 4:
         return "only 4-d pooling input"
     if op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
         if len(info.args) > 3 and info.args[3]:
             return "dropout"
+    if op == "aten.index_put.default":
+        if any(i is None for i in info.args[1]):
+            return "index with None"
+        if any(m.dtype != I64 for m in info.inputs[1:-1]):
+            return "only int64 indices"
+    if op in ("aten.scatter_reduce.two", "aten.index_reduce.default") and info.out_metas[0].dtype != F32:
+        return "float32 only"
     if op == "aten.index.Tensor":
         idx = info.args[1]
         if any(i is None for i in idx):
