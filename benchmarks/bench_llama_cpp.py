@@ -203,9 +203,11 @@ def quantized(build: Path, f32: Path, fmt: str, extra: list[str], threads: int) 
     quantize = _tool(build, "llama-quantize")
     assert quantize is not None
     tmp = out.with_suffix(".tmp")
-    subprocess.run(
-        [str(quantize), *extra, str(f32), str(tmp), base, str(threads)], check=True, stdout=subprocess.DEVNULL
+    done = subprocess.run(
+        [str(quantize), *extra, str(f32), str(tmp), base, str(threads)], capture_output=True, text=True
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-quantize {fmt} failed:\n{done.stderr[-2000:]}")
     tmp.replace(out)
     return out
 
