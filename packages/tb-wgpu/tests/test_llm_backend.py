@@ -161,18 +161,22 @@ def test_both_gemv_kernels_give_the_same_tokens(ckpt: Callable[[str], Path], bac
     assert got["tiled"] == got["direct"]
 
 
-def test_bf16_weights_f16_where_the_adapter_has_it_and_exact_bf16_otherwise(backend: Any) -> None:
+def test_bf16_weights_f16_on_gpus_with_shader_f16_and_exact_bf16_otherwise(backend: Any) -> None:
+    ctx = backend.ctx
     w = quantize(torch.randn(16, 64), "bf16")
-    handle = backend.prepare_linear(w)
-    assert handle.kind == ("f16" if backend.ctx.shader_f16 else "bf16")
+    assert backend.prepare_linear(w).kind == ("f16" if ctx.shader_f16 and not ctx.is_software else "bf16")
     f32_path = backend_class()(f16=False)
     assert f32_path.prepare_linear(w).kind == "bf16"  # packed bf16 widened to f32 in-shader: exact
     _check_linear(f32_path, w, 2, False, rtol=1e-6)
-    big = quantize(torch.full((4, 8), 1e5), "bf16")  # out of f16's range: keeps the exact form
-    assert backend.prepare_linear(big).kind == "bf16"
-    if not backend.ctx.shader_f16:
+    if not ctx.shader_f16:
         with pytest.raises(gpu.WgpuError, match="shader-f16"):
             backend_class()(f16=True)
+        return
+    f16_path = backend_class()(f16=True)
+    assert f16_path.prepare_linear(w).kind == "f16"  # bf16 values in f16's normal range are exact
+    _check_linear(f16_path, w, 2, False, rtol=1e-6)
+    big = quantize(torch.full((4, 8), 1e5), "bf16")  # out of f16's range: keeps the exact form
+    assert f16_path.prepare_linear(big).kind == "bf16"
 
 
 # -- whole models --------------------------------------------------------------------------------
@@ -212,11 +216,14 @@ def test_quantized_logits_match_the_dequantized_reference(ckpt: Callable[[str], 
         torch.testing.assert_close(g, w, rtol=1e-4, atol=2e-4 * float(w.abs().max()))
 
 
-def test_f32_path_of_a_bf16_model(ckpt: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize("f16", [False, True], ids=["f32-path", "f16-path"])
+def test_bf16_model_on_each_weight_path(ckpt: Callable[[str], Path], backend: Any, f16: bool) -> None:
+    if f16 and not backend.ctx.shader_f16:
+        pytest.skip(f"{backend.ctx.adapter_name} does not offer shader-f16")
     folder = ckpt("qwen2")
-    be = backend_class()(f16=False)
+    be = backend_class()(f16=f16)
     dec = _decoder(folder, be, "bf16")
-    assert {lin.handle.kind for lin in dec.layers[0].qkv} == {"bf16"}
+    assert {lin.handle.kind for lin in dec.layers[0].qkv} == {"f16" if f16 else "bf16"}
     ref = _decoder(folder, DequantReference(), "bf16")
     prompt = LLM.from_pretrained(folder, engine="reference").encode(PROMPT)
     got = _greedy_logits(dec, prompt, 6)
