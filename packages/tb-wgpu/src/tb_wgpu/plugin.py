@@ -20,8 +20,8 @@ class WgpuEngine(torchburn.Engine):
     device = "gpu"
     distribution = "tb-wgpu"
 
-    @property  # type: ignore[override]
-    def priority(self) -> int:
+    @property
+    def priority(self) -> int:  # type: ignore[override]
         from tb_wgpu.device import probe
 
         ctx, _ = probe()
