@@ -2,6 +2,9 @@
 
     python -m benchmarks [--threads 2] [--only core,native_cpu] [--no-write]
 
+With ``--only``, the rows of the other suites are kept from docs/benchmarks.json (each row
+records the date it was measured; the page says when suites were measured on different days).
+
 Each ``benchmarks/bench_<suite>.py`` exposes ``run(threads) -> list[dict]``; a module whose
 package is not installed is reported as skipped, not failed.
 """
@@ -87,6 +90,14 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         f"Measured {info['date']} on {info['cpu']} ({info['cores']} logical cores), Python {info['python']}, torch {info['torch']}.",
         "Times are medians of interleaved repeats (A B A B …) in one run; ratios are eager time ÷ contender time (> 1 is faster than eager).",
         "",
+    ]
+    dates: dict[str, set[str]] = {}
+    for r in [*rows, *llm_rows]:
+        dates.setdefault(r.get("suite", "?"), set()).add(r.get("measured", info["date"]))
+    if len({d for ds in dates.values() for d in ds}) > 1:
+        when = ", ".join(f"{suite} {'/'.join(sorted(d))}" for suite, d in sorted(dates.items()))
+        lines += [f"Suites were measured on different days (same machine): {when}.", ""]
+    lines += [
         "| suite | workload | threads | engines | eager | torchburn | vs eager | inductor | inductor vs eager | first call (tb / inductor) | notes |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -156,6 +167,16 @@ def main() -> int:
             print(json.dumps(row, default=str), flush=True)
         rows.extend(got)
     info = machine()
+    for row in rows:
+        row.setdefault("measured", info["date"])
+    stored = ROOT / "docs/benchmarks.json"
+    if wanted and not args.no_write and stored.exists():
+        before = json.loads(stored.read_text())
+        kept = [r for r in before["rows"] if r.get("suite") not in wanted]
+        for r in kept:
+            r.setdefault("measured", before["machine"]["date"])
+        rows = kept + rows
+        skipped = {**{k: v for k, v in before["skipped"].items() if k not in wanted}, **skipped}
     text = render(rows, info, skipped)
     print(text)
     if not args.no_write:
