@@ -112,6 +112,15 @@ def test_registered_as_the_wgpu_gpu_backend(ckpt: Callable[[str], Path], backend
     assert isinstance(llm.model._fused, FusedStep)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA GPU, device='gpu' means PyTorch's CUDA kernels")
+def test_device_gpu_without_a_torch_gpu_runs_on_wgpu(ckpt: Callable[[str], Path]) -> None:
+    llm = LLM.from_pretrained(ckpt("llama"), device="gpu")
+    assert llm.engine == "wgpu" and llm.model.device.type == "cpu"
+    ref = LLM.from_pretrained(ckpt("llama"), device="cpu", engine="reference")
+    prompt = "The quick brown fox"
+    assert llm.generate(prompt, max_new_tokens=8).token_ids == ref.generate(prompt, max_new_tokens=8).token_ids
+
+
 def test_load_without_an_adapter_raises_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from tb_wgpu import plugin
 

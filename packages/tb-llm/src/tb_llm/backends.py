@@ -224,14 +224,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``cpu``, ``gpu`` (CUDA / ROCm / MPS as PyTorch sees them) or ``auto`` (a measured probe)."""
+    """``cpu``, ``gpu`` (CUDA / ROCm / MPS as PyTorch sees them) or ``auto`` (a measured probe).
+
+    ``gpu`` where PyTorch sees no GPU gives the CPU device: the tensors stay in host memory and
+    :func:`select_backend` then needs an engine backend that computes on a GPU itself (wgpu).
+    """
     if device == "cpu":
         return torch.device("cpu")
     gpu = _gpu_device()
     if device == "gpu":
-        if gpu is None:
-            raise BackendError("device='gpu' but PyTorch sees no GPU (CUDA, ROCm or MPS); use device='cpu' or 'auto'")
-        return gpu
+        return gpu if gpu is not None else torch.device("cpu")
     if device != "auto":
         if device.startswith(("cuda", "mps", "cpu", "xpu")):
             return torch.device(device)
@@ -274,8 +276,13 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def select_backend(device: torch.device, engine: str | None) -> KernelBackend:
-    """The backend for ``device``: the named engine's, else the best installed, else the reference."""
+def select_backend(device: torch.device, engine: str | None, requested: str = "auto") -> KernelBackend:
+    """The backend for ``device``: the named engine's, else the best installed, else the reference.
+
+    ``requested`` is what the user asked for (``auto``/``cpu``/``gpu``). On a PyTorch GPU device
+    PyTorch's own kernels run the model unless an engine is named; engine backends of kind
+    ``gpu`` (wgpu) take host tensors and serve ``device="gpu"`` where PyTorch has no GPU.
+    """
     candidates: list[Any] = []
     if _other_plugins_installed():
         try:
@@ -284,7 +291,9 @@ def select_backend(device: torch.device, engine: str | None) -> KernelBackend:
             candidates = llm_backends()
         except Exception as exc:  # a broken plugin never stops the reference path
             log.debug("listing LLM backends failed: %s", exc)
-    kind = "cpu" if device.type == "cpu" else "gpu"
+    if device.type != "cpu" and engine is None:
+        return ReferenceBackend(device)  # CUDA / ROCm / MPS through PyTorch
+    kind = "gpu" if requested == "gpu" else "cpu"
     if engine is not None and engine not in ("reference", "torch", "eager"):
         named = [b for b in candidates if engine in (b.name, b.engine)]
         if not named:
@@ -300,6 +309,13 @@ def select_backend(device: torch.device, engine: str | None) -> KernelBackend:
                 backend = _load(desc, device, strict=False)
                 if backend is not None:
                     return backend
+    if kind == "gpu":
+        gpu_engines = ", ".join(sorted({b.engine for b in candidates if b.device == "gpu"})) or "none installed"
+        raise BackendError(
+            "device='gpu' but PyTorch sees no GPU (CUDA, ROCm or MPS) and no GPU engine backend loaded "
+            f"(GPU engines with an LLM backend: {gpu_engines}; e.g. pip install tb-wgpu); "
+            "use device='cpu' or 'auto'"
+        )
     return ReferenceBackend(device)
 
 

@@ -141,7 +141,7 @@ class LLM:
         weights = CheckpointWeights(folder)
         check_weights(cfg, weights, str(folder / "config.json"))
         tokenizer = Tokenizer(folder, cfg.raw) if (folder / "tokenizer.json").is_file() else None
-        backend = select_backend(resolve_device(device), engine)
+        backend = select_backend(resolve_device(device), engine, requested=device)
         bar = _progress_bar(Decoder.linear_count(cfg), f"loading {quant}", progress)
         try:
             model = Decoder(cfg, weights, backend, quant, group_size, progress=bar.update if bar is not None else None)
