@@ -389,6 +389,37 @@ class Lowerer:
         elif op in ("aten.zeros_like.default", "aten.empty.memory_format", "aten.empty_permuted.default",
                     "aten.empty_strided.default"):
             r = o(g, 0)  # empty memory is zero-filled: never leak stale values
+        elif op == "aten.bitwise_not.default":
+            x = o(g, args[0])
+            if meta.dtype == BOOL:
+                r = g.emit("logical_not", [x])
+            else:  # two's complement: ~x == -x - 1
+                r = g.emit("sub", [g.emit("neg", [x]), g.emit("const", [], [1.0])], [1.0])
+        elif op == "aten.silu_backward.default":
+            gr, x = o(g, args[0]), o(g, args[1])
+            sg = g.emit("sigmoid", [x])
+            one = g.emit("const", [], [1.0])
+            inner = g.emit("add", [one, g.emit("mul", [x, g.emit("sub", [one, sg], [1.0])])], [1.0])
+            r = g.emit("mul", [gr, g.emit("mul", [sg, inner])])
+        elif op == "aten.gelu_backward.default":
+            gr, x = o(g, args[0]), o(g, args[1])
+            approx = kw.get("approximate", args[2] if len(args) > 2 else "none")
+            c = lambda v: g.emit("const", [], [v])  # noqa: E731
+            half = c(0.5)
+            if approx == "tanh":
+                beta, kappa = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5, 0.044715
+                x2 = g.emit("mul", [x, x])
+                inner = g.emit("mul", [c(beta), g.emit("add", [x, g.emit("mul", [c(kappa), g.emit("mul", [x2, x])])], [1.0])])
+                th = g.emit("tanh", [inner])
+                left_d = g.emit("mul", [half, g.emit("add", [c(1.0), th], [1.0])])
+                sech2 = g.emit("sub", [c(1.0), g.emit("mul", [th, th])], [1.0])
+                poly = g.emit("mul", [c(beta), g.emit("add", [c(1.0), g.emit("mul", [c(3 * kappa), x2])], [1.0])])
+                right_d = g.emit("mul", [g.emit("mul", [half, x]), g.emit("mul", [sech2, poly])])
+                r = g.emit("mul", [gr, g.emit("add", [left_d, right_d], [1.0])])
+            else:
+                cdf = g.emit("mul", [half, g.emit("add", [c(1.0), g.emit("erf", [g.emit("mul", [x, c(math.sqrt(0.5))])])], [1.0])])
+                pdf = g.emit("mul", [c(1.0 / math.sqrt(2.0 * math.pi)), g.emit("exp", [g.emit("mul", [c(-0.5), g.emit("mul", [x, x])])])])
+                r = g.emit("mul", [gr, g.emit("add", [cdf, g.emit("mul", [x, pdf])], [1.0])])
         elif op == "aten.copy.default":
             r = o(g, args[1])  # copy(self, src): src broadcast to self's shape, in self's dtype
         elif op == "aten.masked_fill.Tensor":
@@ -721,6 +752,42 @@ class Lowerer:
             return v
         return self.new_value(val["buf"], val["offset"], [1], [1])
 
+    def lower_index_pad(self, node: Any) -> Any:
+        """Reflection / replication padding: per padded dim, an int64 index vector computed by an
+        elementwise program over an arange, then index_select."""
+        x = self.value(node.args[0])
+        pad = list(node.args[1])
+        out = node.out
+        reflect = "reflection" in node.op
+        sizes = list(self.values[x]["sizes"])
+        rank = len(sizes)
+        v = x
+        for i in range(len(pad) // 2):
+            d = rank - 1 - i
+            lo, hi = pad[2 * i], pad[2 * i + 1]
+            n = sizes[d]
+            m = n + lo + hi
+            if reflect and (lo >= n or hi >= n):
+                raise LoweringError("reflection padding as large as the input")
+            pos = self.fresh(TensorMeta((m,), (1,), I64, "cpu"))
+            self.steps.append({"op": "arange", "outs": [pos], "floats": [float(-lo), 1.0]})
+            idx = self.fresh(TensorMeta((m,), (1,), I64, "cpu"))
+            prog = [{"op": "load", "dst": 0, "a": [0], "f": []}]
+            if reflect:  # (n-1) - |(n-1) - |i||
+                prog += [{"op": "abs", "dst": 1, "a": [0], "f": []}, {"op": "const", "dst": 2, "a": [], "f": [float(n - 1)]},
+                         {"op": "sub", "dst": 3, "a": [2, 1], "f": [1.0]}, {"op": "abs", "dst": 4, "a": [3], "f": []},
+                         {"op": "sub", "dst": 5, "a": [2, 4], "f": [1.0]}]
+            else:  # clamp(i, 0, n-1)
+                prog += [{"op": "clamp", "dst": 5, "a": [0], "f": [0.0, float(n - 1)]}]
+            prog.append({"op": "store", "dst": 0, "a": [5], "f": []})
+            self.steps.append({"op": "ew", "compute": "i64", "ins": [pos], "outs": [idx], "prog": prog})
+            sizes[d] = m
+            last = i == len(pad) // 2 - 1
+            nxt = self.fresh(out) if last else self.fresh(TensorMeta(tuple(sizes), tuple(_contig(sizes)), out.dtype, "cpu"))
+            self.steps.append({"op": "index_select", "ins": [v, idx], "outs": [nxt], "ints": [d]})
+            v = nxt
+        return v
+
     def lower_group_norm(self, node: Any) -> Any:
         """Group norm from two reductions and one elementwise sweep over (N, G, C/G, HxW)."""
         x_arg, w_arg, b_arg, n, c, hw, groups, eps = node.args
@@ -866,7 +933,7 @@ class Lowerer:
         if op == "aten.index_select.default":
             x, idx = self.value(a[0]), self.value(a[2])
             o = self.fresh(out)
-            step({"op": "index_select", "ins": [x, idx], "outs": [o], "ints": [a[1]]})
+            step({"op": "index_select", "ins": [self.as_1d(x), self.as_1d(idx)], "outs": [self.as_1d(o)], "ints": [a[1]]})
             return o
         if op == "aten.cumsum.default":
             x = self.value(a[0])
@@ -932,6 +999,8 @@ class Lowerer:
             o = self.fresh(out)
             step({"op": "index_put", "ins": [base, vals, *idx], "outs": [o], "ints": [int(accumulate)]})
             return o
+        if op in T.INDEX_PADS:
+            return self.lower_index_pad(node)
         if op == "aten.native_group_norm.default":
             return self.lower_group_norm(node)
         if op == "aten.median.default":
@@ -1096,7 +1165,12 @@ class Lowerer:
             include = a[5] if len(a) > 5 else True
             div = a[6] if len(a) > 6 and a[6] is not None else 0
             o = self.fresh(out)
-            step({"op": "avg_pool2d", "ins": [x], "outs": [o], "ints": [*k, *s, *p, int(include), int(div)]})
+            pooled = self.fresh(out) if div < 0 else o
+            step({"op": "avg_pool2d", "ins": [x], "outs": [pooled], "ints": [*k, *s, *p, int(include), abs(int(div))]})
+            if div < 0:  # PyTorch divides by a negative divisor_override as given
+                prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "neg", "dst": 1, "a": [0], "f": []},
+                        {"op": "store", "dst": 0, "a": [1], "f": []}]
+                step({"op": "ew", "compute": "f32", "ins": [pooled], "outs": [o], "prog": prog})
             return o
         if op == "aten.nll_loss_forward.default":
             x, t, w, red, ignore = a

@@ -66,7 +66,7 @@ for _poly in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_pol
 for _name in ("logical_and", "logical_or", "logical_xor"):
     BINARY[f"aten.{_name}.default"] = BINARY.pop(f"aten.{_name}.Tensor")
     BINARY.pop(f"aten.{_name}.Scalar")
-BINARY.pop("aten.pow.Scalar", None)
+BINARY["aten.div.Scalar_mode"] = "div_mode"
 SPECIAL_EW = frozenset({
     "aten.gelu.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
     "aten.leaky_relu.default", "aten.elu.default", "aten.hardtanh.default", "aten.softplus.default",
@@ -76,7 +76,8 @@ SPECIAL_EW = frozenset({
     "aten.zeros_like.default", "aten.ones_like.default", "aten.masked_fill.Scalar",
     "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor", "aten.round.decimals",
     "aten.polygamma.default", "aten.empty.memory_format", "aten.empty_permuted.default", "aten.empty_strided.default",
-    "aten.masked_fill.Tensor", "aten.copy.default",
+    "aten.masked_fill.Tensor", "aten.copy.default", "aten.bitwise_not.default", "aten.gelu_backward.default",
+    "aten.silu_backward.default",
 })
 #: ops that only write a value (their integer form needs no integer arithmetic)
 FILLS = frozenset({
@@ -90,6 +91,7 @@ COMPARE = frozenset({
 INT_OK = frozenset({
     "copy", "neg", "abs", "add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and",
     "or", "xor", "logical_not", "sign", "rsub", "clamp", "relu", "remainder", "floor_divide", "where", "const", "fmod",
+    "bitwise_not",
 })
 VIEWS = frozenset({
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
@@ -145,8 +147,13 @@ FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
     "aten.constant_pad_nd.default", "aten.repeat.default", "aten.flip.default",
 })
 
+#: padding by index: each padded dim is one gather through a computed index vector
+INDEX_PADS = frozenset({
+    "aten.reflection_pad1d.default", "aten.reflection_pad2d.default", "aten.reflection_pad3d.default",
+    "aten.replication_pad1d.default", "aten.replication_pad2d.default", "aten.replication_pad3d.default",
+})
 KERNELS = KERNELS | {"aten.scatter.reduce", "aten.scatter.value_reduce", "aten.median.default",
-                     "aten.native_group_norm.default"}
+                     "aten.native_group_norm.default"} | INDEX_PADS
 FLOAT_ONLY_KERNELS = FLOAT_ONLY_KERNELS | {"aten.median.default", "aten.native_group_norm.default"}
 
 SUPPORTED = (
