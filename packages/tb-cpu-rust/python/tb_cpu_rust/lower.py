@@ -788,6 +788,93 @@ class Lowerer:
             v = nxt
         return v
 
+    def lower_batch_norm_stats(self, node: Any) -> Any:
+        """Batch norm that normalises by the batch's own statistics (or, in eval mode, the running
+        ones); the functional form also returns the updated running statistics."""
+        op, a = node.op, list(node.args)
+        if op == "aten._native_batch_norm_legit.no_stats":
+            x_arg, w_arg, b_arg, training, momentum, eps = a
+            rm_arg = rv_arg = None
+        else:
+            x_arg, w_arg, b_arg, rm_arg, rv_arg, training, momentum, eps = a
+        outs = node.out
+        x = self.value(x_arg)
+        sizes = self.values[x]["sizes"]
+        if len(sizes) < 2:
+            raise LoweringError("batch norm input rank")
+        c = sizes[1]
+        per_c = TensorMeta((c,), (1,), F32, "cpu")
+
+        def channel_view(v: int) -> int:  # a (C,) value broadcast over x's shape
+            val = self.values[v]
+            strides = [0] * len(sizes)
+            strides[1] = val["strides"][0]
+            return self.new_value(val["buf"], val["offset"], list(sizes), strides)
+
+        def ew(ins: list[int], outs_: list[int], prog: list[dict[str, Any]]) -> None:
+            self.steps.append({"op": "ew", "compute": "f32", "ins": ins, "outs": outs_, "prog": prog})
+
+        def ld(r: int, i: int) -> dict[str, Any]:
+            return {"op": "load", "dst": r, "a": [i], "f": []}
+
+        def ins_(op_: str, r: int, args: list[int], f: list[float] | None = None) -> dict[str, Any]:
+            return {"op": op_, "dst": r, "a": args, "f": f or []}
+
+        if training:
+            mean, var = self.fresh(per_c), self.fresh(per_c)
+            mask = [1 if d != 1 else 0 for d in range(len(sizes))]
+            for v, kind in ((mean, 1), (var, 6)):
+                val = self.values[v]
+                keep = [0] * len(sizes)
+                keep[1] = val["strides"][0]
+                kv = self.new_value(val["buf"], val["offset"], [1 if m else c for m in mask], keep)
+                self.steps.append({"op": "reduce", "ins": [x], "outs": [kv], "ints": [kind, *mask], "floats": [0.0]})
+        else:
+            if rm_arg is None or rv_arg is None:
+                raise LoweringError("eval-mode batch norm without running statistics")
+            mean, var = self.value(rm_arg), self.value(rv_arg)
+        rstd = self.fresh(per_c)
+        ew([var], [rstd], [ld(0, 0), ins_("const", 1, [], [float(eps)]), ins_("add", 2, [0, 1], [1.0]),
+                          ins_("rsqrt", 3, [2]), ins_("store", 0, [3])])
+        y = self.fresh(outs[0])
+        ins = [x, channel_view(mean), channel_view(rstd)]
+        prog = [ld(0, 0), ld(1, 1), ld(2, 2), ins_("sub", 3, [0, 1], [1.0]), ins_("mul", 4, [3, 2])]
+        r = 4
+        if w_arg is not None:
+            ins.append(channel_view(self.value(w_arg)))
+            prog += [ld(5, len(ins) - 1), ins_("mul", 6, [r, 5])]
+            r = 6
+        if b_arg is not None:
+            ins.append(channel_view(self.value(b_arg)))
+            prog += [ld(7, len(ins) - 1), ins_("add", 8, [r, 7], [1.0])]
+            r = 8
+        prog.append(ins_("store", 0, [r]))
+        ew(ins, [y], prog)
+        results = [y]
+        for meta, v in zip(outs[1:3], (mean, rstd)):
+            if training:
+                o = self.fresh(meta)
+                self.copy_into(v, o)
+            else:
+                o = self.fresh(meta)  # PyTorch returns empty save_mean / save_invstd in eval mode
+                if meta.numel:
+                    raise LoweringError("eval-mode batch norm with non-empty saved statistics")
+            results.append(o)
+        if op == "aten._native_batch_norm_legit_functional.default":
+            if not training:
+                raise LoweringError("functional batch norm in eval mode")
+            n = math.prod(sizes) // max(c, 1)
+            unbias = n / (n - 1) if n > 1 else math.inf
+            m = float(momentum)
+            for running, stat, scale, meta in ((rm_arg, mean, 1.0, outs[3]), (rv_arg, var, unbias, outs[4])):
+                o = self.fresh(meta)
+                ew([self.value(running), stat], [o], [
+                    ld(0, 0), ld(1, 1), ins_("const", 2, [], [1.0 - m]), ins_("mul", 3, [0, 2]),
+                    ins_("const", 4, [], [m * scale]), ins_("mul", 5, [1, 4]), ins_("add", 6, [3, 5], [1.0]),
+                    ins_("store", 0, [6])])
+                results.append(o)
+        return tuple(results)
+
     def lower_group_norm(self, node: Any) -> Any:
         """Group norm from two reductions and one elementwise sweep over (N, G, C/G, HxW)."""
         x_arg, w_arg, b_arg, n, c, hw, groups, eps = node.args
@@ -1001,6 +1088,8 @@ class Lowerer:
             return o
         if op in T.INDEX_PADS:
             return self.lower_index_pad(node)
+        if op in T.BATCH_NORMS:
+            return self.lower_batch_norm_stats(node)
         if op == "aten.native_group_norm.default":
             return self.lower_group_norm(node)
         if op == "aten.median.default":

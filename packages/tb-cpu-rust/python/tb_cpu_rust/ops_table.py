@@ -152,9 +152,14 @@ INDEX_PADS = frozenset({
     "aten.reflection_pad1d.default", "aten.reflection_pad2d.default", "aten.reflection_pad3d.default",
     "aten.replication_pad1d.default", "aten.replication_pad2d.default", "aten.replication_pad3d.default",
 })
+#: batch norm with batch statistics (training mode), lowered to two reductions and two sweeps
+BATCH_NORMS = frozenset({
+    "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
+    "aten._native_batch_norm_legit_functional.default", "aten.native_batch_norm.default",
+})
 KERNELS = KERNELS | {"aten.scatter.reduce", "aten.scatter.value_reduce", "aten.median.default",
-                     "aten.native_group_norm.default"} | INDEX_PADS
-FLOAT_ONLY_KERNELS = FLOAT_ONLY_KERNELS | {"aten.median.default", "aten.native_group_norm.default"}
+                     "aten.native_group_norm.default"} | INDEX_PADS | BATCH_NORMS
+FLOAT_ONLY_KERNELS = FLOAT_ONLY_KERNELS | {"aten.median.default", "aten.native_group_norm.default"} | BATCH_NORMS
 
 SUPPORTED = (
     frozenset(UNARY) | frozenset(BINARY) | SPECIAL_EW | VIEWS | frozenset(REDUCTIONS) | KERNELS | frozenset(COPY_VIEWS)
