@@ -142,7 +142,7 @@ def _matmul(L: Lowerer, ctx: Any, a: Any, b: Any, bias: Any = None, alpha: float
         tb = tb.with_view((1, *tb.shape), (0, *tb.stride))
     batch, m, k = ta.shape
     n = tb.shape[2]
-    out = L.new_tv((batch, m, n) if batched else (m, n), torch.float32)
+    out = L.new_tv((batch, m, n) if batched else (m, n), ctx.out.dtype)
     inputs = [ta.storage, tb.storage]
     subs: dict[str, Any] = {
         "M": m,
@@ -242,7 +242,7 @@ def _reduce(kind: str) -> Lower:
         rows = 1
         for s in kept:
             rows *= s
-        out = L.new_tv(tuple(ctx.out.shape), torch.float32)
+        out = L.new_tv(tuple(ctx.out.shape), ctx.out.dtype)
         init, combine, finish = {
             "sum": ("0.0", "return a + b;", "r"),
             "mean": ("0.0", "return a + b;", f"r / {f32_literal(float(r))}" if r else "tb_nan()"),
@@ -320,10 +320,10 @@ def _softmax_like(mode: int) -> Lower:
         tv, kept, r, order = _rows(L, x, dims)
         rows = math.prod(kept) if kept else 1
         if mode == 2:
-            out = L.new_tv(tuple(ctx.out.shape), torch.float32)
+            out = L.new_tv(tuple(ctx.out.shape), ctx.out.dtype)
             del keepdim
         else:
-            out = L.new_tv(tv.shape, torch.float32)
+            out = L.new_tv(tv.shape, ctx.out.dtype)
         src = shaders.render("softmax", ROWS_PRELUDE=shaders.source("rows_prelude"), R=r, ROWS=rows, MODE=mode)
         if rows and r:
             L.launch(src, [tv.storage], [out.storage], _row_grid(L, rows), name="softmax")
@@ -361,9 +361,9 @@ def _layer_norm(
     dims = list(range(rank - len(normalized_shape), rank))
     tv, kept, r, _ = _rows(L, x, dims)
     rows = math.prod(kept) if kept else 1
-    out = L.new_tv(tv.shape, torch.float32)
-    mean = L.new_tv(tuple(ctx.out[1].shape), torch.float32)
-    rstd = L.new_tv(tuple(ctx.out[2].shape), torch.float32)
+    out = L.new_tv(tv.shape, ctx.out[0].dtype)
+    mean = L.new_tv(tuple(ctx.out[1].shape), ctx.out[1].dtype)
+    rstd = L.new_tv(tuple(ctx.out[2].shape), ctx.out[2].dtype)
     w = L.contiguous(weight) if weight is not None else None
     b = L.contiguous(bias) if bias is not None else None
     src = shaders.render(

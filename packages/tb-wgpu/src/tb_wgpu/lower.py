@@ -18,9 +18,17 @@ import torch
 from tb_wgpu import shaders
 
 WG = 256
-# Device element type of each accepted torch dtype. bool and integers widen to 32 bits because
-# WGSL storage has no 8-bit or 64-bit types in core.
-DEV_TYPE: dict[torch.dtype, str] = {torch.float32: "f32", torch.bool: "u32", torch.int64: "i32", torch.int32: "i32"}
+# Device element type of each accepted torch dtype, as kernels compute with it. bool and integers
+# widen to 32 bits because WGSL storage has no 8-bit or 64-bit types in core. float16 computes in
+# f32 registers but is STORED as f16 (``Storage.half``: the program rewrites the kernel's binding
+# to ``array<f16>`` with converting loads and stores, see ``shaders.to_half``).
+DEV_TYPE: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.float16: "f32",
+    torch.bool: "u32",
+    torch.int64: "i32",
+    torch.int32: "i32",
+}
 
 
 class LoweringError(ValueError):
@@ -33,6 +41,11 @@ class Storage:
     numel: int
     wgsl: str
     input_slot: int | None = None
+    half: bool = False  # stored as f16 (2 bytes an element)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * (2 if self.half else 4)
 
 
 @dataclass(frozen=True)
@@ -186,8 +199,9 @@ class Lowerer:
     def new_storage(self, numel: int, dtype: torch.dtype, input_slot: int | None = None) -> int:
         if dtype not in DEV_TYPE:
             raise LoweringError(f"dtype {dtype} has no device representation")
-        self.ctx.check_size(numel * 4)
-        self.storages.append(Storage(len(self.storages), numel, DEV_TYPE[dtype], input_slot))
+        half = dtype == torch.float16
+        self.ctx.check_size(numel * (2 if half else 4))
+        self.storages.append(Storage(len(self.storages), numel, DEV_TYPE[dtype], input_slot, half))
         return len(self.storages) - 1
 
     def new_tv(self, shape: tuple[int, ...], dtype: torch.dtype) -> TV:
@@ -348,7 +362,7 @@ class Lowerer:
         return " + ".join(terms) or "0u"
 
     def _fold_into_epilogue(self, expr: Expr, shape: tuple[int, ...], dtype: torch.dtype) -> TV | None:
-        if dtype != torch.float32:
+        if dtype not in (torch.float32, torch.float16):
             return None
         leaves: list[Leaf] = []
         stack = [expr]
@@ -365,6 +379,8 @@ class Lowerer:
         tv = leaves[0].tv
         index = self.epilogue_open.get(tv.storage)
         if index is None or tv.offset != 0 or tv.shape != shape or tv.stride != contiguous_strides(shape):
+            return None
+        if tv.dtype != dtype:  # the matmul's storage holds the result: its dtype must be the result's
             return None
         launch = self.launches[index]
         if launch.rebuild is None or tv.numel != self.storages[tv.storage].numel:

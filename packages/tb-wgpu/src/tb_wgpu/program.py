@@ -42,17 +42,21 @@ class Program:
         self.const_slots = set(plan.constants)
         storages = lowered.storages
         self.launches = [launch for launch in lowered.launches if launch.grid[0] > 0]
-        self.pipelines = [
-            ctx.pipeline(shaders.shader_key(launch.source), launch.source, len(launch.inputs), len(launch.outputs))
-            for launch in self.launches
-        ]
+        self.pipelines = []
+        for launch in self.launches:
+            # float16 storages: the kernel's bindings for them become array<f16> (f32 compute).
+            half = {i for i, sid in enumerate([*launch.inputs, *launch.outputs]) if storages[sid].half}
+            source = shaders.to_half(launch.source, half)
+            self.pipelines.append(
+                ctx.pipeline(shaders.shader_key(source), source, len(launch.inputs), len(launch.outputs))
+            )
         self.input_storages = [(s.id, s.input_slot) for s in storages if s.input_slot is not None]
         self._owned: list[Any] = []
         self.buffers: dict[int, Any] = {}
         # Program-owned upload buffers for the inputs that are not resident parameters.
         self.upload_buffers: dict[int, Any] = {}
         for sid, _ in self.input_storages:
-            self.upload_buffers[sid] = self._acquire(storages[sid].numel * 4)
+            self.upload_buffers[sid] = self._acquire(max(storages[sid].nbytes, 4))
         self._plan_temporaries()
         # Outputs: one readback buffer, one region per distinct storage.
         out_storages: list[int] = []
@@ -63,7 +67,7 @@ class Program:
         offset = 0
         for sid in out_storages:
             self.readback_regions[sid] = offset
-            offset += -(-max(storages[sid].numel * 4, 4) // _ALIGN) * _ALIGN
+            offset += -(-max(storages[sid].nbytes, 4) // _ALIGN) * _ALIGN
         self.readback_size = max(offset, _ALIGN)
         self.readback = ctx.create_buffer(self.readback_size, "readback")
         self._bind_key: tuple[int, ...] | None = None
@@ -89,12 +93,12 @@ class Program:
         inputs = {sid for sid, _ in self.input_storages}
         for s in storages:
             if s.id not in inputs and s.id not in first:
-                self.buffers[s.id] = self._acquire(s.numel * 4)
+                self.buffers[s.id] = self._acquire(max(s.nbytes, 4))
         for i, launch in enumerate(self.launches):
             for sid in launch.outputs:
                 if sid in self.buffers or sid in inputs:
                     continue
-                need = max(storages[sid].numel * 4, 4)
+                need = max(storages[sid].nbytes, 4)
                 fits = [b for b in free if b.size >= need]
                 if fits:
                     buffer = min(fits, key=lambda b: b.size)
@@ -164,7 +168,7 @@ class Program:
             COUNTERS.dispatches += len(self.launches)
         storages = self.lowered.storages
         for sid, offset in self.readback_regions.items():
-            size = -(-max(storages[sid].numel * 4, 4) // 4) * 4
+            size = -(-max(storages[sid].nbytes, 4) // 4) * 4
             encoder.copy_buffer_to_buffer(bound[sid], 0, self.readback, offset, size)
         ctx.queue.submit([encoder.finish()])
         COUNTERS.submissions += 1
@@ -178,9 +182,9 @@ class Program:
         for sid, offset in self.readback_regions.items():
             s = storages[sid]
             bases[sid] = (
-                torch.frombuffer(raw, dtype=_TORCH_OF[s.wgsl], count=s.numel, offset=offset)
+                torch.frombuffer(raw, dtype=_storage_dtype(s), count=s.numel, offset=offset)
                 if s.numel
-                else torch.empty(0, dtype=_TORCH_OF[s.wgsl])
+                else torch.empty(0, dtype=_storage_dtype(s))
             )
         results = []
         for value, meta in zip(self.lowered.outputs, self._output_metas()):
@@ -202,6 +206,9 @@ class Program:
         if data.dtype != torch.float32:
             data = data.to(torch.int32) if data.dtype in (torch.bool, torch.int64, torch.int32, torch.uint8) else data
         data = data.contiguous()
+        if data.dtype == torch.float16 and data.numel() % 2:
+            # write_buffer takes whole 4-byte words: pad an odd count of 2-byte f16 elements.
+            data = torch.cat([data.reshape(-1), data.new_zeros(1)])
         if data.numel():
             self.ctx.queue.write_buffer(buffer, 0, data.numpy())
         COUNTERS.uploads += 1
@@ -217,6 +224,11 @@ class Program:
                 raise WgpuError("internal: a buffer is bound both read-only and writable in one dispatch")
             entries.append({"binding": i, "resource": {"buffer": buffer, "offset": 0, "size": buffer.size}})
         return self.ctx.device.create_bind_group(layout=bgl, entries=entries)
+
+
+def _storage_dtype(storage: Any) -> torch.dtype:
+    # f16 storages hold IEEE binary16, the bytes of torch.float16.
+    return torch.float16 if storage.half else _TORCH_OF[storage.wgsl]
 
 
 def _to_tensor(base: torch.Tensor, tv: TV, meta: Any) -> torch.Tensor:

@@ -7,9 +7,12 @@ from typing import Any
 
 import torch
 
+from tb_wgpu.elementwise import TABLE as ELEMENTWISE
 from tb_wgpu.kernels import TABLE
 
 F32 = torch.float32
+F16 = torch.float16
+FLOATS = (F32, F16)
 INDEX = (torch.int64, torch.int32)
 VIEWS = frozenset(
     {
@@ -55,9 +58,24 @@ def _metas(node: Any) -> list[Any]:
 
 def _dtypes_ok(node: Any, allowed: tuple[torch.dtype, ...]) -> str | None:
     for m in _metas(node):
+        if m.dtype == F16 and node.op in F16_OPS:
+            continue
         if m.dtype not in allowed:
+            if m.dtype == F16:
+                return "float16 is not supported by this wgpu kernel (float32 only)"
             return f"dtype {m.dtype} (wgpu kernels here are float32)"
     return None
+
+
+def f16_available() -> bool:
+    """Whether the adapter offers ``shader-f16`` (then the device was opened with it, see device.py).
+
+    The same detection the LLM backend uses (``GpuContext.shader_f16``); tests patch this function.
+    """
+    from tb_wgpu.device import probe
+
+    ctx, _ = probe()
+    return bool(ctx is not None and ctx.shader_f16)
 
 
 def _check_matmul(node: Any) -> str | None:
@@ -102,14 +120,15 @@ def _check_sdpa(node: Any) -> str | None:
 
 
 def _check_softmax(node: Any) -> str | None:
-    if node.op != "aten.logsumexp.default" and _arg(node, 2, "half_to_float", False):
+    half_to_float = node.op != "aten.logsumexp.default" and _arg(node, 2, "half_to_float", False)
+    if half_to_float and node.inputs[0].dtype != F16:
         return "half_to_float"
     return None
 
 
 def _check_reduce(node: Any) -> str | None:
     dtype = node.kwargs.get("dtype")
-    if dtype is not None and dtype != F32:
+    if dtype is not None and dtype not in FLOATS:
         return f"accumulation dtype {dtype}"
     return None
 
@@ -147,6 +166,41 @@ for _op in ("aten.embedding.default", "aten.index_select.default", "aten.gather.
 RULES["aten.cat.default"] = ((F32, torch.bool), None)
 
 
+# Ops with float16 kernels (used when the adapter offers shader-f16): every kernel computes in f32
+# registers (f32 accumulation in matmul, reductions, softmax and layer-norm statistics) and only
+# the storage of float16 tensors is f16 (lower.Storage.half, shaders.to_half). The others stay f32.
+_F16_ELEMENTWISE = frozenset(ELEMENTWISE) - LOGICAL - {"aten._native_batch_norm_legit_no_training.default"}
+F16_OPS: frozenset[str] = (
+    frozenset(
+        {
+            *VIEWS,
+            *COMPARES,
+            "aten.mm.default",
+            "aten.bmm.default",
+            "aten.addmm.default",
+            "aten.baddbmm.default",
+            "aten.sum.dim_IntList",
+            "aten.sum.default",
+            "aten.mean.dim",
+            "aten.mean.default",
+            "aten.amax.default",
+            "aten.amin.default",
+            "aten._softmax.default",
+            "aten._log_softmax.default",
+            "aten.logsumexp.default",
+            "aten.native_layer_norm.default",
+            "aten.where.self",
+            "aten.clone.default",
+            "aten._to_copy.default",
+            "aten.full.default",
+            "aten.scalar_tensor.default",
+            "aten.cat.default",
+        }
+    )
+    | _F16_ELEMENTWISE
+)
+
+
 def _check_nll(node: Any) -> str | None:
     if len(node.inputs[0].shape) != 2:
         return "nll_loss on (N, C) input only"
@@ -166,6 +220,8 @@ def check(node: Any) -> str | None:
     if node.symbolic:
         return "symbolic shape"
     allowed, extra = rule
+    if any(m.dtype == F16 for m in _metas(node)) and node.op in F16_OPS and not f16_available():
+        return "adapter has no shader-f16"
     why = _dtypes_ok(node, allowed)
     if why:
         return why
@@ -198,18 +254,18 @@ def _dtype_roles(node: Any) -> str | None:
         if node.inputs[0].dtype != F32:
             return "needs float32 input"
     elif op == "aten._to_copy.default":
-        if outs and outs[0].dtype not in (F32, torch.bool):
+        if outs and outs[0].dtype not in (*FLOATS, torch.bool):
             return f"conversion to {outs[0].dtype}"
         if node.kwargs.get("device") not in (None, torch.device("cpu")):
             return "device transfer"
     elif op in COMPARES:
-        if any(m.dtype != F32 for m in node.inputs) or any(m.dtype != torch.bool for m in outs):
-            return "comparisons of float32 only"
+        if any(m.dtype not in FLOATS for m in node.inputs) or any(m.dtype != torch.bool for m in outs):
+            return "comparisons of float32/float16 only"
     elif op == "aten.where.self":
         if node.inputs and node.inputs[0].dtype != torch.bool:
             return "where needs a bool condition"
-        if any(m.dtype != F32 for m in [*node.inputs[1:], *outs]):
-            return "where of float32 only"
+        if any(m.dtype not in FLOATS for m in [*node.inputs[1:], *outs]):
+            return "where of float32/float16 only"
     elif (
         op in VIEWS
         or op in LOGICAL
@@ -219,8 +275,8 @@ def _dtype_roles(node: Any) -> str | None:
     elif op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
         if any(m.dtype != F32 for m in node.inputs[:3]):
             return "attention of float32 only"
-    else:
-        if any(m.dtype != F32 for m in _metas(node)):
+    else:  # float16 gets here only for F16_OPS (refused by _dtypes_ok otherwise)
+        if any(m.dtype not in FLOATS for m in _metas(node)):
             return "float32 only"
     return None
 
@@ -232,6 +288,7 @@ def _size_ok(node: Any) -> str | None:
     if ctx is None:
         return reason
     for m in _metas(node):
-        if m.numel * 4 > ctx.max_binding:
-            return f"a tensor of {m.numel * 4} bytes exceeds the adapter's {ctx.max_binding}-byte binding limit"
+        nbytes = m.numel * (2 if m.dtype == F16 else 4)
+        if nbytes > ctx.max_binding:
+            return f"a tensor of {nbytes} bytes exceeds the adapter's {ctx.max_binding}-byte binding limit"
     return None
