@@ -65,7 +65,14 @@ class NativeProgram:
             direct = self._direct.get(i)
             bufs.append(torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype))
         outs = [(b.data_ptr(), tuple(b.shape), b.stride(), _name(b.dtype)) for b in bufs]
-        self.executor.run(args, outs)
+        try:
+            self.executor.run(args, outs)
+        except BaseException as exc:
+            # a Rust panic arrives as pyo3's PanicException, a BaseException that tb-core's eager
+            # fallback (which catches Exception) would not see: make it an ordinary error
+            if type(exc).__name__ == "PanicException":
+                raise RuntimeError(f"native_cpu kernel panicked: {exc}") from exc
+            raise
         result = []
         for kind, spec in self._outputs:
             if kind == "lit":
