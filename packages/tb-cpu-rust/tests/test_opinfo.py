@@ -371,7 +371,10 @@ def test_model_set_ops_are_always_native(opinfo: Results) -> None:
     assert not bad, "\n".join(f"{v.op}: {v.bucket}: {v.reason[:200]}" for v in bad)
 
 
-@pytest.mark.parametrize("name", ["add", "nn.functional.gelu", "softmax", "mm", "cat", "sum", "where"])
+@pytest.mark.parametrize(
+    "name",
+    ["add", "nn.functional.gelu", "softmax", "mm", "cat", "sum", "where", "sort", "scatter_add", "lgamma", "repeat"],
+)
 def test_real_backend_agrees(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sample through torch.compile (Dynamo + AOTAutograd) with TORCHBURN_ENGINE=native_cpu
     runs with no fallback node and matches eager, as the harness above says it does."""
