@@ -19,7 +19,7 @@ class ToyEngine(torchburn.Engine):
     priority = 5
     compiled_plans: ClassVar[list[Any]] = []
     fail_compile = False
-    fail_run = False
+    fail_run: bool | type[BaseException] = False  # True: RuntimeError; or the exception class to raise
 
     def compile(self, plan: torchburn.Plan) -> Any:
         if self.fail_compile:
@@ -29,8 +29,10 @@ class ToyEngine(torchburn.Engine):
         if not self.fail_run:
             return program
 
+        error = self.fail_run if isinstance(self.fail_run, type) else RuntimeError
+
         def broken(*args: Any) -> Any:
-            raise RuntimeError("toy run failure")
+            raise error("toy run failure")
 
         return broken
 

@@ -146,6 +146,26 @@ def test_run_failure_falls_back_with_warning(toy: Any) -> None:
         torch.testing.assert_close(compiled(x), model(x))  # stays on the eager path
 
 
+class NativePanic(BaseException):
+    """What a Rust panic looks like from Python (pyo3's PanicException derives from BaseException)."""
+
+
+def test_native_panic_while_running_falls_back_too(toy: Any) -> None:
+    toy.fail_run = NativePanic
+    model, x = mlp_gelu()
+    compiled = torch.compile(model, backend="torchburn")
+    with torch.no_grad(), pytest.warns(torchburn.TorchburnFallbackWarning, match="NativePanic"):
+        out = compiled(x)
+    torch.testing.assert_close(out, model(x))
+
+
+def test_keyboard_interrupt_in_a_partition_is_not_swallowed(toy: Any) -> None:
+    toy.fail_run = KeyboardInterrupt
+    model, x = mlp_gelu()
+    with torch.no_grad(), pytest.raises(KeyboardInterrupt):
+        torch.compile(model, backend="torchburn")(x)
+
+
 def test_strict_mode_raises_engine_errors(toy: Any) -> None:
     toy.fail_compile = True
     model, x = mlp_gelu()

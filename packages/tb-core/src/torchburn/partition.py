@@ -211,7 +211,9 @@ def _runner(
             return eager(*args)
         try:
             return compiled(*args)
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:  # a native panic (pyo3's PanicException) is a BaseException
             if strict:
                 raise
             broken.append(exc)
