@@ -33,7 +33,8 @@ LINTED = [
     "benchmarks/harness.py",
     "benchmarks/bench_core.py",
 ]
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout"]
+# expecttest: imported by torch.testing._internal, where the OpInfo database lives
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout", "expecttest"]
 
 # engine name -> (package folder, extra pip args). Only packages that exist take part.
 ENGINE_PACKAGES: dict[str, str] = {
