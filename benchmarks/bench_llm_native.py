@@ -90,7 +90,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=16)
-    ap.add_argument("--prefill-tokens", type=int, default=512, help="prompt length of the prefill measurement (0: skip)")
+    ap.add_argument(
+        "--prefill-tokens", type=int, default=512, help="prompt length of the prefill measurement (0: skip)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quants", default="int4,int8,bf16,fp32")
     ap.add_argument("--no-reference", action="store_true", help="skip tb-llm's PyTorch reference backend")
@@ -135,7 +137,7 @@ def main() -> int:
                 with ctx or contextlib.nullcontext():
                     speeds[name].append(decode_tok_s(llm, prompt, args.new_tokens))
         if args.prefill_tokens:
-            for name, (llm, ctx) in runs.items():
+            for name, (llm, _ctx) in runs.items():
                 if name.endswith("per-kernel"):
                     continue  # prefill takes the per-kernel path either way
                 prefill[name] = prefill_tok_s(llm, long_prompt)

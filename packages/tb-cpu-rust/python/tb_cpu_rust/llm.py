@@ -211,7 +211,6 @@ class NativeLLMBackend(ReferenceBackend):
 
             logging.getLogger("tb_llm").debug("native_cpu: no fused step (%s)", exc)
             return None
-        del keep
         return _FusedStep(decoder, native, self.SMALL_M)
 
 

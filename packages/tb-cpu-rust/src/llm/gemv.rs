@@ -116,7 +116,6 @@ pub fn linear(p: &Packed, x: &[f32], m: usize, bias: Option<&[f32]>, y: &mut [f3
 /// and weight row `r`, and no two jobs (nor anything else) may write the same element.
 pub unsafe fn run(jobs: &[Job], isa: Isa) {
     let threads = rayon::current_num_threads();
-    let total: usize = jobs.iter().map(|j| j.p.nbytes() * j.acts.len().max(1)).sum();
     let weights: usize = jobs.iter().map(|j| j.p.shape().0 * j.p.shape().1).sum();
     if weights < PAR_MIN || threads == 1 {
         for j in jobs {
@@ -124,11 +123,14 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
         }
         return;
     }
-    let target = (total / (threads * 4)).clamp(16 << 10, 512 << 10);
+    // sized by weight bytes: with many activation rows (prefill) a chunk's weights are re-read
+    // from L2 once per block of ACT_BLOCK rows (see `chunk`), so its size need not shrink
+    let wbytes: usize = jobs.iter().map(|j| j.p.nbytes()).sum();
+    let target = (wbytes / (threads * 4)).clamp(16 << 10, 512 << 10);
     let mut chunks: Vec<(usize, usize, usize)> = Vec::new();
     for (ji, j) in jobs.iter().enumerate() {
         let n = j.p.shape().0;
-        let row_bytes = (j.p.nbytes() * j.acts.len().max(1) / n.max(1)).max(1);
+        let row_bytes = (j.p.nbytes() / n.max(1)).max(1);
         let per = (target / row_bytes).max(1).div_ceil(TILE) * TILE;
         let mut r = 0;
         while r < n {
@@ -140,21 +142,28 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     chunks.par_iter().for_each(|&(ji, r0, nr)| chunk(&jobs[ji], r0, nr, isa));
 }
 
+/// Activation rows per pass over a chunk's weights: their quantized values (~1 KiB each for
+/// K = 896) stay in L1 while the chunk's weight tiles stream past them.
+const ACT_BLOCK: usize = 16;
+
 /// Weight rows `r0 .. r0 + nrows` of one job for every activation row.
 fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
-    let mut r = 0;
-    while r < nrows {
-        let t = TILE.min(nrows - r);
-        for (i, a) in job.acts.iter().enumerate() {
-            let mut res = [0f32; TILE];
-            tile(job.p, a, r0 + r, t, &mut res, isa);
-            for (j, v) in res.iter().enumerate().take(t) {
-                let b = job.bias.map_or(0.0, |b| b[r0 + r + j]);
-                // SAFETY: the caller of `run` promised this element is ours to write.
-                unsafe { *job.out.add(i * job.ld + r0 + r + j) = v + b };
+    for (bi, block) in job.acts.chunks(ACT_BLOCK).enumerate() {
+        let mut r = 0;
+        while r < nrows {
+            let t = TILE.min(nrows - r);
+            for (ii, a) in block.iter().enumerate() {
+                let i = bi * ACT_BLOCK + ii;
+                let mut res = [0f32; TILE];
+                tile(job.p, a, r0 + r, t, &mut res, isa);
+                for (j, v) in res.iter().enumerate().take(t) {
+                    let b = job.bias.map_or(0.0, |b| b[r0 + r + j]);
+                    // SAFETY: the caller of `run` promised this element is ours to write.
+                    unsafe { *job.out.add(i * job.ld + r0 + r + j) = v + b };
+                }
             }
+            r += t;
         }
-        r += t;
     }
 }
 
@@ -746,7 +755,7 @@ mod tests {
     #[test]
     fn int8_matches_dequantized() {
         let mut s = 1u64;
-        for &(n, k, m) in &[(5, 33, 1), (9, 200, 3), (300, 896, 1)] {
+        for &(n, k, m) in &[(5, 33, 1), (9, 200, 3), (300, 896, 1), (13, 96, 37)] {
             let q: Vec<i8> = (0..n * k).map(|_| (lcg(&mut s) * 254.0) as i8).collect();
             let sc: Vec<f32> = (0..n).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
@@ -764,7 +773,7 @@ mod tests {
     #[test]
     fn int4_matches_dequantized() {
         let mut s = 7u64;
-        for &(n, k, m, g) in &[(3, 64, 1, 32), (7, 192, 2, 64), (130, 896, 1, 128), (5, 4864, 1, 32)] {
+        for &(n, k, m, g) in &[(3, 64, 1, 32), (7, 192, 2, 64), (130, 896, 1, 128), (5, 4864, 1, 32), (9, 128, 33, 32)] {
             let nib: Vec<u8> = (0..n * k).map(|_| ((lcg(&mut s) + 0.5) * 15.99) as u8).collect();
             let packed: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
             let ng = n * k / g;
