@@ -606,76 +606,62 @@ mod x86 {
         _mm512_reduce_add_ps(acc)
     }
 
-    /// AVX2 bf16 / fp32 GEMV: the tile's rows interleaved so each activation load serves
-    /// every row, two accumulators per row to cover the FMA latency, the tile height a const
-    /// parameter so they stay in registers.
+    /// AVX2 bf16 / fp32 GEMV, row-outer like the AVX-512 ones: a tile's rows are contiguous,
+    /// so the weights stream as one sequential run the hardware prefetcher follows (interleaving
+    /// the 4 rows of a K = 896 tile measured 3x slower here); the activation row stays in L1.
+    /// Four accumulators per row cover the FMA latency.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn bf16_avx2(w: *const u16, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
-        match t {
-            4 => bf16_avx2_t::<4>(w, k, x, res),
-            3 => bf16_avx2_t::<3>(w, k, x, res),
-            2 => bf16_avx2_t::<2>(w, k, x, res),
-            _ => bf16_avx2_t::<1>(w, k, x, res),
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn bf16_avx2_t<const T: usize>(w: *const u16, k: usize, x: *const f32, res: &mut [f32; TILE]) {
-        let k16 = k / 16 * 16;
-        let mut a0 = [_mm256_setzero_ps(); T];
-        let mut a1 = [_mm256_setzero_ps(); T];
-        let mut i = 0;
-        while i < k16 {
-            let x0 = _mm256_loadu_ps(x.add(i));
-            let x1 = _mm256_loadu_ps(x.add(i + 8));
-            for j in 0..T {
-                let wv = _mm256_loadu_si256(w.add(j * k + i) as *const _);
-                let w0 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(wv)), 16);
-                let w1 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(wv, 1)), 16);
-                a0[j] = _mm256_fmadd_ps(_mm256_castsi256_ps(w0), x0, a0[j]);
-                a1[j] = _mm256_fmadd_ps(_mm256_castsi256_ps(w1), x1, a1[j]);
-            }
-            i += 16;
-        }
-        for j in 0..T {
+        for j in 0..t {
             let row = w.add(j * k);
-            let mut s = hsum256(_mm256_add_ps(a0[j], a1[j]));
-            for c in k16..k {
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= k {
+                let v0 = _mm256_loadu_si256(row.add(i) as *const _);
+                let v1 = _mm256_loadu_si256(row.add(i + 16) as *const _);
+                a[0] = _mm256_fmadd_ps(widen(_mm256_castsi256_si128(v0)), _mm256_loadu_ps(x.add(i)), a[0]);
+                a[1] = _mm256_fmadd_ps(widen(_mm256_extracti128_si256(v0, 1)), _mm256_loadu_ps(x.add(i + 8)), a[1]);
+                a[2] = _mm256_fmadd_ps(widen(_mm256_castsi256_si128(v1)), _mm256_loadu_ps(x.add(i + 16)), a[2]);
+                a[3] = _mm256_fmadd_ps(widen(_mm256_extracti128_si256(v1, 1)), _mm256_loadu_ps(x.add(i + 24)), a[3]);
+                i += 32;
+            }
+            while i + 8 <= k {
+                a[0] = _mm256_fmadd_ps(widen(_mm_loadu_si128(row.add(i) as *const _)), _mm256_loadu_ps(x.add(i)), a[0]);
+                i += 8;
+            }
+            let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+            for c in i..k {
                 s += f32::from_bits((*row.add(c) as u32) << 16) * *x.add(c);
             }
             res[j] = s;
         }
     }
 
+    /// 8 bf16 values to f32 (a bf16 is the top half of an f32).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn f32_avx2(w: *const f32, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
-        match t {
-            4 => f32_avx2_t::<4>(w, k, x, res),
-            3 => f32_avx2_t::<3>(w, k, x, res),
-            2 => f32_avx2_t::<2>(w, k, x, res),
-            _ => f32_avx2_t::<1>(w, k, x, res),
-        }
+    #[inline]
+    unsafe fn widen(v: __m128i) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn f32_avx2_t<const T: usize>(w: *const f32, k: usize, x: *const f32, res: &mut [f32; TILE]) {
-        let k16 = k / 16 * 16;
-        let mut a0 = [_mm256_setzero_ps(); T];
-        let mut a1 = [_mm256_setzero_ps(); T];
-        let mut i = 0;
-        while i < k16 {
-            let x0 = _mm256_loadu_ps(x.add(i));
-            let x1 = _mm256_loadu_ps(x.add(i + 8));
-            for j in 0..T {
-                a0[j] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j * k + i)), x0, a0[j]);
-                a1[j] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j * k + i + 8)), x1, a1[j]);
-            }
-            i += 16;
-        }
-        for j in 0..T {
+    pub unsafe fn f32_avx2(w: *const f32, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
+        for j in 0..t {
             let row = w.add(j * k);
-            let mut s = hsum256(_mm256_add_ps(a0[j], a1[j]));
-            for c in k16..k {
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= k {
+                for (l, acc) in a.iter_mut().enumerate() {
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(i + 8 * l)), _mm256_loadu_ps(x.add(i + 8 * l)), *acc);
+                }
+                i += 32;
+            }
+            while i + 8 <= k {
+                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(i)), _mm256_loadu_ps(x.add(i)), a[0]);
+                i += 8;
+            }
+            let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+            for c in i..k {
                 s += *row.add(c) * *x.add(c);
             }
             res[j] = s;
