@@ -66,20 +66,20 @@ _LayerArg = tuple[
 class LLMKVCache:
     """tb-llm KV cache buffers (per layer ``[B, KV, cap, D]`` float32 k and v), checked once."""
 
-    def __init__(self, k: list[TensorArg], v: list[TensorArg]) -> None: ...
+    def __new__(cls, k: list[TensorArg], v: list[TensorArg]) -> LLMKVCache: ...
 
 class LLMModel:
     """A whole decoder over packed weights; ``step`` runs every layer in one call (GIL released)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         config: tuple[int, int, int, int, int, int, float, float, float, float | None, float | None, int | None],
         act: str,
         embed_scale: float | None,
         layers: list[_LayerArg],
         norm: TensorArg,
         head: LLMWeight,
-    ) -> None: ...
+    ) -> LLMModel: ...
     def step(
         self,
         x: TensorArg,
