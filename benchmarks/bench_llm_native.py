@@ -1,8 +1,10 @@
-"""Decode speed of tb-llm's native_cpu backend against the PyTorch reference backend, in the
-same run, interleaved, on the Qwen2.5-0.5B-shaped model of ``bench_llm.py``; with the bytes of
-weights each streams per token and this machine's measured memory bandwidth.
+"""Decode and prefill speed of tb-llm's native_cpu backend (its fused one-call step, and its
+per-kernel path over the same weights) against the PyTorch reference backend, in the same run,
+interleaved, on the Qwen2.5-0.5B-shaped model of ``bench_llm.py``: tok/s, ms/token, the weight
+bytes each streams per token, GB/s and the fraction of this machine's measured read bandwidth.
 
     python benchmarks/bench_llm_native.py [--threads 2] [--new-tokens 32] [--rounds 3]
+        [--prefill-tokens 512] [--quants int4,int8,bf16,fp32] [--no-reference]
 
 Only the ratios within one run mean anything on a shared machine.
 """
@@ -10,6 +12,7 @@ Only the ratios within one run mean anything on a shared machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
@@ -63,13 +66,36 @@ def decode_tok_s(llm: Any, prompt: list[int], new_tokens: int) -> float:
     return float(llm.generate(prompt, max_new_tokens=new_tokens, ignore_eos=True).timing.decode_tok_s)
 
 
+def prefill_tok_s(llm: Any, prompt: list[int]) -> float:
+    return float(llm.generate(prompt, max_new_tokens=1, ignore_eos=True).timing.prefill_tok_s)
+
+
+class _PerKernel:
+    """The native backend without its fused step: tb-llm's per-kernel path (one Python call
+    per kernel per layer) over the same packed weights."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def __enter__(self) -> None:
+        self.saved = self.llm.model._fused
+        self.llm.model._fused = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.llm.model._fused = self.saved
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument(
+        "--prefill-tokens", type=int, default=512, help="prompt length of the prefill measurement (0: skip)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quants", default="int4,int8,bf16,fp32")
+    ap.add_argument("--no-reference", action="store_true", help="skip tb-llm's PyTorch reference backend")
     cache = Path(os.environ.get("TORCHBURN_CACHE_DIR", Path.home() / ".cache" / "torchburn"))
     ap.add_argument("--folder", default=str(cache / "bench-llm" / "qwen2.5-0.5b-shape"))  # bench_llm.py's
     args = ap.parse_args()
@@ -91,40 +117,58 @@ def main() -> int:
     )
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 151936, (args.prompt_tokens,), generator=gen).tolist()
+    long_prompt = torch.randint(0, 151936, (args.prefill_tokens,), generator=gen).tolist()
     rows = []
     for quant in args.quants.split(","):
-        llms = {
-            "native_cpu": LLM.from_pretrained(folder, quant=quant, device="cpu", engine="native_cpu", progress=False),
-            "reference": LLM.from_pretrained(folder, quant=quant, device="cpu", engine="reference", progress=False),
-        }
-        speeds: dict[str, list[float]] = {k: [] for k in llms}
-        for llm in llms.values():
-            llm.generate(prompt, max_new_tokens=2, ignore_eos=True)  # warm-up
+        native = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="native_cpu", progress=False)
+        runs: dict[str, Any] = {"native_cpu": (native, None), "native_cpu per-kernel": (native, _PerKernel(native))}
+        if native.model._fused is None:
+            del runs["native_cpu per-kernel"]
+        if not args.no_reference:
+            ref = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="reference", progress=False)
+            runs["reference"] = (ref, None)
+        speeds: dict[str, list[float]] = {k: [] for k in runs}
+        prefill: dict[str, float] = {}
+        for llm, ctx in runs.values():
+            with ctx or contextlib.nullcontext():
+                llm.generate(prompt, max_new_tokens=2, ignore_eos=True)  # warm-up
         for _ in range(args.rounds):
-            for name, llm in llms.items():  # interleaved: both see the same machine state
-                speeds[name].append(decode_tok_s(llm, prompt, args.new_tokens))
+            for name, (llm, ctx) in runs.items():  # interleaved: all see the same machine state
+                with ctx or contextlib.nullcontext():
+                    speeds[name].append(decode_tok_s(llm, prompt, args.new_tokens))
+        if args.prefill_tokens:
+            for name, (llm, _ctx) in runs.items():
+                if name.endswith("per-kernel"):
+                    continue  # prefill takes the per-kernel path either way
+                prefill[name] = prefill_tok_s(llm, long_prompt)
         med = {k: statistics.median(v) for k, v in speeds.items()}
-        for name, llm in llms.items():
+        base = med.get("reference")
+        for name, (llm, _) in runs.items():
             gb = streamed_bytes(llm) / 1e9
             row = {
                 "quant": quant,
                 "backend": name,
                 "decode_tok_s": med[name],
+                "ms_per_token": 1000.0 / med[name],
+                "prefill_tok_s": prefill.get(name),
+                "prefill_tokens": args.prefill_tokens,
                 "weights_gb_per_token": gb,
                 "gb_s": gb * med[name],
                 "pct_of_read_bw": 100 * gb * med[name] / bw["read_gb_s"],
-                "speedup_vs_reference": med[name] / med["reference"],
+                "speedup_vs_reference": med[name] / base if base else None,
                 "all_tok_s": speeds[name],
             }
             rows.append(row)
+            pre = f"prefill({args.prefill_tokens}) {row['prefill_tok_s']:6.1f} tok/s  " if name in prefill else ""
+            vs = f"x{row['speedup_vs_reference']:.2f} vs reference  " if base else ""
             print(
-                f"{quant:5s} {name:10s} decode {row['decode_tok_s']:7.1f} tok/s  "
-                f"x{row['speedup_vs_reference']:.2f} vs reference  weights {gb:.3f} GB/token  "
+                f"{quant:5s} {name:21s} decode {row['decode_tok_s']:6.1f} tok/s {row['ms_per_token']:6.1f} ms/token  "
+                f"{pre}{vs}weights {gb:.3f} GB/token  "
                 f"{row['gb_s']:.1f} GB/s ({row['pct_of_read_bw']:.0f}% of measured read bandwidth)  "
                 f"runs {[round(s, 1) for s in speeds[name]]}",
                 flush=True,
             )
-        del llms
+        del runs, native
         gc.collect()
     return 0
 

@@ -241,3 +241,142 @@ def test_native_is_default_backend(ckpt) -> None:  # type: ignore[no-untyped-def
     from tb_llm import LLM
 
     assert LLM.from_pretrained(ckpt("llama"), device="cpu").backend.name == "native_cpu"
+
+
+# -- the fused step (compile_model): every layer in one native call ---------------------------
+ALL_ARCHS = list(__import__("tb_llm.testing", fromlist=["ARCHS"]).ARCHS)
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_fused_greedy_matches_transformers(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+    from tb_llm.testing import reference_greedy
+
+    folder = ckpt(arch)
+    llm = LLM.from_pretrained(folder, quant="fp32", device="cpu", engine="native_cpu")
+    assert llm.model._fused is not None, "every tb-llm architecture runs as one native step"
+    prompt = llm.encode("Hello world! How are you")
+    assert llm.generate(prompt, max_new_tokens=32, ignore_eos=True).token_ids == reference_greedy(folder, prompt, 32)
+
+
+def _run_steps(model, forward, prompt: list[list[int]], steps: int, last_only: bool = True):  # type: ignore[no-untyped-def]
+    """Prefill ``prompt`` (left-padded rows), then ``steps`` greedy decode steps through ``forward``;
+    returns every step's logits."""
+    b, n = len(prompt), max(len(r) for r in prompt)
+    ids = torch.zeros(b, n, dtype=torch.long)
+    pos = torch.full((b, n), -1, dtype=torch.long)
+    for i, r in enumerate(prompt):
+        ids[i, n - len(r) :] = torch.tensor(r)
+        pos[i, n - len(r) :] = torch.arange(len(r))
+    cache = model.new_cache(b, 4)  # small: the steps grow it (rebinding the native cache)
+    out = [forward(ids, pos, cache, last_only)]
+    last = pos[:, -1]
+    for _ in range(steps):
+        nxt = out[-1].reshape(b, -1, out[-1].shape[-1])[:, -1].argmax(-1)
+        last = last + 1
+        out.append(forward(nxt[:, None], last[:, None], cache, True))
+    return out, cache
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+@pytest.mark.parametrize("quant", ["fp32", "bf16", "int8", "int4"])
+def test_fused_step_logits_match_reference_forward(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+
+    model = LLM.from_pretrained(ckpt(arch), quant=quant, device="cpu", engine="native_cpu").model
+    assert model._fused is not None
+    prompt = [[5, 9, 11, 3, 7], [12, 4]]  # a left-padded batch of two, 5-row prompt: fused too
+    got, c1 = _run_steps(model, model._fused, prompt, 12)
+    want, c2 = _run_steps(model, model.reference_forward, prompt, 12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(c1.pos, c2.pos)
+    for i in range(model.cfg.num_layers):  # the cache holds the same keys and values
+        torch.testing.assert_close(c1.k[i][:, :, : c1.length], c2.k[i][:, :, : c2.length], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(c1.v[i][:, :, : c1.length], c2.v[i][:, :, : c2.length], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_fused_step_all_logits_of_a_short_prompt(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+
+    model = LLM.from_pretrained(ckpt(arch), quant="fp32", device="cpu", engine="native_cpu").model
+    got, _ = _run_steps(model, model._fused, [[1, 2, 3, 4, 5, 6]], 2, last_only=False)
+    want, _ = _run_steps(model, model.reference_forward, [[1, 2, 3, 4, 5, 6]], 2, last_only=False)
+    assert got[0].shape == (1, 6, model.cfg.vocab_size)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2"])
+def test_fused_quantized_top1_agrees_with_reference(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+
+    folder = ckpt(arch)
+    q = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="native_cpu").model
+    # the same quantized weights, dequantized to bf16 GEMMs in PyTorch (int8 activations here)
+    f = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="reference").model
+    # teacher-forced: both see the same tokens, so one near-tie cannot derail the rest
+    ids = torch.tensor([[1, 17, 42, 99, 7, 23, 64, 5, 31, 77, 12, 90, 3, 55, 28, 61]])
+    agree = 0
+    cq, cf = q.new_cache(1, 32), f.new_cache(1, 32)
+    for i in range(ids.shape[1]):
+        p = torch.tensor([[i]])
+        a = q.forward(ids[:, i : i + 1], p, cq)
+        b = f.forward(ids[:, i : i + 1], p, cf)
+        agree += int(a.argmax() == b.argmax())
+    assert agree >= 14, f"{agree}/16 top-1 agree"
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+def test_fused_batch_with_left_padding_matches_single(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+
+    llm = LLM.from_pretrained(ckpt(arch), quant="fp32", device="cpu", engine="native_cpu")
+    prompts = ["Hi", "The quick brown fox jumps over the lazy dog.", "Hello"]
+    batch = llm.generate(prompts, max_new_tokens=14, ignore_eos=True)
+    for p, g in zip(prompts, batch):
+        assert g.token_ids == llm.generate(p, max_new_tokens=14, ignore_eos=True).token_ids
+
+
+def test_fused_chat_rewinds_the_cache(ckpt) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+
+    llm = LLM.from_pretrained(ckpt("qwen2"), quant="fp32", device="cpu", engine="native_cpu")
+    session = llm.chat_session(system_prompt="terse")
+    session.send("Hello there", max_new_tokens=6)
+    session.send("Again", max_new_tokens=6)  # a short new turn: the fused step prefills it
+    second = session.last
+    assert second is not None
+    fresh = llm.generate(session.messages[:-1], max_new_tokens=6)
+    assert fresh.token_ids == second.token_ids
+    # rewind to a shared prefix shorter than the cache and diverge from there
+    session.messages = session.messages[:1]
+    session.send("Bye", max_new_tokens=6)
+    third = session.last
+    assert third is not None
+    assert llm.generate(session.messages[:-1], max_new_tokens=6).token_ids == third.token_ids
+
+
+def test_fused_step_rejects_bad_descriptors(ckpt) -> None:  # type: ignore[no-untyped-def]
+    from tb_llm import LLM
+
+    model = LLM.from_pretrained(ckpt("llama"), quant="int8", device="cpu", engine="native_cpu").model
+    step = model._fused
+    cache = model.new_cache(1, 4)
+    kv = step._kv(cache)
+    x = torch.randn(1, model.cfg.hidden_size)
+    pos = torch.zeros(1, 1, dtype=torch.long)
+    cos = torch.ones(1, 1, model.cfg.head_dim)
+    sin = torch.zeros(1, 1, model.cfg.head_dim)
+    logits = torch.empty(1, model.cfg.vocab_size)
+    with pytest.raises(ValueError, match="do not fit"):
+        step.native.step(_arg(x), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 4, kv, _arg(logits), True)
+    with pytest.raises(ValueError, match="dtype"):
+        step.native.step(_arg(x), _arg(pos.int()), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
+    with pytest.raises(ValueError, match="overlaps"):
+        alias = cache.k[0].reshape(-1)[: model.cfg.hidden_size].view(1, -1)
+        step.native.step(_arg(alias), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
+    with pytest.raises(ValueError, match="overlap"):
+        _native.LLMKVCache([_arg(cache.k[0]), _arg(cache.k[0])], [_arg(cache.v[0]), _arg(cache.v[1])])

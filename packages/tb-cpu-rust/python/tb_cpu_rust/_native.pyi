@@ -48,6 +48,53 @@ class LLMWeight:
     @property
     def nbytes(self) -> int: ...
 
+_LinArg = tuple[LLMWeight, TensorArg | None]
+_LayerArg = tuple[
+    TensorArg,
+    TensorArg,
+    TensorArg | None,
+    TensorArg | None,
+    list[_LinArg],
+    _LinArg,
+    TensorArg | None,
+    TensorArg | None,
+    list[_LinArg],
+    _LinArg,
+    bool,
+]
+
+class LLMKVCache:
+    """tb-llm KV cache buffers (per layer ``[B, KV, cap, D]`` float32 k and v), checked once."""
+
+    def __new__(cls, k: list[TensorArg], v: list[TensorArg]) -> LLMKVCache: ...
+
+class LLMModel:
+    """A whole decoder over packed weights; ``step`` runs every layer in one call (GIL released)."""
+
+    def __new__(
+        cls,
+        config: tuple[int, int, int, int, int, int, float, float, float, float | None, float | None, int | None],
+        act: str,
+        embed_scale: float | None,
+        layers: list[_LayerArg],
+        norm: TensorArg,
+        head: LLMWeight,
+    ) -> LLMModel: ...
+    def step(
+        self,
+        x: TensorArg,
+        positions: TensorArg,
+        cos: TensorArg,
+        sin: TensorArg,
+        pos: TensorArg,
+        length: int,
+        cache: LLMKVCache,
+        logits: TensorArg,
+        last_only: bool,
+    ) -> None: ...
+    @property
+    def num_layers(self) -> int: ...
+
 def llm_pack_int8(qweight: TensorArg, scales: TensorArg) -> LLMWeight: ...
 def llm_pack_int4(qweight: TensorArg, scales: TensorArg, zeros: TensorArg, group: int) -> LLMWeight: ...
 def llm_pack_dense(weight: TensorArg) -> LLMWeight: ...

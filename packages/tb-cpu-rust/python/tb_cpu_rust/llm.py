@@ -12,10 +12,14 @@ tb-llm's PyTorch ``ReferenceBackend``.
 * RMSNorm, the gated MLP activation, RoPE and attention of a few query positions over the KV
   cache are one native call each. Prefill-sized attention and dense GEMMs (more than
   ``SMALL_M`` rows) go to PyTorch, whose GEMMs are made for that.
+* ``compile_model`` hands tb-llm a step that runs a whole decode forward pass (every layer,
+  the final norm and the head) in one native call with the GIL released (``_native.LLMModel``):
+  no Python per layer. Prefill (more than ``SMALL_M`` rows) keeps the per-kernel path above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -129,8 +133,123 @@ class NativeLLMBackend(ReferenceBackend):
         g = gate.reshape(-1, gate.shape[-1]).contiguous()
         u = up.reshape(-1, up.shape[-1]).contiguous()
         out = torch.empty_like(g)
-        _native.llm_gated_act(_arg(g), _arg(u), _arg(out), act)
+        _native.llm_gated_act(_arg(g), _arg(u), _arg(out), _native_act(act))
         return out.view(gate.shape)
+
+    # -- whole step -----------------------------------------------------------------------
+    def compile_model(self, decoder: Any) -> Callable[..., torch.Tensor] | None:
+        """A step running every layer of ``decoder`` in one native call (tb-llm's
+        ``KernelBackend.compile_model`` contract), for up to ``SMALL_M`` rows per step (decode,
+        batched decode, short prompts); longer prompts take ``decoder.reference_forward``.
+
+        Every family tb-llm supports maps onto the native step (biases, q/k norms, fused
+        projections, Gemma's norm offset / embedding scale / sandwich norms / softcaps,
+        sliding windows, partial rotary); RoPE cos/sin come from ``decoder._cos_sin`` per call,
+        so every RoPE type tb-llm supports works. Returns None (per-kernel path) when the
+        decoder does not run in float32 or holds a weight this backend did not pack.
+        """
+        cfg = decoder.cfg
+        if decoder.dtype != torch.float32 or decoder.device.type != "cpu":
+            return None
+
+        def w(handle: Any) -> Any:
+            return getattr(handle, "packed", handle)
+
+        keep: list[Any] = []  # the tensors behind every descriptor, alive until LLMModel copied them
+
+        def vk(t: torch.Tensor | None) -> Any:
+            if t is None:
+                return None
+            t = t.float().contiguous()
+            keep.append(t)
+            return _arg(t)
+
+        def link(x: Any) -> tuple[Any, Any]:
+            return (w(x.handle), vk(x.bias))
+
+        handles = [w(x.handle) for layer in decoder.layers for x in (*layer.qkv, layer.o, *layer.gate_up, layer.down)]
+        if not all(isinstance(h, _native.LLMWeight) for h in [*handles, w(decoder.lm_head.handle)]):
+            return None
+        layers = [
+            (
+                vk(layer.input_norm),
+                vk(layer.post_attn_norm),
+                vk(layer.pre_ff_norm),
+                vk(layer.post_ff_norm),
+                [link(x) for x in layer.qkv],
+                link(layer.o),
+                vk(layer.q_norm),
+                vk(layer.k_norm),
+                [link(x) for x in layer.gate_up],
+                link(layer.down),
+                bool(layer.sliding),
+            )
+            for layer in decoder.layers
+        ]
+        window = cfg.sliding_window if any(layer.sliding for layer in decoder.layers) else None
+        config = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            float(cfg.rms_norm_eps),
+            float(cfg.family.norm_offset),
+            float(cfg.attn_scale),
+            None if cfg.attn_softcap is None else float(cfg.attn_softcap),
+            None if cfg.final_softcap is None else float(cfg.final_softcap),
+            None if window is None else int(window),
+        )
+        embed_scale = float(torch.tensor(cfg.hidden_size**0.5, dtype=torch.float32)) if cfg.family.embed_scale else None
+        try:
+            native = _native.LLMModel(
+                config, _native_act(cfg.hidden_act), embed_scale, layers, vk(decoder.norm), w(decoder.lm_head.handle)
+            )
+        except ValueError as exc:  # a shape or layout the native step does not take
+            import logging
+
+            logging.getLogger("tb_llm").debug("native_cpu: no fused step (%s)", exc)
+            return None
+        return _FusedStep(decoder, native, self.SMALL_M)
+
+
+class _FusedStep:
+    """``step(ids, positions, cache, last_only)`` over ``_native.LLMModel`` (see compile_model)."""
+
+    def __init__(self, decoder: Any, native: Any, small_m: int) -> None:
+        self.decoder, self.native, self.small_m = decoder, native, small_m
+        self._bound: tuple[Any, Any] | None = None  # (cache.k list, LLMKVCache) of the last cache
+
+    def _kv(self, cache: Any) -> Any:
+        # KVCache.reserve replaces its lists when it grows: bind the buffers once per allocation
+        if self._bound is None or self._bound[0] is not cache.k:
+            self._bound = (cache.k, _native.LLMKVCache([_arg(t) for t in cache.k], [_arg(t) for t in cache.v]))
+        return self._bound[1]
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, last_only: bool = True) -> torch.Tensor:
+        b, t = ids.shape
+        dec = self.decoder
+        if b * t > self.small_m and t > 1:
+            return dec.reference_forward(ids, positions, cache, last_only)
+        with torch.inference_mode():
+            cache.begin(positions)
+            kv = self._kv(cache)  # after begin: it may have grown the cache
+            x = dec.embed.rows(ids.reshape(-1), torch.float32).contiguous()
+            cos, sin = dec._cos_sin(positions)
+            cos, sin = cos.float().contiguous(), sin.float().contiguous()
+            pos = positions.to(torch.long).contiguous()
+            logits = torch.empty(b if last_only else b * t, dec.cfg.vocab_size, dtype=torch.float32)
+            self.native.step(
+                _arg(x), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), cache.length, kv, _arg(logits), last_only
+            )
+            cache.commit(t)
+        return logits if last_only else logits.view(b, t, -1)
+
+
+def _native_act(act: str) -> str:
+    # tb-llm's reference: silu, exact gelu, and the tanh approximation for every other name
+    return act if act in ("silu", "gelu") else "gelu_tanh"
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@
 
 pub mod act_quant;
 pub mod gemv;
+pub mod model;
 pub mod ops;
 pub mod packed;
 pub mod py;

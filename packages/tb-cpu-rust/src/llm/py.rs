@@ -3,6 +3,7 @@
 //! `ValueError`, never undefined behaviour. Weights are copied into Rust-owned `LLMWeight`s.
 
 use super::gemv::{self, detect};
+use super::model::{self, AsPacked, Lin, Model};
 use super::ops::{self, V4};
 use super::packed::Packed;
 use pyo3::exceptions::PyValueError;
@@ -83,6 +84,7 @@ fn arg(a: TensorArg, what: &str, dtype: &str, rank: usize, contig: bool) -> PyRe
         v.iter().map(|&x| usize::try_from(x).map_err(|_| err(format!("{what}: negative {n} {v:?}")))).collect()
     };
     let elem = match dtype {
+        "int64" => 8,
         "float32" => 4,
         "bfloat16" => 2,
         _ => 1,
@@ -178,6 +180,243 @@ impl LLMWeight {
     #[getter]
     fn nbytes(&self) -> usize {
         self.inner.nbytes()
+    }
+}
+
+impl AsPacked for Py<LLMWeight> {
+    fn packed(&self) -> &Packed {
+        &self.get().inner
+    }
+}
+
+type LinArg = (Py<LLMWeight>, Option<TensorArg>);
+type LayerArg = (
+    TensorArg,         // input_norm
+    TensorArg,         // post_attention_norm
+    Option<TensorArg>, // pre_feedforward_norm (Gemma 2)
+    Option<TensorArg>, // post_feedforward_norm (Gemma 2)
+    Vec<LinArg>,       // [q, k, v] or [qkv]
+    LinArg,            // o
+    Option<TensorArg>, // q_norm (Qwen3)
+    Option<TensorArg>, // k_norm
+    Vec<LinArg>,       // [gate, up] or [gate_up]
+    LinArg,            // down
+    bool,              // sliding window applies
+);
+/// hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, norm_offset, attn_scale,
+/// attn_softcap, final_softcap, sliding_window
+type ConfigArg = (usize, usize, usize, usize, usize, usize, f32, f32, f32, Option<f32>, Option<f32>, Option<i64>);
+
+fn vec_f32(a: TensorArg, what: &str, len: usize) -> PyResult<Vec<f32>> {
+    let t = arg(a, what, "float32", 1, true)?;
+    same(what, &t.sizes, &[len])?;
+    // SAFETY: validated contiguous f32 descriptor; copied before returning.
+    Ok(unsafe { t.slice::<f32>() }.to_vec())
+}
+
+fn lin(a: LinArg, what: &str, n: usize, k: usize) -> PyResult<Lin<Py<LLMWeight>>> {
+    let (w, bias) = a;
+    let shape = w.get().inner.shape();
+    if shape != (n, k) {
+        return Err(err(format!("{what}: weight is {shape:?}, the config implies ({n}, {k})")));
+    }
+    let bias = bias.map(|b| vec_f32(b, what, n)).transpose()?;
+    Ok(Lin { w, bias })
+}
+
+fn lins(a: Vec<LinArg>, what: &str, parts: &[usize], k: usize) -> PyResult<Vec<Lin<Py<LLMWeight>>>> {
+    if a.len() == 1 {
+        let n = parts.iter().sum();
+        return Ok(vec![lin(a.into_iter().next().unwrap_or_else(|| unreachable!()), what, n, k)?]);
+    }
+    if a.len() != parts.len() {
+        return Err(err(format!("{what}: expected 1 fused or {} weights, got {}", parts.len(), a.len())));
+    }
+    a.into_iter().zip(parts).map(|(l, &n)| lin(l, what, n, k)).collect()
+}
+
+/// A whole decoder (tb-llm's `Decoder`) over packed weights: `step` runs one forward pass,
+/// every layer, in one call with the GIL released.
+#[pyclass(module = "tb_cpu_rust._native", frozen)]
+pub struct LLMModel {
+    inner: Model<Py<LLMWeight>>,
+}
+
+/// The KV cache buffers of one `tb_llm.kv_cache.KVCache` allocation, checked once:
+/// per layer `[B, KV, cap, D]` contiguous float32 keys and values.
+#[pyclass(module = "tb_cpu_rust._native", frozen)]
+pub struct LLMKVCache {
+    k: Vec<usize>,
+    v: Vec<usize>,
+    shape: [usize; 4],
+}
+
+#[pymethods]
+impl LLMKVCache {
+    #[new]
+    fn new(k: Vec<TensorArg>, v: Vec<TensorArg>) -> PyResult<Self> {
+        if k.len() != v.len() || k.is_empty() {
+            return Err(err("k and v must be non-empty lists of one tensor per layer"));
+        }
+        let mut shape = None;
+        let mut spans = Vec::new();
+        let (mut kp, mut vp) = (Vec::new(), Vec::new());
+        for (i, (ka, va)) in k.into_iter().zip(v).enumerate() {
+            for (a, out) in [(ka, &mut kp), (va, &mut vp)] {
+                let t = arg(a, &format!("cache layer {i}"), "float32", 4, true)?;
+                let s = [t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3]];
+                if *shape.get_or_insert(s) != s {
+                    return Err(err(format!("cache layer {i}: shape {s:?} differs from layer 0's")));
+                }
+                spans.push(t.span());
+                out.push(t.ptr);
+            }
+        }
+        spans.sort();
+        if spans.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err(err("cache tensors overlap"));
+        }
+        Ok(LLMKVCache { k: kp, v: vp, shape: shape.unwrap_or_default() })
+    }
+}
+
+#[pymethods]
+impl LLMModel {
+    #[new]
+    fn new(config: ConfigArg, act: &str, embed_scale: Option<f32>, layers: Vec<LayerArg>, norm: TensorArg, head: Py<LLMWeight>) -> PyResult<Self> {
+        let (hidden, heads, kv_heads, head_dim, inter, vocab, eps, norm_offset, attn_scale, attn_softcap, final_softcap, window) = config;
+        if kv_heads == 0 || heads % kv_heads != 0 || head_dim == 0 {
+            return Err(err(format!("{heads} query heads are not a multiple of {kv_heads} KV heads")));
+        }
+        if attn_softcap.is_some_and(|c| c <= 0.0 || !c.is_finite()) || final_softcap.is_some_and(|c| c <= 0.0 || !c.is_finite()) {
+            return Err(err("softcaps must be positive finite numbers"));
+        }
+        if window.is_some_and(|w| w <= 0) {
+            return Err(err("sliding window must be positive"));
+        }
+        let act = ops::Act::parse(act).map_err(err)?;
+        let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+        let mut out = Vec::with_capacity(layers.len());
+        for (i, l) in layers.into_iter().enumerate() {
+            let (inn, post, pre_ff, post_ff, qkv, o, qn, kn, gu, down, sliding) = l;
+            let p = |what: &str| format!("layer {i} {what}");
+            out.push(model::Layer {
+                input_norm: vec_f32(inn, &p("input_norm"), hidden)?,
+                post_attn_norm: vec_f32(post, &p("post_attention_norm"), hidden)?,
+                pre_ff_norm: pre_ff.map(|a| vec_f32(a, &p("pre_feedforward_norm"), hidden)).transpose()?,
+                post_ff_norm: post_ff.map(|a| vec_f32(a, &p("post_feedforward_norm"), hidden)).transpose()?,
+                qkv: lins(qkv, &p("qkv"), &[qd, kvd, kvd], hidden)?,
+                o: lin(o, &p("o"), hidden, qd)?,
+                q_norm: qn.map(|a| vec_f32(a, &p("q_norm"), head_dim)).transpose()?,
+                k_norm: kn.map(|a| vec_f32(a, &p("k_norm"), head_dim)).transpose()?,
+                gate_up: lins(gu, &p("gate_up"), &[inter, inter], hidden)?,
+                down: lin(down, &p("down"), hidden, inter)?,
+                sliding,
+            });
+        }
+        if out.iter().any(|l| l.q_norm.is_some() != l.k_norm.is_some()) {
+            return Err(err("q_norm and k_norm come together"));
+        }
+        let norm = vec_f32(norm, "norm", hidden)?;
+        let head = lin((head, None), "lm_head", vocab, hidden)?.w;
+        let cfg = model::Config {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: inter,
+            vocab,
+            eps,
+            norm_offset,
+            attn_scale,
+            attn_softcap,
+            final_softcap,
+            window,
+            act,
+            embed_scale,
+        };
+        Ok(LLMModel { inner: Model { cfg, layers: out, norm, head } })
+    }
+
+    /// One forward pass. `x` `[B*T, hidden]` float32 (the embedding rows; overwritten),
+    /// `positions` `[B, T]` int64, `cos`/`sin` `[B, T, R]` float32, `pos` `[B, cap]` int64 (the
+    /// cache's slot positions, this step's already written), `length` the slots filled before
+    /// this step, `logits` `[B, V]` (`last_only`) or `[B*T, V]` float32. Writes this step's keys
+    /// and values into the cache at slots `length .. length + T`.
+    #[pyo3(signature = (x, positions, cos, sin, pos, length, cache, logits, last_only))]
+    fn step(
+        &self,
+        py: Python<'_>,
+        x: TensorArg,
+        positions: TensorArg,
+        cos: TensorArg,
+        sin: TensorArg,
+        pos: TensorArg,
+        length: usize,
+        cache: &LLMKVCache,
+        logits: TensorArg,
+        last_only: bool,
+    ) -> PyResult<()> {
+        let c = &self.inner.cfg;
+        let pa = arg(positions, "positions", "int64", 2, true)?;
+        let (b, t) = (pa.sizes[0], pa.sizes[1]);
+        let x = arg(x, "x", "float32", 2, true)?;
+        same("x", &x.sizes, &[b * t, c.hidden])?;
+        let cs = arg(cos, "cos", "float32", 3, true)?;
+        let sn = arg(sin, "sin", "float32", 3, true)?;
+        let r = cs.sizes[2];
+        same("cos", &cs.sizes, &[b, t, r])?;
+        same("sin", &sn.sizes, &cs.sizes)?;
+        if r % 2 != 0 || r > c.head_dim || r == 0 {
+            return Err(err(format!("rotary dims {r} must be even, positive and at most the head dim {}", c.head_dim)));
+        }
+        let [cb, ckv, cap, cd] = cache.shape;
+        if cache.k.len() != self.inner.layers.len() {
+            return Err(err(format!("cache has {} layers, the model {}", cache.k.len(), self.inner.layers.len())));
+        }
+        same("cache", &[cb, ckv, cd], &[b, c.kv_heads, c.head_dim])?;
+        if length + t > cap || t == 0 {
+            return Err(err(format!("cache holds {cap} slots; {length} used + {t} new do not fit")));
+        }
+        let pz = arg(pos, "pos", "int64", 2, true)?;
+        same("pos", &pz.sizes, &[b, cap])?;
+        let lg = arg(logits, "logits", "float32", 2, true)?;
+        same("logits", &lg.sizes, &[if last_only { b } else { b * t }, c.vocab])?;
+        let cache_spans: Vec<T> = cache
+            .k
+            .iter()
+            .chain(&cache.v)
+            .map(|&ptr| T { ptr, sizes: cache.shape.to_vec(), strides: vec![ckv * cap * cd, cap * cd, cd, 1], elem: 4 })
+            .collect();
+        let mut ins: Vec<&T> = vec![&pa, &cs, &sn, &pz, &lg];
+        ins.extend(cache_spans.iter());
+        disjoint(&x, &ins)?;
+        let mut ins2: Vec<&T> = vec![&pa, &cs, &sn, &pz];
+        ins2.extend(cache_spans.iter());
+        disjoint(&lg, &ins2)?;
+        // SAFETY: every descriptor validated above and disjoint from the outputs; Python keeps
+        // the tensors alive for the call. The cache buffers were checked when bound.
+        let (xs, ps, coss, sins, poss, lgs) = unsafe {
+            (x.slice_mut::<f32>(), pa.slice::<i64>(), cs.slice::<f32>(), sn.slice::<f32>(), pz.slice::<i64>(), lg.slice_mut::<f32>())
+        };
+        let (kp, vp) = (&cache.k, &cache.v);
+        let inner = &self.inner;
+        let isa = detect();
+        py.detach(move || {
+            let k: Vec<*mut f32> = kp.iter().map(|&p| p as *mut f32).collect();
+            let v: Vec<*mut f32> = vp.iter().map(|&p| p as *mut f32).collect();
+            let kv = model::Cache { k: &k, v: &v, cap, pos: poss, length };
+            let s = model::Step { x: xs, b, t, positions: ps, cos: coss, sin: sins, rot: r, last_only };
+            // run on a pool worker: the step's parallel regions then fork inside the pool
+            // SAFETY: validated above (see `Model::step`).
+            rayon::scope(|_| unsafe { inner.step(s, &kv, lgs, isa) });
+        });
+        Ok(())
+    }
+
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.inner.layers.len()
     }
 }
 
@@ -325,6 +564,8 @@ fn llm_isa() -> &'static str {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LLMWeight>()?;
+    m.add_class::<LLMModel>()?;
+    m.add_class::<LLMKVCache>()?;
     m.add_function(wrap_pyfunction!(llm_pack_int8, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_int4, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_dense, m)?)?;
