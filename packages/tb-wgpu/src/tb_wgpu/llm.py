@@ -391,7 +391,7 @@ class FusedStep:
         lk = backend._kernels
         up = backend.upload_f32
         render = shaders.render
-        prelude = shaders.source("llm_prelude")
+        prelude = shaders.source("llm_prelude") + shaders.source("rows_prelude")
         ctx = self.ctx
 
         def norm(store_add: bool = False, final: bool = False) -> Any:
