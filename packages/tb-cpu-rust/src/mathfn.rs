@@ -221,17 +221,23 @@ pub fn zeta(s: f64, q: f64) -> f64 {
     sum
 }
 
+/// The fit shared by `erfc` and `erfcx` at `z = |x|`: `(t, p)` with `exp(z²)·erfc(z) = t·exp(p)`.
+fn erfc_fit(z: f64) -> (f64, f64) {
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = 0.170_872_77;
+    for c in [-0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_68, -1.265_512_23] {
+        p = c + t * p;
+    }
+    (t, p)
+}
+
 /// erfc with relative error below 1.2e-7 everywhere (Chebyshev fit of exp(x²)·erfc(x)).
 pub fn erfc(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }
     let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let mut p = 0.170_872_77;
-    for c in [-0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_68, -1.265_512_23] {
-        p = c + t * p;
-    }
+    let (t, p) = erfc_fit(z);
     let r = t * (-z * z + p).exp();
     if x >= 0.0 {
         r
@@ -296,11 +302,7 @@ pub fn erfcx(x: f64) -> f64 {
         return x;
     }
     let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let mut p = 0.170_872_77;
-    for c in [-0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_68, -1.265_512_23] {
-        p = c + t * p;
-    }
+    let (t, p) = erfc_fit(z);
     let r = t * p.exp();
     if x >= 0.0 {
         r
