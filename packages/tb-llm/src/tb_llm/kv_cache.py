@@ -28,8 +28,8 @@ class KVCache:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.pos = torch.empty(batch, 0, dtype=torch.long, device=device)
-        # the token id in each slot: lets the model re-encode the cached sequence when its RoPE
-        # frequencies change with length (LongRoPE crossing its original context)
+        # the token id in each slot, kept for LongRoPE models only: lets the model re-encode the
+        # cached sequence when its RoPE frequencies change with length (crossing the original context)
         self.tokens = torch.empty(batch, 0, dtype=torch.long, device=device)
         self.reserve(capacity)
 

@@ -232,7 +232,8 @@ class Decoder:
         """Run ``ids`` ``[B, T]`` at ``positions`` ``[B, T]`` (-1: padding) through the model,
         appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
         t = ids.shape[1]
-        if self.cfg.rope.rope_type == "longrope" and self._crosses_original_context(positions, cache):
+        longrope = self.cfg.rope.rope_type == "longrope"
+        if longrope and self._crosses_original_context(positions, cache):
             # LongRoPE switches every frequency once the sequence outgrows the original context;
             # keys cached with the short factors would no longer match, so the cached sequence is
             # encoded again with this step (as transformers' Phi-3 generation does).
@@ -243,7 +244,7 @@ class Decoder:
         start = cache.length
         step = self._fused if self._fused is not None else self.reference_forward
         logits = step(ids, positions, cache, last_only)
-        if isinstance(cache, KVCache):
+        if longrope and isinstance(cache, KVCache):  # only LongRoPE ever re-encodes the cached tokens
             cache.tokens[:, start : start + ids.shape[1]] = ids
         return logits if last_only else logits[:, -t:]
 
