@@ -15,11 +15,12 @@ from tb_llm.backends import ReferenceBackend
 
 
 def test_cli_generate_and_benchmark(llama_dir: Path) -> None:
-    # One process for both sub-commands keeps the suite fast (torch imports once).
+    # One process for both sub-commands keeps the suite fast (torch imports once). The benchmark
+    # names its engine so the report is the same whichever engine packages are installed.
     code = (
         "import sys; from tb_llm.cli import main;"
         f"r1 = main(['generate', '--model', {str(llama_dir)!r}, '--device', 'cpu', '--tokens', '6', '--stream', 'Hello']);"
-        f"r2 = main(['benchmark', '--model', {str(llama_dir)!r}, '--quant', 'int4', '--tokens', '4', '--prompt-tokens', '16', '--repeat', '1']);"
+        f"r2 = main(['benchmark', '--model', {str(llama_dir)!r}, '--quant', 'int4', '--engine', 'reference', '--tokens', '4', '--prompt-tokens', '16', '--repeat', '1']);"
         f"r3 = main(['generate', '--model', {str(llama_dir / 'nope')!r}, 'x']);"
         "print('RC', r1, r2, r3)"
     )
