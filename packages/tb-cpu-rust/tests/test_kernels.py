@@ -151,3 +151,65 @@ def test_memory_plan_shares_temporaries(lowered: list[dict[str, Any]]) -> None:
     temps = [b for b in spec["buffers"] if b["kind"] == "temp"]
     # five intermediates, never more than two alive at once (one read, one written)
     assert len(temps) == 2, spec["buffers"]
+
+
+def _idx(gen: torch.Generator, size: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """int64 indices in [-size, size): negative ones count from the end, as in PyTorch."""
+    return torch.randint(-size, size, shape, generator=gen) if size else torch.zeros(shape, dtype=torch.int64)
+
+
+# (x shape, index pattern): an int is an index tensor of that shape, None a full slice
+_INDEX_CASES: list[tuple[tuple[int, ...], list[Any]]] = [
+    ((5, 6, 7), [None, (3,)]),  # x[:, i]
+    ((5, 6, 7), [None, None, (4, 2)]),  # x[:, :, i2d]
+    ((2, 3, 9, 11), [None, None, (18, 1), (22,)]),  # nearest upsampling's form
+    ((5, 6, 7), [(3,), None, (3,)]),  # non-adjacent: broadcast dims go first
+    ((4, 5, 6, 7), [None, (2, 1), None, (3,)]),  # non-adjacent after a slice
+    ((5, 6, 7), [(2, 3), (3,), None]),  # trailing slice
+    ((5, 6, 7), [None, (0,)]),  # empty index
+    ((5, 0, 7), [None, None, (4,)]),  # empty input dimension
+    ((6,), [(2, 2)]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_INDEX_CASES)))
+@pytest.mark.parametrize("transposed", [False, True])
+def test_advanced_indexing_with_slices_matches_torch(case: int, transposed: bool) -> None:
+    shape, pattern = _INDEX_CASES[case]
+    gen = torch.Generator().manual_seed(case)
+    if transposed:  # same values, every dimension strided
+        x = torch.randn(*reversed(shape), generator=gen).permute(*reversed(range(len(shape))))
+    else:
+        x = torch.randn(*shape, generator=gen)
+    idx = [None if p is None else _idx(gen, shape[d], p) for d, p in enumerate(pattern)]
+
+    def fn(x: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+        it = iter(tensors)
+        return x[tuple(slice(None) if p is None else next(it) for p in pattern)] * 2.0
+
+    tensors = [i for i in idx if i is not None]
+    torch.testing.assert_close(_run_native(fn, x, *tensors), fn(x, *tensors))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"scale_factor": 2, "mode": "nearest"},
+        {"size": (5, 17), "mode": "nearest"},
+        {"size": (13, 7), "mode": "bilinear", "align_corners": False},
+        {"scale_factor": 1.5, "mode": "bilinear", "align_corners": True},
+        {"size": (1, 1), "mode": "bilinear", "align_corners": False},
+    ],
+)
+def test_interpolate_runs_native_and_matches_torch(kw: dict[str, Any]) -> None:
+    x = torch.randn(2, 3, 9, 11)
+    if kw["mode"] == "nearest":
+        # (bilinear at ±inf: PyTorch's own decomposition, which tb-core lowers, gives nan where
+        # the eager kernel's zero weight times inf does not, or the reverse; not an engine matter)
+        x[0, 0, 0, 0] = float("inf")
+        x[1, 2, 3, 4] = float("nan")
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, **kw)
+
+    torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)

@@ -788,6 +788,45 @@ class Lowerer:
             v = nxt
         return v
 
+    def lower_index(self, src: Any, entries: list[Any], out: TensorMeta, step: Any) -> int:
+        """``x[i0, i1, ...]`` (``aten.index.Tensor``) as one gather over broadcast index tensors.
+
+        A ``None`` entry (a full slice, as interpolation's decompositions write
+        ``x[None, None, h, w]``) becomes an ``arange`` over its dimension, shaped so that the
+        broadcast of every index lands where PyTorch puts that dimension: before the indexed
+        dimensions when the index tensors are adjacent, after them when they are not (NumPy's
+        rule). Trailing ``None``s are the dimensions the kernel copies whole anyway."""
+        x = self.value(src)
+        xs = self.values[x]["sizes"]
+        while entries and entries[-1] is None:
+            entries.pop()
+        pos = [d for d, e in enumerate(entries) if e is not None]
+        tens = [self.value(entries[d]) for d in pos]
+        bshape = tuple(torch.broadcast_shapes(*[tuple(self.values[t]["sizes"]) for t in tens]))
+        sliced = [d for d, e in enumerate(entries) if e is None]
+        adjacent = pos == list(range(pos[0], pos[-1] + 1))
+        ns, nb = len(sliced), len(bshape)
+        sliced_sizes = tuple(xs[d] for d in sliced)
+        full = sliced_sizes + bshape if adjacent else bshape + sliced_sizes
+        at_b = ns if adjacent else 0  # where the index tensors' broadcast dims start in `full`
+        idx: dict[int, int] = {}
+        for j, d in enumerate(sliced):
+            r = self.fresh(TensorMeta((xs[d],), (1,), I64, "cpu"))
+            step({"op": "arange", "outs": [r], "floats": [0.0, 1.0]})
+            at = j if adjacent else nb + j
+            sizes, strides = [1] * len(full), [0] * len(full)
+            sizes[at], strides[at] = xs[d], 1
+            idx[d] = self.broadcast(self.new_value(self.values[r]["buf"], 0, sizes, strides), full)
+        for d, t in zip(pos, tens):
+            tb = self.values[self.broadcast(t, bshape)]
+            pad = len(full) - at_b - nb
+            sizes = [1] * at_b + list(bshape) + [1] * pad
+            strides = [0] * at_b + list(tb["strides"]) + [0] * pad
+            idx[d] = self.broadcast(self.new_value(tb["buf"], tb["offset"], sizes, strides), full)
+        o = self.fresh(out)
+        step({"op": "index", "ins": [x, *(idx[d] for d in range(len(entries)))], "outs": [o]})
+        return o
+
     def lower_batch_norm_stats(self, node: Any) -> Any:
         """Batch norm that normalises by the batch's own statistics (or, in eval mode, the running
         ones); the functional form also returns the updated running statistics."""
@@ -1001,13 +1040,7 @@ class Lowerer:
             step({"op": "embedding", "ins": [w, idx], "outs": [o]})
             return o
         if op == "aten.index.Tensor":
-            x = self.value(a[0])
-            idx = [self.value(i) for i in a[1]]
-            bshape = torch.broadcast_shapes(*[tuple(self.values[i]["sizes"]) for i in idx])
-            idx = [self.broadcast(i, tuple(bshape)) for i in idx]
-            o = self.fresh(out)
-            step({"op": "index", "ins": [x, *idx], "outs": [o]})
-            return o
+            return self.lower_index(a[0], list(a[1]), out, step)
         if op == "aten.gather.default":
             x, idx = self.value(a[0]), self.value(a[2])
             o = self.fresh(out)

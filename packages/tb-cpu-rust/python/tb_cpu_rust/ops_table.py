@@ -228,9 +228,8 @@ def check(info: Any) -> str | None:
     if op in ("aten.scatter_reduce.two", "aten.index_reduce.default") and info.out_metas[0].dtype != F32:
         return "float32 only"
     if op == "aten.index.Tensor":
-        idx = info.args[1]
-        if any(i is None for i in idx):
-            return "index with None"
+        if all(i is None for i in info.args[1]):
+            return "index without an index tensor"
         if any(m.dtype != I64 for m in info.inputs[1:]):
             return "only int64 indices"
     if op in ("aten.bmm.default", "aten.baddbmm.default", "aten.mm.default", "aten.addmm.default"):
