@@ -141,6 +141,9 @@ class GpuContext:
         self.backend = str(info.get("backend_type", "unknown"))
         self.adapter_type = str(info.get("adapter_type", "unknown"))
         self.shader_f16 = "shader-f16" in self.adapter.features
+        # int64 kernels use WGSL i64 with this wgpu-native feature, else vec2<u32> emulation
+        # (shaders.with_int64); tests switch it off on a device that has it to run the emulation.
+        self.shader_int64 = "shader-int64" in self.adapter.features
         limits = dict(self.adapter.limits)
         wanted = {
             k: limits[k]
@@ -156,7 +159,7 @@ class GpuContext:
             )
             if k in limits
         }
-        features = ["shader-f16"] if self.shader_f16 else []
+        features = [f for f, on in (("shader-f16", self.shader_f16), ("shader-int64", self.shader_int64)) if on]
         try:
             self.device = self.adapter.request_device_sync(required_features=features, required_limits=wanted)
         except Exception as exc:
@@ -186,6 +189,7 @@ class GpuContext:
             "backend": self.backend,
             "adapter_type": self.adapter_type,
             "shader-f16": self.shader_f16,
+            "shader-int64": self.shader_int64,
             "max_buffer_size": self.max_buffer,
             "max_storage_buffer_binding_size": self.max_binding,
             "max_compute_workgroup_storage_size": self.max_shared,
@@ -335,7 +339,8 @@ class Residency:
 
 
 def _device_nbytes(tensor: Any) -> int:
-    return max(4, tensor.numel() * 4 if tensor.element_size() != 2 else tensor.numel() * 2)
+    # float16 and int64 keep their torch width; bool and int32 take a 32-bit word each.
+    return max(4, tensor.numel() * {2: 2, 8: 8}.get(tensor.element_size(), 4))
 
 
 _CONTEXT: GpuContext | None = None

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tb_wgpu.lower import DEV_TYPE, Const, Lazy, Lowerer, LoweringError, Op, cast, const
+from tb_wgpu.lower import DEV_TYPE, I64, Const, Lazy, Lowerer, LoweringError, Op, cast, const
 
 # op -> WGSL template over the f32 operands {0}, {1}...
 UNARY_F32: dict[str, str] = {
@@ -77,13 +77,42 @@ def _binary(fmt: str) -> Lower:
     return lambda L, ctx, a, b: _lazy(L, ctx, fmt, a, b)
 
 
+# The ops that also compute on int64 (support.INT64_OPS), with their tb_i64 templates (the
+# helpers of shaders/int64_*.wgsl; arithmetic wraps modulo 2^64 like torch's).
+UNARY_I64: dict[str, str] = {"aten.neg.default": "tb_i64_neg({0})", "aten.abs.default": "tb_i64_abs({0})"}
+BINARY_I64: dict[str, str] = {
+    "aten.mul.Tensor": "tb_i64_mul({0}, {1})",
+    "aten.mul.Scalar": "tb_i64_mul({0}, {1})",
+    "aten.maximum.default": "tb_i64_max({0}, {1})",
+    "aten.minimum.default": "tb_i64_min({0}, {1})",
+}
+
+
+def _is_i64(ctx: Any) -> bool:
+    return bool(ctx.out.dtype == torch.int64)
+
+
+def _by_dtype(fmt: str, i64_fmt: str | None) -> Lower:
+    def lower(L: Lowerer, ctx: Any, *args: Any) -> Lazy:
+        if i64_fmt is not None and _is_i64(ctx):
+            return _lazy(L, ctx, i64_fmt, *args, arg_ty=I64)
+        return _lazy(L, ctx, fmt, *args)
+
+    return lower
+
+
 for _op, _fmt in UNARY_F32.items():
-    TABLE[_op] = _unary(_fmt)
+    TABLE[_op] = _by_dtype(_fmt, UNARY_I64.get(_op))
 for _op, _fmt in BINARY_F32.items():
-    TABLE[_op] = _binary(_fmt)
+    TABLE[_op] = _by_dtype(_fmt, BINARY_I64.get(_op))
 
 
 def _add(L: Lowerer, ctx: Any, a: Any, b: Any, alpha: Any = 1, sign: str = "+") -> Lazy:
+    if _is_i64(ctx):
+        fn = "tb_i64_add" if sign == "+" else "tb_i64_sub"
+        if alpha == 1:
+            return _lazy(L, ctx, fn + "({0}, {1})", a, b, arg_ty=I64)
+        return _lazy(L, ctx, fn + "({0}, tb_i64_mul({1}, {2}))", a, b, int(alpha), arg_ty=I64)
     if alpha == 1:
         return _lazy(L, ctx, "{0} " + sign + " {1}", a, b)
     return _lazy(L, ctx, "{0} " + sign + " {1} * {2}", a, b, float(alpha))
@@ -93,9 +122,17 @@ TABLE["aten.add.Tensor"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alph
 TABLE["aten.add.Scalar"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alpha)
 TABLE["aten.sub.Tensor"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alpha, "-")
 TABLE["aten.sub.Scalar"] = lambda L, ctx, a, b, alpha=1: _add(L, ctx, a, b, alpha, "-")
-TABLE["aten.rsub.Scalar"] = lambda L, ctx, a, b, alpha=1: (
-    _add(L, ctx, b, a, alpha, "-") if alpha == 1 else _lazy(L, ctx, "{1} - {0} * {2}", a, b, float(alpha))
-)
+
+
+def _rsub(L: Lowerer, ctx: Any, a: Any, b: Any, alpha: Any = 1) -> Lazy:
+    if alpha == 1:
+        return _add(L, ctx, b, a, alpha, "-")
+    if _is_i64(ctx):
+        return _lazy(L, ctx, "tb_i64_sub({1}, tb_i64_mul({0}, {2}))", a, b, int(alpha), arg_ty=I64)
+    return _lazy(L, ctx, "{1} - {0} * {2}", a, b, float(alpha))
+
+
+TABLE["aten.rsub.Scalar"] = _rsub
 
 
 def _div_mode(L: Lowerer, ctx: Any, a: Any, b: Any, rounding_mode: str | None = None) -> Lazy:
@@ -130,20 +167,26 @@ TABLE["aten.elu.default"] = lambda L, ctx, x, alpha=1.0, scale=1.0, input_scale=
 )
 
 
-def _compare(sym: str) -> Lower:
+def _compare(name: str, sym: str) -> Lower:
     def lower(L: Lowerer, ctx: Any, a: Any, b: Any) -> Lazy:
-        return _lazy(L, ctx, "tb_b({0} " + sym + " {1})", a, b, arg_ty=_operand_type(ctx))
+        ty = _operand_type(ctx, (a, b))
+        fmt = f"tb_b(tb_i64_{name}({{0}}, {{1}}))" if ty == I64 else "tb_b({0} " + sym + " {1})"
+        return _lazy(L, ctx, fmt, a, b, arg_ty=ty)
 
     return lower
 
 
-def _operand_type(ctx: Any) -> str:
-    return "f32" if any(m.dtype.is_floating_point for m in ctx.info_inputs) else "i32"
+def _operand_type(ctx: Any, args: tuple[Any, ...]) -> str:
+    """The type a comparison computes in, by torch's promotion: float if a tensor or a Python
+    scalar is floating point, else int64 if a tensor is, else int32."""
+    if any(m.dtype.is_floating_point for m in ctx.info_inputs) or any(isinstance(a, float) for a in args):
+        return "f32"
+    return I64 if any(m.dtype == torch.int64 for m in ctx.info_inputs) else "i32"
 
 
 for _name, _sym in COMPARE.items():
-    TABLE[f"aten.{_name}.Tensor"] = _compare(_sym)
-    TABLE[f"aten.{_name}.Scalar"] = _compare(_sym)
+    TABLE[f"aten.{_name}.Tensor"] = _compare(_name, _sym)
+    TABLE[f"aten.{_name}.Scalar"] = _compare(_name, _sym)
 
 
 def _where(L: Lowerer, ctx: Any, cond: Any, a: Any, b: Any) -> Lazy:
@@ -209,7 +252,7 @@ def _batch_norm_eval(
         body = Op("f32", "{0} * {1}", (body, L.as_expr(per_channel(weight), "f32")))
     if bias is not None:
         body = Op("f32", "{0} + {1}", (body, L.as_expr(per_channel(bias), "f32")))
-    out = Lazy(body, shape, torch.float32, ctx.uses_of(0))
+    out = Lazy(body, shape, ctx.out[0].dtype, ctx.uses_of(0))
     empty = [L.new_tv(tuple(m.shape), m.dtype) for m in ctx.out[1:]]
     return (out, *empty)
 

@@ -15,7 +15,21 @@ import torch
 
 from tb_wgpu import shaders
 from tb_wgpu.elementwise import TABLE as ELEMENTWISE
-from tb_wgpu.lower import DEV_TYPE, TV, Gather, Lazy, Leaf, Lowerer, LoweringError, contiguous_strides, f32_literal
+from tb_wgpu.lower import (
+    DEV_TYPE,
+    I64,
+    TV,
+    Gather,
+    Lazy,
+    Leaf,
+    Lowerer,
+    LoweringError,
+    Op,
+    broadcast_shapes,
+    const,
+    contiguous_strides,
+    f32_literal,
+)
 
 Lower = Callable[..., Any]
 TABLE: dict[str, Lower] = dict(ELEMENTWISE)
@@ -343,8 +357,18 @@ TABLE["aten.logsumexp.default"] = lambda L, ctx, x, dim, keepdim=False: _softmax
 def _cumsum(L: Lowerer, ctx: Any, x: Any, dim: int, dtype: Any = None) -> TV:
     tv, kept, r, order = _rows(L, x, [dim])
     rows = math.prod(kept) if kept else 1
-    out = L.new_tv(tv.shape, torch.float32)
-    src = shaders.render("cumsum", R=r, ROWS=rows)
+    out = L.new_tv(tv.shape, ctx.out.dtype)
+    in_ty = DEV_TYPE[tv.dtype]
+    if ctx.out.dtype == torch.int64:
+        zero, accum = (
+            "tb_i64_make(0u, 0u)",
+            "tb_i64_add(s, {})".format("v" if in_ty == I64 else f"tb_i64_from_{in_ty}(v)"),
+        )
+    else:
+        zero, accum = "0.0", "s + v"
+    src = shaders.render(
+        "cumsum", R=r, ROWS=rows, IN_TYPE=in_ty, OUT_TYPE=DEV_TYPE[ctx.out.dtype], ZERO=zero, ACCUM=accum
+    )
     if rows and r:
         L.launch(src, [tv.storage], [out.storage], L.grid(rows, per_group=64), name="cumsum")
     inverse = [order.index(d) for d in range(len(order))]
@@ -483,8 +507,12 @@ TABLE["aten._scaled_dot_product_flash_attention_for_cpu.default"] = _sdpa
 
 
 # -- gathers ------------------------------------------------------------------------------------------
-def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any]) -> Lazy:
-    """out[c] = src[coords(c)], each coordinate an int (output dim) or an i32 index expression."""
+def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any], wrap: bool = False) -> Lazy:
+    """out[c] = src[coords(c)], each coordinate an int (output dim) or an i32 index expression.
+
+    ``wrap``: negative indices count from the end (``x[idx]`` semantics; embedding and gather
+    reject them in torch). Indices fit in i32: a dimension is below the binding size limit.
+    """
     tv = L.as_tv(src)
     parts: list[str] = []
     args: list[Any] = []
@@ -494,7 +522,9 @@ def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any]) -> Lazy:
             parts.append(f"c{c} * {st}u")
         else:
             args.append(L.as_expr(c, "i32"))
-            parts.append(f"u32({{{len(args) - 1}}}) * {st}u")
+            k = f"{{{len(args) - 1}}}"
+            index = f"select({k}, {k} + {tv.shape[d]}, {k} < 0)" if wrap else k
+            parts.append(f"u32({index}) * {st}u")
     index = " + ".join([f"{tv.offset}u", *parts])
     ty = DEV_TYPE[tv.dtype]
     return Lazy(Gather(ty, "@SRC@[" + index + "]", tuple(args), tv), tuple(ctx.out.shape), ctx.out.dtype, ctx.uses)
@@ -537,6 +567,40 @@ def _gather(L: Lowerer, ctx: Any, x: Any, dim: int, index: Any, sparse_grad: boo
     return _gather_lazy(L, ctx, tx, coords)
 
 
+def _index(L: Lowerer, ctx: Any, x: Any, indices: Any) -> Lazy:
+    """``x[i0, i1, ...]`` (aten.index.Tensor): integer index tensors broadcast together; their
+    dims replace the indexed dims in place when those are adjacent, else lead the result."""
+    tx = L.as_tv(x)
+    rank = len(tx.shape)
+    idx = list(indices) + [None] * (rank - len(indices))
+    where = [d for d, t in enumerate(idx) if t is not None]
+    tvs = {d: L.as_tv(idx[d]) for d in where}
+    bshape = broadcast_shapes(*[tvs[d].shape for d in where])
+    adjacent = where == list(range(where[0], where[-1] + 1))
+    first = where[0] if adjacent else 0
+    out_shape = tuple(ctx.out.shape)
+    rank_out = len(out_shape)
+    coords: list[Any] = []
+    rest = first + len(bshape) if adjacent else len(bshape)
+    for d in range(rank):
+        if d in tvs:
+            t = tvs[d]
+            lead = first + len(bshape) - len(t.shape)
+            shape = [1] * rank_out
+            stride = [0] * rank_out
+            for k, (size, st) in enumerate(zip(t.shape, t.stride)):
+                if size != 1:
+                    shape[lead + k], stride[lead + k] = size, st
+            coords.append(t.with_view(tuple(shape), tuple(stride)))
+        elif adjacent and d < first:
+            coords.append(d)
+        else:
+            coords.append(rest)
+            rest += 1
+    return _gather_lazy(L, ctx, tx, coords, wrap=True)
+
+
+TABLE["aten.index.Tensor"] = _index
 TABLE["aten.embedding.default"] = _embedding
 TABLE["aten.index_select.default"] = _index_select
 TABLE["aten.gather.default"] = _gather
@@ -564,6 +628,19 @@ def _cat(L: Lowerer, ctx: Any, tensors: Any, dim: int = 0) -> TV:
 
 
 TABLE["aten.cat.default"] = _cat
+
+
+def _arange(L: Lowerer, ctx: Any, start: Any, end: Any = None, step: Any = 1, **kwargs: Any) -> TV:
+    """Integer arange: start + i * step in int64 registers (one kernel; nothing to read)."""
+    if end is None:  # aten.arange.default(end)
+        start, end = 0, start
+    n = int(ctx.out.shape[0])
+    expr = Op(I64, "tb_i64_add({0}, tb_i64_mul(tb_i64_from_u32(i), {1}))", (const(start, I64), const(step, I64)))
+    return L.materialize(expr, (n,), ctx.out.dtype)
+
+
+for _op in ("aten.arange.default", "aten.arange.start", "aten.arange.start_step"):
+    TABLE[_op] = _arange
 
 
 # -- convolution and pooling --------------------------------------------------------------------------
@@ -745,6 +822,8 @@ def _nll_loss(
         REDUCTION=int(reduction),
         IGNORE=int(ignore_index),
         WEIGHT_EXPR=weight_expr,
+        T_TYPE=DEV_TYPE[tt.dtype],
+        T_CONV="tb_i64_to_i32" if DEV_TYPE[tt.dtype] == I64 else "i32",
         T_OFF=tt.offset,
         T_S=tt.stride[0],
         X_OFF=tx.offset,

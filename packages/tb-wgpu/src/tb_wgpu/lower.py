@@ -18,15 +18,18 @@ import torch
 from tb_wgpu import shaders
 
 WG = 256
-# Device element type of each accepted torch dtype, as kernels compute with it. bool and integers
-# widen to 32 bits because WGSL storage has no 8-bit or 64-bit types in core. float16 computes in
-# f32 registers but is STORED as f16 (``Storage.half``: the program rewrites the kernel's binding
-# to ``array<f16>`` with converting loads and stores, see ``shaders.to_half``).
+# Device element type of each accepted torch dtype, as kernels compute with it. bool and int32
+# take a 32-bit word (WGSL storage has no 8-bit types). float16 computes in f32 registers but is
+# STORED as f16 (``Storage.half``: the program rewrites the kernel's binding to ``array<f16>``
+# with converting loads and stores, see ``shaders.to_half``). int64 is ``tb_i64``, 8 bytes like
+# torch's: WGSL ``i64`` where the device has ``shader-int64``, else two u32 words with emulated
+# arithmetic (``shaders.with_int64`` picks the helpers when the program is built).
+I64 = "tb_i64"
 DEV_TYPE: dict[torch.dtype, str] = {
     torch.float32: "f32",
     torch.float16: "f32",
     torch.bool: "u32",
-    torch.int64: "i32",
+    torch.int64: I64,
     torch.int32: "i32",
 }
 
@@ -44,8 +47,12 @@ class Storage:
     half: bool = False  # stored as f16 (2 bytes an element)
 
     @property
+    def itemsize(self) -> int:
+        return 2 if self.half else (8 if self.wgsl == I64 else 4)
+
+    @property
     def nbytes(self) -> int:
-        return self.numel * (2 if self.half else 4)
+        return self.numel * self.itemsize
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 # -- expressions -------------------------------------------------------------------------------
 @dataclass(eq=False)
 class Expr:
-    ty: str  # "f32", "i32" or "u32" (bool)
+    ty: str  # "f32", "i32", "u32" (bool) or I64
 
 
 @dataclass(eq=False)
@@ -148,12 +155,26 @@ def const(value: Any, ty: str) -> Const:
         if not -(2**31) <= v < 2**31:
             raise LoweringError(f"integer constant {v} does not fit in i32")
         return Const(ty, f"i32({v})")
+    if ty == I64:
+        v = int(value)
+        if not -(2**63) <= v < 2**63:
+            raise LoweringError(f"integer constant {v} does not fit in int64")
+        v &= 2**64 - 1
+        return Const(ty, f"tb_i64_make({v & 0xFFFFFFFF}u, {v >> 32}u)")
     return Const(ty, "1u" if value else "0u")
+
+
+_FROM_I64 = {"f32": "tb_i64_to_f32({0})", "i32": "tb_i64_to_i32({0})", "u32": "tb_b(tb_i64_nz({0}))"}
+_TO_I64 = {"f32": "tb_i64_from_f32({0})", "i32": "tb_i64_from_i32({0})", "u32": "tb_i64_from_u32({0})"}
 
 
 def cast(e: Expr, ty: str) -> Expr:
     if e.ty == ty:
         return e
+    if e.ty == I64:
+        return Op(ty, _FROM_I64[ty], (e,))
+    if ty == I64:
+        return Op(ty, _TO_I64[e.ty], (e,))
     if isinstance(e, Const) and ty == "f32" and e.ty in ("i32", "u32"):
         return Const(ty, f"f32({e.text})")
     if ty == "u32":
@@ -199,9 +220,9 @@ class Lowerer:
     def new_storage(self, numel: int, dtype: torch.dtype, input_slot: int | None = None) -> int:
         if dtype not in DEV_TYPE:
             raise LoweringError(f"dtype {dtype} has no device representation")
-        half = dtype == torch.float16
-        self.ctx.check_size(numel * (2 if half else 4))
-        self.storages.append(Storage(len(self.storages), numel, DEV_TYPE[dtype], input_slot, half))
+        storage = Storage(len(self.storages), numel, DEV_TYPE[dtype], input_slot, dtype == torch.float16)
+        self.ctx.check_size(storage.nbytes)
+        self.storages.append(storage)
         return len(self.storages) - 1
 
     def new_tv(self, shape: tuple[int, ...], dtype: torch.dtype) -> TV:
@@ -255,7 +276,7 @@ class Lowerer:
         elif isinstance(value, bool):
             e = const(value, "u32")
         elif isinstance(value, int):
-            e = const(value, ty if ty in ("f32", "i32") else "i32")
+            e = const(value, ty if ty in ("f32", "i32", I64) else "i32")
         elif isinstance(value, float):
             e = const(value, "f32")
         else:

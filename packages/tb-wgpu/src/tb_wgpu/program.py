@@ -18,7 +18,7 @@ from tb_wgpu import shaders
 from tb_wgpu.device import COUNTERS, GpuContext, WgpuDeviceLostError, WgpuError
 from tb_wgpu.lower import TV, Lowered
 
-_TORCH_OF = {"f32": torch.float32, "i32": torch.int32, "u32": torch.int32}
+_TORCH_OF = {"f32": torch.float32, "i32": torch.int32, "u32": torch.int32, "tb_i64": torch.int64}
 _ALIGN = 256
 
 
@@ -46,7 +46,7 @@ class Program:
         for launch in self.launches:
             # float16 storages: the kernel's bindings for them become array<f16> (f32 compute).
             half = {i for i, sid in enumerate([*launch.inputs, *launch.outputs]) if storages[sid].half}
-            source = shaders.to_half(launch.source, half)
+            source = shaders.with_int64(shaders.to_half(launch.source, half), native=ctx.shader_int64)
             self.pipelines.append(
                 ctx.pipeline(shaders.shader_key(source), source, len(launch.inputs), len(launch.outputs))
             )
@@ -203,8 +203,8 @@ class Program:
 
     def _upload(self, buffer: Any, tensor: torch.Tensor) -> None:
         data = tensor.detach()
-        if data.dtype != torch.float32:
-            data = data.to(torch.int32) if data.dtype in (torch.bool, torch.int64, torch.int32, torch.uint8) else data
+        if data.dtype in (torch.bool, torch.uint8):
+            data = data.to(torch.int32)  # one 32-bit word per element; int64, f16, f32 go up as they are
         data = data.contiguous()
         if data.dtype == torch.float16 and data.numel() % 2:
             # write_buffer takes whole 4-byte words: pad an odd count of 2-byte f16 elements.

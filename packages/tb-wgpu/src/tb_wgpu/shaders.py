@@ -36,6 +36,23 @@ def shader_key(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
+def with_int64(text: str, native: bool) -> str:
+    """``text`` with the int64 helpers prepended when it uses ``tb_i64`` (after any ``enable``).
+
+    ``native``: WGSL ``i64`` (the device was opened with ``shader-int64``); otherwise ``vec2<u32>``
+    words with emulated arithmetic. Both store the 8 bytes of ``torch.int64``, so the choice is
+    made here, once per kernel, and the lowering never sees it.
+    """
+    if "tb_i64" not in text:
+        return text
+    prelude = source("int64_native" if native else "int64_emulated")
+    lines = text.split("\n")
+    head = 0
+    while head < len(lines) and lines[head].startswith("enable "):
+        head += 1
+    return "\n".join([*lines[:head], prelude, *lines[head:]])
+
+
 _BINDING = re.compile(
     r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*array<f32>;"
 )

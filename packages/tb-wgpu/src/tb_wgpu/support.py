@@ -13,7 +13,26 @@ from tb_wgpu.kernels import TABLE
 F32 = torch.float32
 F16 = torch.float16
 FLOATS = (F32, F16)
+I64 = torch.int64
 INDEX = (torch.int64, torch.int32)
+INTEGER = (torch.int64, torch.int32, torch.bool)
+# Elementwise arithmetic that also runs on int64 (wrapping, as torch's; see shaders/int64_*.wgsl).
+INT64_OPS = frozenset(
+    {
+        "aten.add.Tensor",
+        "aten.add.Scalar",
+        "aten.sub.Tensor",
+        "aten.sub.Scalar",
+        "aten.rsub.Scalar",
+        "aten.mul.Tensor",
+        "aten.mul.Scalar",
+        "aten.neg.default",
+        "aten.abs.default",
+        "aten.maximum.default",
+        "aten.minimum.default",
+    }
+)
+ARANGE = frozenset({"aten.arange.default", "aten.arange.start", "aten.arange.start_step"})
 VIEWS = frozenset(
     {
         "aten.view.default",
@@ -63,7 +82,7 @@ def _dtypes_ok(node: Any, allowed: tuple[torch.dtype, ...]) -> str | None:
         if m.dtype not in allowed:
             if m.dtype == F16:
                 return "float16 is not supported by this wgpu kernel (float32 only)"
-            return f"dtype {m.dtype} (wgpu kernels here are float32)"
+            return f"dtype {m.dtype} is not supported by this wgpu kernel"
     return None
 
 
@@ -152,18 +171,24 @@ for _op in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.sum.default", "aten.m
     RULES[_op] = ((F32,), _check_reduce)
 for _op in ("aten.argmax.default", "aten.argmin.default"):
     RULES[_op] = ((F32, torch.int64), None)
+for _op in INT64_OPS:
+    RULES[_op] = ((F32, *INTEGER), None)
 for _op in COMPARES:
-    RULES[_op] = ((F32, torch.bool), None)
+    RULES[_op] = ((F32, *INTEGER), None)
 for _op in LOGICAL:
     RULES[_op] = ((torch.bool,), None)
-RULES["aten.where.self"] = ((F32, torch.bool), None)
-RULES["aten.clone.default"] = ((F32, torch.bool), None)
-RULES["aten._to_copy.default"] = ((F32, torch.bool, *INDEX), None)
-RULES["aten.full.default"] = ((F32, torch.bool), None)
-RULES["aten.scalar_tensor.default"] = ((F32, torch.bool), None)
+RULES["aten.where.self"] = ((F32, *INTEGER), None)
+RULES["aten.clone.default"] = ((F32, torch.bool, I64), None)
+RULES["aten._to_copy.default"] = ((F32, *INTEGER), None)
+RULES["aten.full.default"] = ((F32, torch.bool, I64), None)
+RULES["aten.scalar_tensor.default"] = ((F32, torch.bool, I64), None)
 for _op in ("aten.embedding.default", "aten.index_select.default", "aten.gather.default"):
     RULES[_op] = ((F32, *INDEX), None)
-RULES["aten.cat.default"] = ((F32, torch.bool), None)
+RULES["aten.index.Tensor"] = ((F32, *INTEGER), None)
+RULES["aten.cat.default"] = ((F32, torch.bool, I64), None)
+RULES["aten.cumsum.default"] = ((F32, *INTEGER), None)
+for _op in ARANGE:
+    RULES[_op] = (INDEX, None)
 
 
 # Ops with float16 kernels (used when the adapter offers shader-f16): every kernel computes in f32
@@ -254,18 +279,44 @@ def _dtype_roles(node: Any) -> str | None:
         if node.inputs[0].dtype != F32:
             return "needs float32 input"
     elif op == "aten._to_copy.default":
-        if outs and outs[0].dtype not in (*FLOATS, torch.bool):
+        if outs and outs[0].dtype not in (*FLOATS, torch.bool, I64):
             return f"conversion to {outs[0].dtype}"
         if node.kwargs.get("device") not in (None, torch.device("cpu")):
             return "device transfer"
     elif op in COMPARES:
-        if any(m.dtype not in FLOATS for m in node.inputs) or any(m.dtype != torch.bool for m in outs):
-            return "comparisons of float32/float16 only"
+        if any(m.dtype != torch.bool for m in outs):
+            return "comparison to a non-bool result"
+        kinds = {m.dtype in FLOATS for m in node.inputs}
+        if len(kinds) > 1:
+            return "comparison of a floating-point with an integer tensor"
     elif op == "aten.where.self":
         if node.inputs and node.inputs[0].dtype != torch.bool:
             return "where needs a bool condition"
-        if any(m.dtype not in FLOATS for m in [*node.inputs[1:], *outs]):
-            return "where of float32/float16 only"
+        values = [*node.inputs[1:], *outs]
+        out = outs[0].dtype if outs else F32
+        if out in FLOATS and any(m.dtype not in FLOATS for m in values):
+            return "where of floating-point values mixed with integers"
+        if out == I64 and any(m.dtype not in INTEGER for m in values):
+            return "int64 where of non-integer values"
+        if out == torch.bool and any(m.dtype != torch.bool for m in values):
+            return "bool where of non-bool values"
+    elif op in INT64_OPS and outs and outs[0].dtype == I64:
+        if any(m.dtype not in INTEGER for m in node.inputs) or any(isinstance(a, float) for a in node.args):
+            return "int64 arithmetic with a non-integer operand"
+    elif op in INT64_OPS and outs and outs[0].dtype == F32:
+        # float32 + int64 promotes to float32: torch converts the integers (rounded once) first.
+        if any(m.dtype not in (F32, *INTEGER) for m in node.inputs):
+            return "float32 only"
+    elif op == "aten.cumsum.default":
+        out = outs[0].dtype
+        if not ((out == F32 and node.inputs[0].dtype == F32) or (out == I64 and node.inputs[0].dtype in INTEGER)):
+            return f"cumsum of {node.inputs[0].dtype} into {out}"
+    elif op in ARANGE:
+        if any(isinstance(a, float) for a in node.args):
+            return "arange with floating-point bounds"
+    elif op == "aten.index.Tensor":
+        if any(m.dtype not in INDEX for m in node.inputs[1:]) or len(node.inputs) < 2:
+            return "indexing with bool masks (only integer index tensors)"
     elif (
         op in VIEWS
         or op in LOGICAL
@@ -288,7 +339,7 @@ def _size_ok(node: Any) -> str | None:
     if ctx is None:
         return reason
     for m in _metas(node):
-        nbytes = m.numel * (2 if m.dtype == F16 else 4)
+        nbytes = m.numel * {F16: 2, I64: 8}.get(m.dtype, 4)
         if nbytes > ctx.max_binding:
             return f"a tensor of {nbytes} bytes exceeds the adapter's {ctx.max_binding}-byte binding limit"
     return None

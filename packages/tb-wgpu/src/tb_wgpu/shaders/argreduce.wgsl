@@ -1,7 +1,7 @@
 // argmax / argmin over rows of R contiguous elements (first index wins ties; NaN wins, as in torch).
 {{PRELUDE}}
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<i32>;
+@group(0) @binding(1) var<storage, read_write> out: array<tb_i64>;
 
 const R: u32 = {{R}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -49,6 +49,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (lid == 0u) {
-        out[row] = i32(idxs[0]);
+        out[row] = tb_i64_from_u32(idxs[0]);
     }
 }

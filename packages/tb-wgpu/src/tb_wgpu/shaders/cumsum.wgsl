@@ -1,6 +1,7 @@
-// cumsum along rows of R contiguous elements, one invocation per row.
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+// cumsum along rows of R contiguous elements, one invocation per row. float32 (or float16 storage)
+// sums in f32; integer and bool inputs sum into int64 (tb_i64), as torch.cumsum promotes them.
+@group(0) @binding(0) var<storage, read> x: array<{{IN_TYPE}}>;
+@group(0) @binding(1) var<storage, read_write> out: array<{{OUT_TYPE}}>;
 
 const R: u32 = {{R}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -11,9 +12,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (row >= ROWS) {
         return;
     }
-    var s = 0.0;
+    var s: {{OUT_TYPE}} = {{ZERO}};
     for (var j = 0u; j < R; j++) {
-        s += x[row * R + j];
+        let v = x[row * R + j];
+        s = {{ACCUM}};
         out[row * R + j] = s;
     }
 }

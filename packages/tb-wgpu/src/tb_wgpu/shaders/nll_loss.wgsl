@@ -2,7 +2,7 @@
 {{PRELUDE}}
 {{ROWS_PRELUDE}}
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> targets: array<i32>;
+@group(0) @binding(1) var<storage, read> targets: array<{{T_TYPE}}>;
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> total_weight: array<f32>;
@@ -21,7 +21,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var s = 0.0;
     var ws = 0.0;
     for (var i = lid; i < N; i += 64u) {
-        let t = targets[{{T_OFF}}u + i * {{T_S}}u];
+        let t = {{T_CONV}}(targets[{{T_OFF}}u + i * {{T_S}}u]);
         var v = 0.0;
         if (t != IGNORE && t >= 0 && u32(t) < C) {
             let w = weight_of(t);

@@ -2,7 +2,7 @@
 {{PRELUDE}}
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<storage, read_write> indices: array<i32>;
+@group(0) @binding(2) var<storage, read_write> indices: array<tb_i64>;
 
 const C: u32 = {{C}}u;
 const OH: u32 = {{OH}}u;
@@ -52,7 +52,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     if (IS_MAX) {
         out[idx] = best;
-        indices[idx] = best_i;
+        indices[idx] = tb_i64_from_i32(best_i);
     } else {
         out[idx] = sum / f32({{DIVISOR}});
     }
