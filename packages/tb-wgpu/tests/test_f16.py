@@ -144,6 +144,130 @@ def test_layer_norm() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("stride", "padding", "dilation", "groups", "bias"),
+    [(1, 1, 1, 1, True), (2, 0, 1, 1, False), (1, 2, 2, 2, True), (2, 1, 1, 4, True)],
+)
+def test_conv2d(stride: int, padding: int, dilation: int, groups: int, bias: bool) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.conv2d(x, w, b if bias else None, stride, padding, dilation, groups)
+        return torch.relu(y)  # folded into the conv kernel's epilogue, rounded to f16 once
+
+    # K = 8/groups * 9 products an output: f32 sums of f16 inputs, one final f16 rounding.
+    args = (_h(2, 8, 11, 13), _h(12, 8 // groups, 3, 3, seed=1, scale=0.3), _h(12, seed=2))
+    _check(f, *args, tol=TIGHT, native={"aten.convolution.default"})
+
+
+def test_conv2d_non_contiguous_input() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(x.permute(0, 3, 1, 2), w, padding=1)
+
+    _check(f, _h(2, 9, 7, 5), _h(6, 5, 3, 3, seed=1, scale=0.3), tol=TIGHT, native={"aten.convolution.default"})
+
+
+def test_pooling() -> None:
+    def f(x: torch.Tensor) -> tuple:
+        mx, idx = torch.nn.functional.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+        avg = torch.nn.functional.avg_pool2d(x, 2, stride=2, padding=1, count_include_pad=False)
+        return mx, idx, avg, torch.nn.functional.avg_pool2d(x, 3, stride=1)
+
+    x = _h(2, 5, 9, 10)
+    x[0, 0, 0, :3] = x[0, 0, 0, 3]  # ties: the first index wins, as in torch
+    _check(
+        f,
+        x,
+        tol=TIGHT,
+        native={"aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default"},
+    )
+
+
+def test_batch_norm_inference() -> None:
+    def f(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.batch_norm(x, mean, var, w, b, training=False, eps=1e-5)
+
+    g = torch.Generator().manual_seed(7)
+    stats = [torch.rand(6, generator=g) + lo for lo in (-0.5, 0.5, 0.5, -1.0)]  # mean, var, weight, bias
+    _check(
+        f,
+        _h(3, 6, 5, 7, scale=2.0),
+        *[s.half() for s in stats],
+        tol=TIGHT,
+        native={"aten._native_batch_norm_legit_no_training.default"},
+    )
+
+
+@pytest.mark.parametrize("kind", ["causal", "bool_mask", "float_mask", "plain"])
+def test_attention(kind: str) -> None:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if kind == "causal":
+            return sdpa(q, k, v, is_causal=True)
+        if kind == "plain":
+            return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # strided q/k/v
+        if kind == "bool_mask":
+            return sdpa(q, k, v, attn_mask=m > 0)
+        return sdpa(q, k, v, attn_mask=m)
+
+    q, k, v = _h(2, 3, 10, 16, seed=1), _h(2, 3, 10, 16, seed=2), _h(2, 3, 10, 16, seed=3)
+    # head dim 16: f32 dot products and online softmax, the output rounded to f16 once.
+    _check(
+        f,
+        q,
+        k,
+        v,
+        _h(1, 1, 10, 10, seed=4),
+        tol=TIGHT,
+        native={"aten._scaled_dot_product_flash_attention_for_cpu.default"},
+    )
+
+
+def test_embedding_and_gathers() -> None:
+    def f(w: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> tuple:
+        return (
+            torch.nn.functional.embedding(ids, w),
+            torch.index_select(w, 1, idx[0]),
+            torch.gather(w, 1, idx.expand(w.shape[0], -1)),
+            w[ids[:, 0], -1] * 2,
+        )
+
+    w = _h(20, 9, scale=100.0)  # values up to f16's hundreds: a gather must move bits exactly
+    ids = torch.tensor([[3, 0], [19, 7], [7, 7]])
+    idx = torch.tensor([[8, 0, 4, 4]])
+    _check(
+        f,
+        w,
+        ids,
+        idx,
+        tol={"rtol": 0.0, "atol": 0.0},
+        native={
+            "aten.embedding.default",
+            "aten.index_select.default",
+            "aten.gather.default",
+            "aten.index.Tensor",
+        },
+    )
+
+
+def test_small_cnn_and_transformer_layer_in_half() -> None:
+    for name in ("small_cnn", "transformer_layer"):
+        model, (x,) = MODELS[name]()
+        model = model.half().eval()
+        x = x.half()
+        compiled = _compile(model)
+        torchburn.reset_stats()
+        with torch.no_grad():
+            actual = compiled(x)
+            eager16 = model(x)
+            expected = model.float()(x.float()).half()
+            model.half()
+        assert actual.dtype == torch.float16
+        # Several layers, each storing f16 activations (as eager float16 does): LOOSE.
+        torch.testing.assert_close(actual, expected, **LOOSE)
+        torch.testing.assert_close(actual, eager16, **LOOSE)
+        cov = torchburn.op_coverage(by_engine=True)
+        assert not cov["fallback"], (name, cov)
+
+
 def test_readme_mlp_in_half_matches_eager() -> None:
     model, (x,) = MODELS["readme_mlp"]()
     model = model.half().eval()
@@ -188,6 +312,8 @@ def test_without_shader_f16_float16_nodes_are_refused(monkeypatch: pytest.Monkey
 
 
 def test_ops_without_f16_kernels_still_refuse_float16() -> None:
+    """cumsum (like var, prod, rms_norm, argmax, nll_loss) has no float16 path: refused, with why."""
+
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(x, dim=1)
 

@@ -9,6 +9,7 @@ when a compiled partition raises).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -325,9 +326,12 @@ class Residency:
         buffer = self.ctx.acquire(_device_nbytes(tensor))
         upload(buffer, tensor)
         COUNTERS.param_uploads += 1
-        ref = weakref.ref(tensor, lambda _r, key=key: self._forget(key))
+        ref = weakref.ref(tensor, functools.partial(self._forget_ref, key))
         self._entries[key] = (ref, version, ptr, buffer)
         return buffer
+
+    def _forget_ref(self, key: int, _ref: Any) -> None:
+        self._forget(key)
 
     def _forget(self, key: int) -> None:
         entry = self._entries.pop(key, None)

@@ -470,10 +470,10 @@ def _sdpa(
     if attn_mask is not None:
         tm = L.as_tv(attn_mask)
         lead = 4 - len(tm.shape)
-        st = [0] * 4
+        mst = [0] * 4
         for d, (size, stv) in enumerate(zip(tm.shape, tm.stride)):
-            st[d + lead] = stv if size != 1 else 0
-        index = f"{tm.offset}u + b * {st[0]}u + h * {st[1]}u + i * {st[2]}u + j * {st[3]}u"
+            mst[d + lead] = stv if size != 1 else 0
+        index = f"{tm.offset}u + b * {mst[0]}u + h * {mst[1]}u + i * {mst[2]}u + j * {mst[3]}u"
         if tm.dtype == torch.bool:
             subs["MASK_TYPE"] = "u32"
             subs["MASK_EXPR"] = f"return select(-tb_inf(), 0.0, mask[{index}] != 0u);"
@@ -662,7 +662,7 @@ def _conv(
     cout, cin_g, kh, kw = tw.shape
     out_shape = tuple(ctx.out.shape)
     _, _, oh, ow = out_shape
-    out = L.new_tv(out_shape, torch.float32)
+    out = L.new_tv(out_shape, ctx.out.dtype)
     inputs = [tx.storage, tw.storage]
     if bias is not None:
         tb = L.as_tv(bias)
@@ -741,7 +741,7 @@ def _pool(
     dilation = list(dilation) * (2 if len(dilation) == 1 else 1)
     out_meta = ctx.out[0] if isinstance(ctx.out, tuple) else ctx.out
     oh, ow = out_meta.shape[-2], out_meta.shape[-1]
-    out = L.new_tv(tuple(out_meta.shape), torch.float32)
+    out = L.new_tv(tuple(out_meta.shape), out_meta.dtype)
     idx = L.new_tv(tuple(out_meta.shape), torch.int64)
     if divisor_override:
         divisor = str(int(divisor_override))

@@ -13,7 +13,7 @@ _TOKEN = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 @functools.cache
 def source(name: str) -> str:
     """The text of ``shaders/<name>.wgsl``."""
-    return resources.files("tb_wgpu").joinpath("shaders", f"{name}.wgsl").read_text(encoding="utf-8")
+    return resources.files("tb_wgpu").joinpath("shaders").joinpath(f"{name}.wgsl").read_text(encoding="utf-8")
 
 
 def render(name: str, **subs: object) -> str:

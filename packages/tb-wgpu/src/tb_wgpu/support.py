@@ -133,8 +133,8 @@ def _check_sdpa(node: Any) -> str | None:
     if v.shape[-1] > 256:
         return "value head dim above 256"
     mask = node.kwargs.get("attn_mask")
-    if mask is not None and len(node.inputs) > 3 and node.inputs[3].dtype not in (F32, torch.bool):
-        return f"mask dtype {node.inputs[3].dtype}"
+    if mask is not None and len(node.inputs) > 3 and node.inputs[3].dtype not in (q.dtype, torch.bool):
+        return f"mask dtype {node.inputs[3].dtype} with {q.dtype} q/k/v"
     return None
 
 
@@ -194,7 +194,7 @@ for _op in ARANGE:
 # Ops with float16 kernels (used when the adapter offers shader-f16): every kernel computes in f32
 # registers (f32 accumulation in matmul, reductions, softmax and layer-norm statistics) and only
 # the storage of float16 tensors is f16 (lower.Storage.half, shaders.to_half). The others stay f32.
-_F16_ELEMENTWISE = frozenset(ELEMENTWISE) - LOGICAL - {"aten._native_batch_norm_legit_no_training.default"}
+_F16_ELEMENTWISE = frozenset(ELEMENTWISE) - LOGICAL
 F16_OPS: frozenset[str] = (
     frozenset(
         {
@@ -220,6 +220,16 @@ F16_OPS: frozenset[str] = (
             "aten.full.default",
             "aten.scalar_tensor.default",
             "aten.cat.default",
+            # computed in f32 registers (f32 accumulation), f16 loads and stores
+            "aten.convolution.default",
+            "aten.max_pool2d_with_indices.default",
+            "aten.avg_pool2d.default",
+            "aten._scaled_dot_product_flash_attention_for_cpu.default",
+            "aten._native_batch_norm_legit_no_training.default",
+            "aten.embedding.default",
+            "aten.index_select.default",
+            "aten.gather.default",
+            "aten.index.Tensor",
         }
     )
     | _F16_ELEMENTWISE
@@ -267,17 +277,20 @@ def _dtype_roles(node: Any) -> str | None:
     op = node.op
     outs = node.out_metas
     if op in ("aten.embedding.default",):
-        if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
-            return "embedding needs float32 weights and integer indices"
+        if node.inputs[0].dtype not in FLOATS or node.inputs[1].dtype not in INDEX:
+            return "embedding needs float32/float16 weights and integer indices"
     elif op == "aten.nll_loss_forward.default":
         if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
             return "needs float32 log-probabilities and integer targets"
     elif op in ("aten.index_select.default", "aten.gather.default"):
-        if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
-            return "needs float32 data and integer indices"
-    elif op in ("aten.argmax.default", "aten.argmin.default", "aten.max_pool2d_with_indices.default"):
+        if node.inputs[0].dtype not in FLOATS or node.inputs[1].dtype not in INDEX:
+            return "needs float32/float16 data and integer indices"
+    elif op in ("aten.argmax.default", "aten.argmin.default"):
         if node.inputs[0].dtype != F32:
             return "needs float32 input"
+    elif op == "aten.max_pool2d_with_indices.default":
+        if node.inputs[0].dtype not in FLOATS:
+            return "needs float32/float16 input"
     elif op == "aten._to_copy.default":
         if outs and outs[0].dtype not in (*FLOATS, torch.bool, I64):
             return f"conversion to {outs[0].dtype}"
@@ -324,8 +337,8 @@ def _dtype_roles(node: Any) -> str | None:
     ):
         return None
     elif op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
-        if any(m.dtype != F32 for m in node.inputs[:3]):
-            return "attention of float32 only"
+        if len({m.dtype for m in node.inputs[:3]}) != 1 or node.inputs[0].dtype not in FLOATS:
+            return "attention of float32 or float16 q/k/v (one dtype)"
     else:  # float16 gets here only for F16_OPS (refused by _dtypes_ok otherwise)
         if any(m.dtype not in FLOATS for m in _metas(node)):
             return "float32 only"
