@@ -106,9 +106,13 @@ def test_broadcast_scalars_and_non_contiguous(mode: str) -> None:
 
 
 def test_comparisons_where_and_logic(mode: str) -> None:
-    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
         lt = a < b
         return (
+            c < a,  # int32 against int64 compares in int64
+            c > 5,
+            (a > 0) == (b < 0),  # bool against bool
+            torch.where(lt, a > 0, b > 0),
             lt,
             a <= b,
             a > b,
@@ -125,7 +129,8 @@ def test_comparisons_where_and_logic(mode: str) -> None:
     # every pair of edge values, including equal ones and words that differ only high or low
     a = vals.repeat_interleave(len(BIG))
     b = vals.repeat(len(BIG))
-    _run(f, a, b, native={"aten.lt.Tensor", "aten.eq.Tensor", "aten.gt.Scalar", "aten.where.self"})
+    c = torch.randint(-(2**31), 2**31, a.shape, generator=torch.Generator().manual_seed(6), dtype=torch.int32)
+    _run(f, a, b, c, native={"aten.lt.Tensor", "aten.eq.Tensor", "aten.gt.Scalar", "aten.where.self"})
 
 
 def test_conversions(mode: str) -> None:
