@@ -7,6 +7,7 @@
 // index-based form reads closer to the math than iterator chains would.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
+pub mod adaptive_pool;
 pub mod attention;
 pub mod conv;
 pub mod ew;

@@ -46,6 +46,7 @@ pub enum Kernel {
     Conv2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7], epi: Vec<Un> },
     MaxPool { x: View, y: View, idx: View, p: [usize; 8] },
     AvgPool { x: View, y: View, p: [usize; 6], include_pad: bool, divisor: usize },
+    AdaptivePool { x: View, y: View, idx: Option<View> },
     Nll { x: View, t: View, w: Option<View>, out: View, total: View, reduction: i64, ignore: i64 },
     NllBwd { g: View, x: View, t: View, w: Option<View>, total: View, gi: View, reduction: i64, ignore: i64 },
 }
@@ -407,6 +408,20 @@ impl Kernel {
                     Kernel::AvgPool { x, y, p, include_pad: int(ints, 6)? != 0, divisor: uint(ints, 7)? }
                 }
             }
+            "adaptive_avg_pool2d" | "adaptive_max_pool2d" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                f32s(&[&x, &y])?;
+                need(x.rank() == 4 && y.rank() == 4 && x.sizes[..2] == y.sizes[..2], "adaptive pool takes 4-d tensors")?;
+                need(x.sizes[2] > 0 && x.sizes[3] > 0 || y.numel() == 0, "adaptive pool of an empty plane")?;
+                let idx = if op == "adaptive_max_pool2d" {
+                    let idx = out(&outs, 1)?;
+                    need(idx.sizes == y.sizes && idx.dtype == DType::I64, "adaptive_max_pool2d indices")?;
+                    Some(idx)
+                } else {
+                    None
+                };
+                Kernel::AdaptivePool { x, y, idx }
+            }
             "nll_loss" | "nll_loss_bwd" => {
                 let fwd = op == "nll_loss";
                 let off = if fwd { 0 } else { 1 };
@@ -708,6 +723,7 @@ impl Kernel {
             Kernel::Conv2d { x, w, bias, y, p, epi } => crate::conv::conv2d(mem, x, w, bias.as_ref(), y, p, epi, threads),
             Kernel::MaxPool { x, y, idx, p } => crate::conv::max_pool(mem, x, y, idx, p),
             Kernel::AvgPool { x, y, p, include_pad, divisor } => crate::conv::avg_pool(mem, x, y, p, *include_pad, *divisor),
+            Kernel::AdaptivePool { x, y, idx } => crate::adaptive_pool::adaptive_pool(mem, x, y, idx.as_ref()),
             Kernel::Nll { x, t, w, out, total, reduction, ignore } => {
                 let (px, pt, po, ptot) = (mem.ptr::<f32>(x), mem.ptr::<i64>(t), mem.ptr::<f32>(out), mem.ptr::<f32>(total));
                 let pw = w.as_ref().map(|v| (mem.ptr::<f32>(v), v.strides[0]));

@@ -213,3 +213,38 @@ def test_interpolate_runs_native_and_matches_torch(kw: dict[str, Any]) -> None:
         return F.interpolate(x, **kw)
 
     torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("shape", "out_size"),
+    [
+        ((2, 3, 9, 11), (4, 5)),  # uneven: windows overlap
+        ((2, 3, 8, 12), (4, 3)),  # even: plain pooling windows
+        ((1, 2, 7, 7), (1, 1)),  # global
+        ((1, 2, 5, 6), (5, 6)),  # identity
+        ((2, 3, 4, 5), (7, 9)),  # more cells than inputs: windows of one, repeated
+        ((3, 9, 11), (2, 4)),  # unbatched (C, H, W)
+        ((0, 3, 9, 11), (4, 5)),  # empty batch
+    ],
+)
+@pytest.mark.parametrize("kind", ["avg", "max"])
+def test_adaptive_pooling_matches_torch(shape: tuple[int, ...], out_size: tuple[int, int], kind: str) -> None:
+    gen = torch.Generator().manual_seed(len(shape) + out_size[0])
+    x = torch.randn(*shape, generator=gen).transpose(-1, -2).contiguous().transpose(-1, -2)  # column-major planes
+    if x.numel():
+        flat = x.as_strided((x.numel(),), (1,))  # the storage, in memory order
+        flat[3], flat[7], flat[11] = float("nan"), float("inf"), float("-inf")
+
+    if kind == "avg":
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return F.adaptive_avg_pool2d(x, out_size) + 1.0
+
+    else:
+
+        def fn(x: torch.Tensor) -> Any:  # type: ignore[misc]
+            values, indices = F.adaptive_max_pool2d(x, out_size, return_indices=True)
+            return values + 1.0, indices
+
+    got, want = _run_native(fn, x), fn(x)
+    torch.testing.assert_close(got, want, equal_nan=True)

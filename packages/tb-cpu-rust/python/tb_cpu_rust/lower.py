@@ -745,6 +745,11 @@ class Lowerer:
         """(N, C, L) as (N, C, 1, L)."""
         return self.view_of(v, self.meta_tensor(v).unsqueeze(2))
 
+    def unbatched(self, v: int) -> int:
+        """A leading batch dimension of 1 on ``v`` (a view: no copy)."""
+        val = self.values[v]
+        return self.new_value(val["buf"], val["offset"], [1, *val["sizes"]], [0, *val["strides"]])
+
     def as_1d(self, v: int) -> int:
         """A 0-d value as a 1-element 1-d view (kernels that take a dim need one)."""
         val = self.values[v]
@@ -1279,6 +1284,18 @@ class Lowerer:
             outs = [self.fresh(m) for m in out]
             step({"op": "max_pool2d", "ins": [x], "outs": outs, "ints": [*k, *s, *p, *d]})
             return tuple(outs)
+        if op in ("aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"):
+            x = self.value(a[0])
+            metas = list(out) if isinstance(out, (list, tuple)) else [out]
+            outs = [self.fresh(m) for m in metas]
+            if len(self.values[x]["sizes"]) == 3:  # (C, H, W): one image
+                x = self.unbatched(x)
+                kernel_outs = [self.unbatched(o) for o in outs]
+            else:
+                kernel_outs = outs
+            name = "adaptive_avg_pool2d" if op.startswith("aten._adaptive_avg") else "adaptive_max_pool2d"
+            step({"op": name, "ins": [x], "outs": kernel_outs})
+            return outs[0] if len(outs) == 1 else tuple(outs)
         if op == "aten.avg_pool2d.default":
             x = self.value(a[0])
             k = _pair(a[1])

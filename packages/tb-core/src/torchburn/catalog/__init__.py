@@ -2,7 +2,9 @@
 
 The catalog is data. ``CORE_ATEN_OPS`` is generated from ``torch.Tag.core``; ``KEPT_OPS`` are
 the ops tb-core deliberately keeps out of the decomposition table so engines see them whole
-(a fused GELU backward or a flash-attention call is worth more to an engine than its pieces).
+(a fused GELU backward or a flash-attention call is worth more to an engine than its pieces);
+``UNDECOMPOSED_OPS`` are non-core ops PyTorch has no decomposition for, so they reach engines
+whole all the same (``F.adaptive_max_pool2d``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ KEPT_OPS: tuple[tuple[str, str], ...] = (
     ("aten._fused_rms_norm.default", "normalization"),
 )
 
+UNDECOMPOSED_OPS: tuple[tuple[str, str], ...] = (("aten.adaptive_max_pool2d.default", "conv_pool"),)
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
@@ -40,7 +44,7 @@ class CatalogEntry:
 
 def _build() -> dict[str, CatalogEntry]:
     entries = {op: CatalogEntry(op, cat, True) for op, cat in CORE_ATEN_OPS}
-    for op, cat in KEPT_OPS:
+    for op, cat in KEPT_OPS + UNDECOMPOSED_OPS:
         entries.setdefault(op, CatalogEntry(op, cat, False))
     return entries
 
@@ -58,4 +62,4 @@ def kept_op_names() -> tuple[str, ...]:
     return tuple(op for op, _ in KEPT_OPS)
 
 
-__all__ = ["CATALOG", "CORE_ATEN_OPS", "KEPT_OPS", "CatalogEntry", "category", "kept_op_names"]
+__all__ = ["CATALOG", "CORE_ATEN_OPS", "KEPT_OPS", "UNDECOMPOSED_OPS", "CatalogEntry", "category", "kept_op_names"]
