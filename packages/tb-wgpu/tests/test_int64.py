@@ -226,3 +226,29 @@ def test_causal_lm_mask_ops_run_emulated_too() -> None:
     finally:
         ctx.shader_int64 = saved
         torchburn.clear_cache()
+
+
+def test_device_is_opened_with_shader_int64_when_offered() -> None:
+    ctx = context()
+    offered = "shader-int64" in ctx.adapter.features
+    assert ctx.shader_int64 == offered
+    assert ("shader-int64" in ctx.device.features) == offered
+    assert ctx.describe()["shader-int64"] == offered
+
+
+def test_each_mode_compiles_its_own_representation(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulated run must not quietly use WGSL i64 (nor the native run the emulation)."""
+    ctx = context()
+    sources: list[str] = []
+    real = ctx.pipeline
+
+    def record(key: str, source: str, n_in: int, n_out: int) -> object:
+        sources.append(source)
+        return real(key, source, n_in, n_out)
+
+    monkeypatch.setattr(ctx, "pipeline", record)
+    _run(lambda a, b: (a * b) > a, _big(9), _big(9, seed=1), native={"aten.mul.Tensor", "aten.gt.Tensor"})
+    int64_kernels = [s for s in sources if "tb_i64" in s]
+    assert int64_kernels
+    alias = "alias tb_i64 = i64;" if mode == "native" else "alias tb_i64 = vec2<u32>;"
+    assert all(alias in s for s in int64_kernels), int64_kernels
