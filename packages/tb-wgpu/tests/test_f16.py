@@ -248,24 +248,26 @@ def test_embedding_and_gathers() -> None:
     )
 
 
-def test_small_cnn_and_transformer_layer_in_half() -> None:
-    for name in ("small_cnn", "transformer_layer"):
-        model, (x,) = MODELS[name]()
-        model = model.half().eval()
-        x = x.half()
-        compiled = _compile(model)
-        torchburn.reset_stats()
-        with torch.no_grad():
-            actual = compiled(x)
-            eager16 = model(x)
-            expected = model.float()(x.float()).half()
-            model.half()
-        assert actual.dtype == torch.float16
-        # Several layers, each storing f16 activations (as eager float16 does): LOOSE.
-        torch.testing.assert_close(actual, expected, **LOOSE)
-        torch.testing.assert_close(actual, eager16, **LOOSE)
-        cov = torchburn.op_coverage(by_engine=True)
-        assert not cov["fallback"], (name, cov)
+@pytest.mark.parametrize("name", ["small_cnn", "transformer_layer", "tiny_causal_lm"])
+def test_model_set_in_half(name: str) -> None:
+    if name == "tiny_causal_lm":
+        pytest.importorskip("transformers")
+    model, args = MODELS[name]()
+    model = model.half().eval()
+    args = tuple(a.half() if a.is_floating_point() else a for a in args)  # token ids stay int64
+    compiled = _compile(model)
+    torchburn.reset_stats()
+    with torch.no_grad():
+        actual = compiled(*args)
+        eager16 = model(*args)
+        expected = model.float()(*[a.float() if a.is_floating_point() else a for a in args]).half()
+        model.half()
+    assert actual.dtype == torch.float16
+    # Several layers, each storing f16 activations (as eager float16 does): LOOSE.
+    torch.testing.assert_close(actual, expected, **LOOSE)
+    torch.testing.assert_close(actual, eager16, **LOOSE)
+    cov = torchburn.op_coverage(by_engine=True)
+    assert not cov["fallback"], (name, cov)
 
 
 def test_readme_mlp_in_half_matches_eager() -> None:

@@ -172,7 +172,8 @@ def test_arange(mode: str) -> None:
 
 def test_cumsum_of_bool_and_int64(mode: str) -> None:
     def f(m: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.cumsum(m, dim=-1), torch.cumsum(a, dim=0), torch.cumsum(a.t(), dim=1)
+        empty = torch.cumsum(a[:0], dim=0)
+        return torch.cumsum(m, dim=-1), torch.cumsum(a, dim=0), torch.cumsum(a.t(), dim=1), empty
 
     g = torch.Generator().manual_seed(4)
     m = torch.rand(3, 40, generator=g) > 0.3
@@ -190,6 +191,7 @@ def test_advanced_indexing(mode: str) -> None:
             x[i, :, j],  # non-adjacent: the index dims lead the result
             big[j],  # int64 data, negative indices count from the end
             big[i[:, 0]] * 2,
+            x[i[:0, 0]],  # an empty index
         )
 
     g = torch.Generator().manual_seed(5)
