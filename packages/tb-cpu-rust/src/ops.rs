@@ -44,6 +44,7 @@ pub enum Kernel {
     Sort { x: View, vals: View, pos: View, dim: usize, descending: bool },
     Arange { y: View, start: f64, step: f64 },
     Conv2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7], epi: Vec<Un> },
+    ConvTranspose2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7] },
     MaxPool { x: View, y: View, idx: View, p: [usize; 8] },
     AvgPool { x: View, y: View, p: [usize; 6], include_pad: bool, divisor: usize },
     AdaptivePool { x: View, y: View, idx: Option<View> },
@@ -388,6 +389,28 @@ impl Kernel {
                     .collect::<Result<Vec<Un>>>()?;
                 Kernel::Conv2d { x, w, bias, y, p, epi }
             }
+            "conv_transpose2d" => {
+                let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                let bias = opt(&ins, 2);
+                f32s(&[&x, &w, &y])?;
+                need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv_transpose2d takes 4-d tensors")?;
+                let v: Vec<usize> = (0..9).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                let (sh, sw, ph, pw, dh, dw, g, oph, opw) = (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]);
+                need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv_transpose2d stride/dilation/groups must be positive")?;
+                let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
+                let (wc, ocg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
+                need(wc == c && c % g == 0 && kh > 0 && kw > 0, "conv_transpose2d channel counts")?;
+                need(oph < sh.max(dh) && opw < sw.max(dw), "conv_transpose2d output padding must be smaller than stride or dilation")?;
+                let oh = crate::conv_transpose::out_len(hh, sh, ph, dh, kh, oph).ok_or("conv_transpose2d output height is not positive")?;
+                let ow = crate::conv_transpose::out_len(ww, sw, pw, dw, kw, opw).ok_or("conv_transpose2d output width is not positive")?;
+                need(y.sizes == [n, ocg * g, oh, ow], "conv_transpose2d output shape")?;
+                need(w.strides[2] == kw * w.strides[3] && w.strides[1] == kh * w.strides[2] || ocg * kh * kw == 1, "conv_transpose2d weight layout")?;
+                if let Some(b) = &bias {
+                    need(b.sizes == [ocg * g] && b.dtype == DType::F32, "conv_transpose2d bias shape")?;
+                }
+                let p = [sh, sw, ph, pw, dh, dw, g];
+                Kernel::ConvTranspose2d { x, w, bias, y, p }
+            }
             "max_pool2d" | "avg_pool2d" => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
@@ -721,6 +744,7 @@ impl Kernel {
                 }
             }
             Kernel::Conv2d { x, w, bias, y, p, epi } => crate::conv::conv2d(mem, x, w, bias.as_ref(), y, p, epi, threads),
+            Kernel::ConvTranspose2d { x, w, bias, y, p } => crate::conv_transpose::conv_transpose2d(mem, x, w, bias.as_ref(), y, p, threads),
             Kernel::MaxPool { x, y, idx, p } => crate::conv::max_pool(mem, x, y, idx, p),
             Kernel::AvgPool { x, y, p, include_pad, divisor } => crate::conv::avg_pool(mem, x, y, p, *include_pad, *divisor),
             Kernel::AdaptivePool { x, y, idx } => crate::adaptive_pool::adaptive_pool(mem, x, y, idx.as_ref()),

@@ -248,3 +248,34 @@ def test_adaptive_pooling_matches_torch(shape: tuple[int, ...], out_size: tuple[
 
     got, want = _run_native(fn, x), fn(x)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "cout", "k", "kw"),
+    [
+        ((2, 4, 5, 6), 3, (3, 3), {}),
+        ((2, 4, 5, 6), 3, (3, 2), {"stride": 2, "padding": 1, "output_padding": 1}),
+        ((1, 4, 5, 6), 6, (3, 3), {"stride": (2, 3), "dilation": 2, "groups": 2}),
+        ((3, 2, 4, 4), 2, (1, 1), {"bias": False}),
+        ((2, 6, 3, 7), 4, (2, 4), {"stride": 3, "padding": (0, 2), "output_padding": (2, 1), "groups": 2}),
+        ((2, 4, 9), 5, (3,), {"stride": 2, "padding": 1}),  # 1-d
+    ],
+)
+@pytest.mark.parametrize("strided_input", [False, True])
+def test_transposed_convolution_matches_torch(
+    x_shape: tuple[int, ...], cout: int, k: tuple[int, ...], kw: dict[str, Any], strided_input: bool
+) -> None:
+    gen = torch.Generator().manual_seed(sum(x_shape) + cout)
+    groups = kw.get("groups", 1)
+    conv_cls = torch.nn.ConvTranspose2d if len(k) == 2 else torch.nn.ConvTranspose1d
+    conv = conv_cls(x_shape[1], cout, k, **kw)
+    x = torch.randn(*x_shape, generator=gen)
+    if strided_input:  # channels-last storage: no dimension has unit stride where the kernel expects it
+        x = x.transpose(1, -1).contiguous().transpose(1, -1)
+    assert conv.weight.shape[0] == x_shape[1] and conv.weight.shape[1] == cout // groups
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return conv(x)
+
+    with torch.no_grad():
+        torch.testing.assert_close(_run_native(fn, x), fn(x), rtol=1e-5, atol=1e-5)

@@ -1262,9 +1262,9 @@ class Lowerer:
             step({"op": "arange", "outs": [o], "floats": [float(start), float(step_)]})
             return o
         if op == "aten.convolution.default":
-            x, w, b, stride, padding, dilation, transposed, _outpad, groups = a
-            if transposed or len(stride) not in (1, 2):
-                raise LoweringError("only 1-d and 2-d non-transposed convolution")
+            x, w, b, stride, padding, dilation, transposed, outpad, groups = a
+            if len(stride) not in (1, 2):
+                raise LoweringError("only 1-d and 2-d convolution")
             o = self.fresh(out)
             ins = [self.value(x), self.value(w), self.value(b) if b is not None else None]
             target = o
@@ -1272,8 +1272,12 @@ class Lowerer:
                 # a 1-d convolution is a 2-d one over a height of 1
                 ins[0], ins[1], target = (self.unsqueeze2(v) for v in (ins[0], ins[1], o))
                 stride, padding, dilation = [1, stride[0]], [0, padding[0]], [1, dilation[0]]
+                outpad = [0, outpad[0]]
             ints = [stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups]
-            step({"op": "conv2d", "ins": ins, "outs": [target], "ints": ints})
+            if transposed:
+                step({"op": "conv_transpose2d", "ins": ins, "outs": [target], "ints": [*ints, *outpad]})
+            else:
+                step({"op": "conv2d", "ins": ins, "outs": [target], "ints": ints})
             return o
         if op == "aten.max_pool2d_with_indices.default":
             x = self.value(a[0])
