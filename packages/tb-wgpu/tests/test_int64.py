@@ -165,6 +165,9 @@ def test_arange(mode: str) -> None:
             torch.arange(2**40, 2**40 - 50, -7),
             torch.arange(-5, 0),
             torch.arange(0, dtype=torch.int64),
+            torch.arange(-3, 40, 2, dtype=torch.float32) * x,  # float arange with integer steps
+            torch.arange(16_777_200, 16_777_230, 1, dtype=torch.float32),  # rounded once past 2^24
+            torch.arange(5.0, dtype=torch.float32),
         )
 
     _run(f, torch.tensor(1, dtype=torch.int64), native={"aten.arange.start_step"})
@@ -254,3 +257,13 @@ def test_each_mode_compiles_its_own_representation(mode: str, monkeypatch: pytes
     assert int64_kernels
     alias = "alias tb_i64 = i64;" if mode == "native" else "alias tb_i64 = vec2<u32>;"
     assert all(alias in s for s in int64_kernels), int64_kernels
+
+
+def test_fractional_arange_is_refused_with_a_reason() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.arange(0.0, 1.0, 0.1) + x
+
+    torch._dynamo.reset()
+    explanation = torchburn.explain(f, torch.ones(10), options={"engine": "wgpu"})
+    reasons = {r for rs in explanation.fallback_reasons.values() for r in rs}
+    assert any("fractional" in r for r in reasons), str(explanation)

@@ -631,9 +631,11 @@ TABLE["aten.cat.default"] = _cat
 
 
 def _arange(L: Lowerer, ctx: Any, start: Any, end: Any = None, step: Any = 1, **kwargs: Any) -> TV:
-    """Integer arange: start + i * step in int64 registers (one kernel; nothing to read)."""
+    """arange with integer bounds and step: start + i * step in int64 registers, converted to the
+    output dtype (int64, int32, or float32 rounded once, as torch's double arange is)."""
     if end is None:  # aten.arange.default(end)
         start, end = 0, start
+    start, step = int(start), int(step)
     n = int(ctx.out.shape[0])
     expr = Op(I64, "tb_i64_add({0}, tb_i64_mul(tb_i64_from_u32(i), {1}))", (const(start, I64), const(step, I64)))
     return L.materialize(expr, (n,), ctx.out.dtype)

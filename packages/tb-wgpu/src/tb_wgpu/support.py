@@ -188,7 +188,7 @@ RULES["aten.index.Tensor"] = ((F32, *INTEGER), None)
 RULES["aten.cat.default"] = ((F32, torch.bool, I64), None)
 RULES["aten.cumsum.default"] = ((F32, *INTEGER), None)
 for _op in ARANGE:
-    RULES[_op] = (INDEX, None)
+    RULES[_op] = ((*INDEX, F32), None)
 
 
 # Ops with float16 kernels (used when the adapter offers shader-f16): every kernel computes in f32
@@ -325,8 +325,10 @@ def _dtype_roles(node: Any) -> str | None:
         if not ((out == F32 and node.inputs[0].dtype == F32) or (out == I64 and node.inputs[0].dtype in INTEGER)):
             return f"cumsum of {node.inputs[0].dtype} into {out}"
     elif op in ARANGE:
-        if any(isinstance(a, float) for a in node.args):
-            return "arange with floating-point bounds"
+        # Integer start and step: every value is an integer, exact in int64 and rounded once to
+        # float32 -- what torch's double-precision arange gives. Fractional steps are not taken.
+        if any(isinstance(a, float) and not a.is_integer() for a in node.args):
+            return "arange with fractional bounds or step"
     elif op == "aten.index.Tensor":
         if any(m.dtype not in INDEX for m in node.inputs[1:]) or len(node.inputs) < 2:
             return "indexing with bool masks (only integer index tensors)"
