@@ -20,6 +20,7 @@ pub mod isa;
 pub mod llm;
 pub mod mathfn;
 pub mod ops;
+pub mod pool3d;
 pub mod tensor;
 pub mod vmath;
 

@@ -48,6 +48,8 @@ pub enum Kernel {
     MaxPool { x: View, y: View, idx: View, p: [usize; 8] },
     AvgPool { x: View, y: View, p: [usize; 6], include_pad: bool, divisor: usize },
     AdaptivePool { x: View, y: View, idx: Option<View> },
+    MaxPool3d { x: View, y: View, idx: View, p: crate::pool3d::MaxParams },
+    AvgPool3d { x: View, y: View, p: crate::pool3d::AvgParams, include_pad: bool, divisor: usize },
     Nll { x: View, t: View, w: Option<View>, out: View, total: View, reduction: i64, ignore: i64 },
     NllBwd { g: View, x: View, t: View, w: Option<View>, total: View, gi: View, reduction: i64, ignore: i64 },
 }
@@ -431,6 +433,27 @@ impl Kernel {
                     Kernel::AvgPool { x, y, p, include_pad: int(ints, 6)? != 0, divisor: uint(ints, 7)? }
                 }
             }
+            "max_pool3d" | "avg_pool3d" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                f32s(&[&x, &y])?;
+                need(x.rank() == 5 && y.rank() == 5 && x.sizes[..2] == y.sizes[..2], "3-d pooling takes 5-d tensors")?;
+                let max = op == "max_pool3d";
+                let vals: Vec<usize> = (0..if max { 12 } else { 9 }).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                need(vals[..6].iter().all(|&v| v > 0), "pool kernel/stride must be positive")?;
+                need((0..3).all(|d| vals[6 + d] <= vals[d] / 2), "pool padding larger than half the kernel")?;
+                if max {
+                    let idx = out(&outs, 1)?;
+                    need(idx.sizes == y.sizes && idx.dtype == DType::I64, "max_pool3d indices")?;
+                    need(vals[9..].iter().all(|&v| v > 0), "pool dilation must be positive")?;
+                    let mut p = [0usize; 12];
+                    p.copy_from_slice(&vals);
+                    Kernel::MaxPool3d { x, y, idx, p }
+                } else {
+                    let mut p = [0usize; 9];
+                    p.copy_from_slice(&vals);
+                    Kernel::AvgPool3d { x, y, p, include_pad: int(ints, 9)? != 0, divisor: uint(ints, 10)? }
+                }
+            }
             "adaptive_avg_pool2d" | "adaptive_max_pool2d" => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
@@ -748,6 +771,8 @@ impl Kernel {
             Kernel::MaxPool { x, y, idx, p } => crate::conv::max_pool(mem, x, y, idx, p),
             Kernel::AvgPool { x, y, p, include_pad, divisor } => crate::conv::avg_pool(mem, x, y, p, *include_pad, *divisor),
             Kernel::AdaptivePool { x, y, idx } => crate::adaptive_pool::adaptive_pool(mem, x, y, idx.as_ref()),
+            Kernel::MaxPool3d { x, y, idx, p } => crate::pool3d::max_pool3d(mem, x, y, idx, p),
+            Kernel::AvgPool3d { x, y, p, include_pad, divisor } => crate::pool3d::avg_pool3d(mem, x, y, p, *include_pad, *divisor),
             Kernel::Nll { x, t, w, out, total, reduction, ignore } => {
                 let (px, pt, po, ptot) = (mem.ptr::<f32>(x), mem.ptr::<i64>(t), mem.ptr::<f32>(out), mem.ptr::<f32>(total));
                 let pw = w.as_ref().map(|v| (mem.ptr::<f32>(v), v.strides[0]));

@@ -279,3 +279,38 @@ def test_transposed_convolution_matches_torch(
 
     with torch.no_grad():
         torch.testing.assert_close(_run_native(fn, x), fn(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kw"),
+    [
+        ((2, 3, 6, 7, 8), {"kernel_size": 2}),
+        ((2, 3, 6, 7, 8), {"kernel_size": (3, 2, 3), "stride": (2, 1, 2), "padding": 1}),
+        ((1, 2, 5, 5, 5), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+        ((3, 5, 6, 7), {"kernel_size": 2, "stride": 1}),  # unbatched (C, D, H, W)
+        ((0, 2, 4, 4, 4), {"kernel_size": 2}),  # empty batch
+    ],
+)
+@pytest.mark.parametrize("kind", ["max", "max_dilated", "avg", "avg_exclude_pad", "avg_divisor"])
+def test_3d_pooling_matches_torch(shape: tuple[int, ...], kw: dict[str, Any], kind: str) -> None:
+    gen = torch.Generator().manual_seed(len(shape) + kw["kernel_size"] if isinstance(kw["kernel_size"], int) else 7)
+    x = torch.randn(*shape, generator=gen).transpose(-1, -3)  # strided: no unit-stride last dim
+    if x.numel():
+        flat = x.as_strided((x.numel(),), (1,))
+        flat[1], flat[2], flat[9], flat[17] = float("nan"), float("nan"), float("inf"), float("-inf")
+
+    def fn(x: torch.Tensor) -> Any:
+        if kind.startswith("max"):
+            extra = {"dilation": 2} if kind == "max_dilated" and not kw.get("padding") else {}
+            values, indices = F.max_pool3d(x, **kw, **extra, return_indices=True)
+            return values * 2.0, indices
+        extra = {"count_include_pad": False} if kind == "avg_exclude_pad" else {}
+        if kind == "avg_divisor":
+            extra = {"divisor_override": 5}
+        return F.avg_pool3d(x, **kw, **extra) * 2.0
+
+    try:
+        want = fn(x)
+    except RuntimeError as exc:  # e.g. a dilated window larger than the input
+        pytest.skip(f"PyTorch rejects these parameters: {exc}")
+    torch.testing.assert_close(_run_native(fn, x), want, equal_nan=True)

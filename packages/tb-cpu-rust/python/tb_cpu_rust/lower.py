@@ -1288,6 +1288,27 @@ class Lowerer:
             outs = [self.fresh(m) for m in out]
             step({"op": "max_pool2d", "ins": [x], "outs": outs, "ints": [*k, *s, *p, *d]})
             return tuple(outs)
+        if op in ("aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default"):
+            x = self.value(a[0])
+            k = _triple(a[1])
+            s = _triple(a[2] if len(a) > 2 and a[2] else a[1])
+            p = _triple(a[3] if len(a) > 3 else 0)
+            metas = list(out) if isinstance(out, (list, tuple)) else [out]
+            outs = [self.fresh(m) for m in metas]
+            kernel_outs = outs
+            if len(self.values[x]["sizes"]) == 4:  # (C, D, H, W): one volume
+                x = self.unbatched(x)
+                kernel_outs = [self.unbatched(o) for o in outs]
+            if op == "aten.max_pool3d_with_indices.default":
+                d = _triple(a[4] if len(a) > 4 else 1)
+                step({"op": "max_pool3d", "ins": [x], "outs": kernel_outs, "ints": [*k, *s, *p, *d]})
+                return tuple(outs)
+            include = a[5] if len(a) > 5 else True
+            div = a[6] if len(a) > 6 and a[6] is not None else 0
+            if div < 0:
+                raise LoweringError("negative divisor_override")
+            step({"op": "avg_pool3d", "ins": [x], "outs": kernel_outs, "ints": [*k, *s, *p, int(include), int(div)]})
+            return outs[0]
         if op in ("aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"):
             x = self.value(a[0])
             metas = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -1358,6 +1379,10 @@ class Lowerer:
 def _overload(name: str) -> Any:
     _, packet, overload = name.split(".")
     return getattr(getattr(torch.ops.aten, packet), overload)
+
+
+def _triple(v: Any) -> list[int]:
+    return [int(x) for x in v] * (3 if len(v) == 1 else 1) if isinstance(v, (list, tuple)) else [int(v)] * 3
 
 
 def _pair(v: Any) -> list[int]:

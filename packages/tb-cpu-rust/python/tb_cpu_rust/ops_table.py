@@ -137,7 +137,7 @@ KERNELS = frozenset({
     "aten.scatter_add.default", "aten.scatter_reduce.two", "aten.index_reduce.default", "aten.index_put.default",
     "aten.sort.default", "aten.sort.stable", "aten.topk.default", "aten.constant_pad_nd.default", "aten.repeat.default",
     "aten.flip.default", "aten.kthvalue.default", "aten._adaptive_avg_pool2d.default",
-    "aten.adaptive_max_pool2d.default",
+    "aten.adaptive_max_pool2d.default", "aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default",
 })
 FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
     "aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.cumsum.default",
@@ -218,6 +218,8 @@ def check(info: Any) -> str | None:
             return "only 1-d and 2-d convolution"
     if op in ("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default") and len(info.inputs[0].shape) != 4:
         return "only 4-d pooling input"
+    if op in ("aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default") and len(info.inputs[0].shape) not in (4, 5):
+        return "only 4-d and 5-d 3-d pooling input"
     if op in ("aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"):
         if len(info.inputs[0].shape) not in (3, 4):
             return "only 3-d and 4-d adaptive pooling input"
