@@ -314,3 +314,19 @@ def test_3d_pooling_matches_torch(shape: tuple[int, ...], kw: dict[str, Any], ki
     except RuntimeError as exc:  # e.g. a dilated window larger than the input
         pytest.skip(f"PyTorch rejects these parameters: {exc}")
     torch.testing.assert_close(_run_native(fn, x), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0])
+@pytest.mark.parametrize(("n", "k"), [(7, 5), (1, 1), (33, 130), (0, 4), (4, 0)])
+def test_addmv_matches_torch(n: int, k: int, beta: float) -> None:
+    gen = torch.Generator().manual_seed(n * 100 + k)
+    bias = torch.randn(n, generator=gen)
+    if n and beta == 0.0:
+        bias[0] = float("nan")  # beta = 0 ignores the bias, NaN included
+    mat = torch.randn(k, n, generator=gen).t()  # transposed storage
+    vec = torch.randn(2 * k, generator=gen)[::2]  # strided vector
+
+    def fn(bias: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
+        return torch.addmv(bias, mat, vec, beta=beta, alpha=1.5)
+
+    torch.testing.assert_close(_run_native(fn, bias, mat, vec), fn(bias, mat, vec), rtol=1e-5, atol=1e-5)

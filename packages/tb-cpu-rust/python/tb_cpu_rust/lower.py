@@ -997,6 +997,20 @@ class Lowerer:
             step(st)
             self.gemm_open[c] = st
             return c
+        if op == "aten.addmv.default":  # beta * bias + alpha * (mat @ vec), as an [N, 1] GEMM
+            bias, m, v = self.value(a[0]), self.value(a[1]), self.value(a[2])
+            beta = float(kw.get("beta", a[3] if len(a) > 3 else 1))
+            alpha = float(kw.get("alpha", a[4] if len(a) > 4 else 1))
+            c = self.fresh(out)
+
+            def column(val: int) -> int:
+                vv = self.values[val]
+                return self.new_value(vv["buf"], vv["offset"], [vv["sizes"][0], 1], [vv["strides"][0], 0])
+
+            bb = column(self.broadcast(bias, tuple(out.shape)))
+            ins = [m, column(v), bb if beta != 0 else None]
+            step({"op": "gemm", "ins": ins, "outs": [column(c)], "floats": [alpha, beta], "epilogue": []})
+            return c
         if op in ("aten._softmax.default", "aten._log_softmax.default"):
             x = self.value(a[0])
             y = self.fresh(out)

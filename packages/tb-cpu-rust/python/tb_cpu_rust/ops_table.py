@@ -138,6 +138,7 @@ KERNELS = frozenset({
     "aten.sort.default", "aten.sort.stable", "aten.topk.default", "aten.constant_pad_nd.default", "aten.repeat.default",
     "aten.flip.default", "aten.kthvalue.default", "aten._adaptive_avg_pool2d.default",
     "aten.adaptive_max_pool2d.default", "aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default",
+    "aten.addmv.default",
 })
 FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
     "aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.cumsum.default",
@@ -238,7 +239,7 @@ def check(info: Any) -> str | None:
             return "index without an index tensor"
         if any(m.dtype != I64 for m in info.inputs[1:]):
             return "only int64 indices"
-    if op in ("aten.bmm.default", "aten.baddbmm.default", "aten.mm.default", "aten.addmm.default"):
+    if op in ("aten.bmm.default", "aten.baddbmm.default", "aten.mm.default", "aten.addmm.default", "aten.addmv.default"):
         if any(m.dtype != F32 for m in metas):
             return "float32 only"
     return None
