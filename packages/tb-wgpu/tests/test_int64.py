@@ -186,6 +186,27 @@ def test_cumsum_of_bool_and_int64(mode: str) -> None:
     _run(f, m, a, native={"aten.cumsum.default"})
 
 
+def test_integer_reductions(mode: str) -> None:
+    def f(m: torch.Tensor, a: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            x[:0].sum(dim=0),  # float32 over empty rows (its storage is never written)
+            m.sum(dim=-1),  # bool counts into int64
+            m.sum(),
+            a.sum(dim=0),  # wraps past 2^63 like torch
+            a.t().sum(dim=1, keepdim=True),
+            c.sum(dim=1),  # int32 into int64: no 32-bit overflow
+            a.amax(dim=1),
+            a.amin(dim=0),
+            a[:0].sum(dim=0),  # empty rows sum to 0
+        )
+
+    g = torch.Generator().manual_seed(8)
+    m = torch.rand(5, 70, generator=g) > 0.4
+    a = _big(33, 6)
+    c = torch.full((3, 5), 2**31 - 1, dtype=torch.int32)
+    _run(f, m, a, c, torch.ones(4, 3), native={"aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default"})
+
+
 def test_advanced_indexing(mode: str) -> None:
     def f(x: torch.Tensor, big: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (

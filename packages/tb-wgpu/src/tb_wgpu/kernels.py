@@ -257,6 +257,20 @@ def _reduce(kind: str) -> Lower:
         for s in kept:
             rows *= s
         out = L.new_tv(tuple(ctx.out.shape), ctx.out.dtype)
+        if ctx.out.dtype == torch.int64:
+            in_ty = DEV_TYPE[tv.dtype]
+            init, combine = {
+                "sum": ("tb_i64_make(0u, 0u)", "tb_i64_add"),
+                "amax": ("tb_i64_make(0u, 0x80000000u)", "tb_i64_max"),
+                "amin": ("tb_i64_make(0xffffffffu, 0x7fffffffu)", "tb_i64_min"),
+            }[kind]
+            convert = "" if in_ty == I64 else f"tb_i64_from_{in_ty}"
+            src = shaders.render(
+                "reduce_i64", R=r, ROWS=rows, IN_TYPE=in_ty, INIT=init, COMBINE=combine, CONVERT=convert
+            )
+            if rows:
+                L.launch(src, [tv.storage], [out.storage], L.grid(rows, per_group=64), name=f"{kind}_i64")
+            return out
         init, combine, finish = {
             "sum": ("0.0", "return a + b;", "r"),
             "mean": ("0.0", "return a + b;", f"r / {f32_literal(float(r))}" if r else "tb_nan()"),

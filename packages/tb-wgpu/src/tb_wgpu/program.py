@@ -82,17 +82,18 @@ class Program:
     def _plan_temporaries(self) -> None:
         """Give every non-input storage a pooled buffer, sharing buffers between disjoint lifetimes."""
         storages = self.lowered.storages
-        first: dict[int, int] = {}
         last: dict[int, int] = {}
         for i, launch in enumerate(self.launches):
             for sid in (*launch.inputs, *launch.outputs):
-                first.setdefault(sid, i)
                 last[sid] = i
         outputs = {v.storage for v in self.lowered.outputs if isinstance(v, TV)}
         free: list[Any] = []
         inputs = {sid for sid, _ in self.input_storages}
+        written = {sid for launch in self.launches for sid in launch.outputs}
         for s in storages:
-            if s.id not in inputs and s.id not in first:
+            # never written by a launch (an empty tensor's storage, possibly read by a kernel that
+            # loops zero times over it): a buffer of its own, never shared
+            if s.id not in inputs and s.id not in written:
                 self.buffers[s.id] = self._acquire(max(s.nbytes, 4))
         for i, launch in enumerate(self.launches):
             for sid in launch.outputs:

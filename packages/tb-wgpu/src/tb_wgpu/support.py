@@ -147,7 +147,7 @@ def _check_softmax(node: Any) -> str | None:
 
 def _check_reduce(node: Any) -> str | None:
     dtype = node.kwargs.get("dtype")
-    if dtype is not None and dtype not in FLOATS:
+    if dtype is not None and dtype not in (*FLOATS, I64):
         return f"accumulation dtype {dtype}"
     return None
 
@@ -167,8 +167,12 @@ RULES["aten.avg_pool2d.default"] = ((F32,), _check_pool)
 RULES["aten._scaled_dot_product_flash_attention_for_cpu.default"] = ((F32, torch.bool), _check_sdpa)
 for _op in ("aten._softmax.default", "aten._log_softmax.default", "aten.logsumexp.default"):
     RULES[_op] = ((F32,), _check_softmax)
-for _op in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.sum.default", "aten.mean.default"):
+for _op in ("aten.mean.dim", "aten.mean.default"):
     RULES[_op] = ((F32,), _check_reduce)
+# Integer sums (bool / int32 / int64 into int64) and int64 amax / amin: shaders/reduce_i64.wgsl.
+INT_REDUCE = frozenset({"aten.sum.dim_IntList", "aten.sum.default", "aten.amax.default", "aten.amin.default"})
+for _op in INT_REDUCE:
+    RULES[_op] = ((F32, *INTEGER), _check_reduce)
 for _op in ("aten.argmax.default", "aten.argmin.default"):
     RULES[_op] = ((F32, torch.int64), None)
 for _op in INT64_OPS:
@@ -320,6 +324,10 @@ def _dtype_roles(node: Any) -> str | None:
         # float32 + int64 promotes to float32: torch converts the integers (rounded once) first.
         if any(m.dtype not in (F32, *INTEGER) for m in node.inputs):
             return "float32 only"
+    elif op in INT_REDUCE and outs and outs[0].dtype == I64:
+        ok = INTEGER if op.startswith("aten.sum") else (I64,)
+        if node.inputs[0].dtype not in ok:
+            return f"{op} of {node.inputs[0].dtype} into int64"
     elif op == "aten.cumsum.default":
         out = outs[0].dtype
         if not ((out == F32 and node.inputs[0].dtype == F32) or (out == I64 and node.inputs[0].dtype in INTEGER)):
