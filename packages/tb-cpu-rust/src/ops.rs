@@ -39,6 +39,8 @@ pub enum Kernel {
     Cumsum { x: View, y: View, dim: usize },
     /// 0: cumprod, 1: logcumsumexp
     Scan { x: View, y: View, dim: usize, mode: i64 },
+    /// running max (`max`) or min with the index where it was last taken (ties and NaN: the later one)
+    CumExtreme { x: View, vals: View, idx: View, dim: usize, max: bool },
     Scatter { base: View, idx: View, src: View, out: View, dim: usize, how: crate::indexing::Combine, include_self: bool },
     IndexPut { base: View, values: View, idx: Vec<View>, out: View, accumulate: bool },
     Sort { x: View, vals: View, pos: View, dim: usize, descending: bool },
@@ -318,6 +320,13 @@ impl Kernel {
                 need(y.dtype != DType::Bool && !(y.dtype == DType::I64 && x.dtype == DType::F32), "cumsum dtypes")?;
                 need(x.rank() >= 1, "cumsum of a 0-d tensor (view it as 1-d)")?;
                 Kernel::Cumsum { dim: dim(ints, 0, x.rank())?, x, y }
+            }
+            "cummax" | "cummin" => {
+                let (x, vals, idx) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
+                f32s(&[&x, &vals])?;
+                need(x.sizes == vals.sizes && x.sizes == idx.sizes && x.rank() >= 1, "cummax/cummin shapes")?;
+                need(idx.dtype == DType::I64, "cummax/cummin indices are int64")?;
+                Kernel::CumExtreme { dim: dim(ints, 0, x.rank())?, x, vals, idx, max: op == "cummax" }
             }
             "scan" => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
@@ -718,6 +727,26 @@ impl Kernel {
                             DType::F32 => *(py as *mut f32).add(yi) = if x.dtype == DType::F32 { fa as f32 } else { ia as f32 },
                             _ => *(py as *mut i64).add(yi) = ia,
                         }
+                    }
+                });
+            }
+            Kernel::CumExtreme { x, vals, idx, dim, max } => {
+                let n = x.sizes[*dim];
+                let (sx, sv, si) = (x.strides[*dim], vals.strides[*dim], idx.strides[*dim]);
+                let osz = drop_dim(&x.sizes, *dim);
+                let (px, pv, pi) = (mem.ptr::<f32>(x), mem.ptr::<f32>(vals), mem.ptr::<i64>(idx));
+                let (rx, rv, ri) = (drop_dim(&x.strides, *dim), drop_dim(&vals.strides, *dim), drop_dim(&idx.strides, *dim));
+                for_each(&osz, [&rx[..], &rv[..], &ri[..]], |[a, b, c]| {
+                    let (mut best, mut at) = (f32::NAN, 0i64);
+                    for i in 0..n {
+                        let v = *px.add(a + i * sx);
+                        let better = if *max { v >= best } else { v <= best };
+                        if i == 0 || v.is_nan() || !best.is_nan() && better {
+                            best = v;
+                            at = i as i64;
+                        }
+                        *pv.add(b + i * sv) = best;
+                        *pi.add(c + i * si) = at;
                     }
                 });
             }

@@ -330,3 +330,22 @@ def test_addmv_matches_torch(n: int, k: int, beta: float) -> None:
         return torch.addmv(bias, mat, vec, beta=beta, alpha=1.5)
 
     torch.testing.assert_close(_run_native(fn, bias, mat, vec), fn(bias, mat, vec), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+@pytest.mark.parametrize(("shape", "dim"), [((7,), 0), ((4, 9), 1), ((4, 9), 0), ((3, 0, 2), 1), ((), 0), ((2, 3, 5), -1)])
+def test_cummax_cummin_match_torch(op: Callable[..., Any], shape: tuple[int, ...], dim: int) -> None:
+    gen = torch.Generator().manual_seed(len(shape) * 10 + dim)
+    x = torch.randint(-3, 4, shape, generator=gen).float()  # small integers: many ties
+    if x.dim() == 2:
+        x = x.t().contiguous().t()  # column-major storage
+    if x.numel() > 6:  # a NaN mid-line (it sticks) and an inf at the end of the first line
+        first_line = (0,) * (x.dim() - 1)
+        x[(*first_line, 2)] = float("nan")
+        x[(*first_line, x.shape[-1] - 1)] = float("inf")
+
+    def fn(x: torch.Tensor) -> Any:
+        values, indices = op(x, dim)
+        return values * 2.0, indices
+
+    torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)

@@ -1079,6 +1079,13 @@ class Lowerer:
             o = self.fresh(out)
             step({"op": "cumsum", "ins": [self.as_1d(x)], "outs": [self.as_1d(o)], "ints": [a[1] if out.shape else 0]})
             return o
+        if op in ("aten.cummax.default", "aten.cummin.default"):
+            x = self.value(a[0])
+            outs = [self.fresh(m) for m in out]
+            name = "cummax" if op == "aten.cummax.default" else "cummin"
+            ins, kouts = [self.as_1d(x)], [self.as_1d(o) for o in outs]
+            step({"op": name, "ins": ins, "outs": kouts, "ints": [a[1] if out[0].shape else 0]})
+            return tuple(outs)
         if op in ("aten.cumprod.default", "aten.logcumsumexp.default"):
             x = self.value(a[0])
             if self.dtype_of(x) != F32 or out.dtype != F32:

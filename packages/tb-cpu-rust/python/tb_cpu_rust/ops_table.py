@@ -138,7 +138,7 @@ KERNELS = frozenset({
     "aten.sort.default", "aten.sort.stable", "aten.topk.default", "aten.constant_pad_nd.default", "aten.repeat.default",
     "aten.flip.default", "aten.kthvalue.default", "aten._adaptive_avg_pool2d.default",
     "aten.adaptive_max_pool2d.default", "aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default",
-    "aten.addmv.default",
+    "aten.addmv.default", "aten.cummax.default", "aten.cummin.default",
 })
 FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
     "aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.cumsum.default",

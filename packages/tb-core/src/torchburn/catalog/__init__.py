@@ -32,7 +32,11 @@ KEPT_OPS: tuple[tuple[str, str], ...] = (
     ("aten._fused_rms_norm.default", "normalization"),
 )
 
-UNDECOMPOSED_OPS: tuple[tuple[str, str], ...] = (("aten.adaptive_max_pool2d.default", "conv_pool"),)
+UNDECOMPOSED_OPS: tuple[tuple[str, str], ...] = (
+    ("aten.adaptive_max_pool2d.default", "conv_pool"),
+    ("aten.cummax.default", "reduction"),
+    ("aten.cummin.default", "reduction"),
+)
 
 
 @dataclass(frozen=True)
