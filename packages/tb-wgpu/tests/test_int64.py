@@ -186,6 +186,30 @@ def test_cumsum_of_bool_and_int64(mode: str) -> None:
     _run(f, m, a, native={"aten.cumsum.default"})
 
 
+def test_gathers_and_splits_of_int64_data(mode: str) -> None:
+    def f(a: torch.Tensor, idx: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p, q = a.split([2, 3], dim=1)  # views; gpt2 splits its fused qkv this way
+        r, s = x.t().split(3, dim=0)  # split.Tensor of a strided float view
+        return (
+            torch.gather(a, 1, idx),  # bert gathers its int64 token_type_ids buffer
+            torch.index_select(a, 0, idx[:, 1]),
+            p * 2,
+            q + 1,
+            r * 2,
+            s + 1,
+        )
+
+    a = _big(4, 5)
+    idx = torch.tensor([[4, 0], [1, 1], [0, 3], [3, 2]])
+    _run(
+        f,
+        a,
+        idx,
+        torch.randn(4, 6),
+        native={"aten.gather.default", "aten.index_select.default", "aten.split_with_sizes.default"},
+    )
+
+
 def test_integer_reductions(mode: str) -> None:
     def f(m: torch.Tensor, a: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (

@@ -143,6 +143,24 @@ def _select(L: Lowerer, ctx: Any, x: Any, dim: int, index: int) -> TV:
 
 
 TABLE["aten.select.int"] = _select
+
+
+def _split(L: Lowerer, ctx: Any, x: Any, sizes: Any, dim: int = 0) -> tuple[TV, ...]:
+    """split / split_with_sizes: views at offsets along ``dim`` (getitem picks one)."""
+    tv = L.as_tv(x)
+    dim = _norm_dim(dim, len(tv.shape))
+    parts = []
+    at = 0
+    for meta in ctx.out:
+        n = meta.shape[dim]
+        shape = (*tv.shape[:dim], n, *tv.shape[dim + 1 :])
+        parts.append(tv.with_view(shape, tv.stride, tv.offset + at * tv.stride[dim]))
+        at += n
+    return tuple(parts)
+
+
+TABLE["aten.split_with_sizes.default"] = _split
+TABLE["aten.split.Tensor"] = _split
 TABLE["aten.alias.default"] = lambda L, ctx, x: L.as_tv(x)
 TABLE["aten.detach.default"] = lambda L, ctx, x: L.as_tv(x)
 

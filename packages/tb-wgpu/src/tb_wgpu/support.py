@@ -50,6 +50,8 @@ VIEWS = frozenset(
         "aten.select.int",
         "aten.alias.default",
         "aten.detach.default",
+        "aten.split_with_sizes.default",
+        "aten.split.Tensor",
     }
 )
 COMPARES = frozenset(f"aten.{n}.{k}" for n in ("gt", "lt", "ge", "le", "eq", "ne") for k in ("Tensor", "Scalar"))
@@ -186,8 +188,9 @@ RULES["aten.clone.default"] = ((F32, torch.bool, I64), None)
 RULES["aten._to_copy.default"] = ((F32, *INTEGER), None)
 RULES["aten.full.default"] = ((F32, torch.bool, I64), None)
 RULES["aten.scalar_tensor.default"] = ((F32, torch.bool, I64), None)
-for _op in ("aten.embedding.default", "aten.index_select.default", "aten.gather.default"):
-    RULES[_op] = ((F32, *INDEX), None)
+RULES["aten.embedding.default"] = ((F32, *INDEX), None)
+for _op in ("aten.index_select.default", "aten.gather.default"):  # data of any stored dtype
+    RULES[_op] = ((F32, *INTEGER), None)
 RULES["aten.index.Tensor"] = ((F32, *INTEGER), None)
 RULES["aten.cat.default"] = ((F32, torch.bool, I64), None)
 RULES["aten.cumsum.default"] = ((F32, *INTEGER), None)
@@ -287,8 +290,8 @@ def _dtype_roles(node: Any) -> str | None:
         if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
             return "needs float32 log-probabilities and integer targets"
     elif op in ("aten.index_select.default", "aten.gather.default"):
-        if node.inputs[0].dtype not in FLOATS or node.inputs[1].dtype not in INDEX:
-            return "needs float32/float16 data and integer indices"
+        if node.inputs[1].dtype not in INDEX:
+            return "needs integer indices"
     elif op in ("aten.argmax.default", "aten.argmin.default"):
         if node.inputs[0].dtype != F32:
             return "needs float32 input"
