@@ -463,14 +463,15 @@ impl Kernel {
                     Kernel::AvgPool3d { x, y, p, include_pad: int(ints, 9)? != 0, divisor: uint(ints, 10)? }
                 }
             }
-            "adaptive_avg_pool2d" | "adaptive_max_pool2d" => {
+            "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" | "adaptive_max_pool3d" => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
-                need(x.rank() == 4 && y.rank() == 4 && x.sizes[..2] == y.sizes[..2], "adaptive pool takes 4-d tensors")?;
-                need(x.sizes[2] > 0 && x.sizes[3] > 0 || y.numel() == 0, "adaptive pool of an empty plane")?;
-                let idx = if op == "adaptive_max_pool2d" {
+                let r = if op.ends_with("3d") { 5 } else { 4 };
+                need(x.rank() == r && y.rank() == r && x.sizes[..2] == y.sizes[..2], "adaptive pool input/output rank")?;
+                need(x.sizes[2..].iter().all(|&s| s > 0) || y.numel() == 0, "adaptive pool of an empty plane")?;
+                let idx = if op.starts_with("adaptive_max") {
                     let idx = out(&outs, 1)?;
-                    need(idx.sizes == y.sizes && idx.dtype == DType::I64, "adaptive_max_pool2d indices")?;
+                    need(idx.sizes == y.sizes && idx.dtype == DType::I64, "adaptive max pool indices")?;
                     Some(idx)
                 } else {
                     None

@@ -349,3 +349,24 @@ def test_cummax_cummin_match_torch(op: Callable[..., Any], shape: tuple[int, ...
         return values * 2.0, indices
 
     torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("shape", "out_size"),
+    [((2, 3, 5, 9, 11), (2, 4, 5)), ((1, 2, 4, 4, 4), (4, 2, 1)), ((3, 6, 7, 5), (4, 3, 2)), ((2, 1, 3, 2, 2), (5, 3, 3))],
+)
+@pytest.mark.parametrize("kind", ["avg", "max"])
+def test_adaptive_3d_pooling_matches_torch(shape: tuple[int, ...], out_size: tuple[int, ...], kind: str) -> None:
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen).transpose(-1, -3)
+    flat = x.as_strided((x.numel(),), (1,))
+    flat[4], flat[5], flat[13] = float("nan"), float("inf"), float("-inf")
+    size = (out_size[2], out_size[1], out_size[0])  # x's last three dims were reversed
+
+    def fn(x: torch.Tensor) -> Any:
+        if kind == "avg":
+            return F.adaptive_avg_pool3d(x, size) * 2.0
+        values, indices = F.adaptive_max_pool3d(x, size, return_indices=True)
+        return values * 2.0, indices
+
+    torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)

@@ -1330,16 +1330,16 @@ class Lowerer:
                 raise LoweringError("negative divisor_override")
             step({"op": "avg_pool3d", "ins": [x], "outs": kernel_outs, "ints": [*k, *s, *p, int(include), int(div)]})
             return outs[0]
-        if op in ("aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"):
+        if op in ADAPTIVE_POOLS:
+            name, spatial = ADAPTIVE_POOLS[op]
             x = self.value(a[0])
             metas = list(out) if isinstance(out, (list, tuple)) else [out]
             outs = [self.fresh(m) for m in metas]
-            if len(self.values[x]["sizes"]) == 3:  # (C, H, W): one image
+            if len(self.values[x]["sizes"]) == spatial + 1:  # (C, H, W) or (C, D, H, W): unbatched
                 x = self.unbatched(x)
                 kernel_outs = [self.unbatched(o) for o in outs]
             else:
                 kernel_outs = outs
-            name = "adaptive_avg_pool2d" if op.startswith("aten._adaptive_avg") else "adaptive_max_pool2d"
             step({"op": name, "ins": [x], "outs": kernel_outs})
             return outs[0] if len(outs) == 1 else tuple(outs)
         if op == "aten.avg_pool2d.default":
@@ -1400,6 +1400,15 @@ class Lowerer:
 def _overload(name: str) -> Any:
     _, packet, overload = name.split(".")
     return getattr(getattr(torch.ops.aten, packet), overload)
+
+
+#: adaptive pooling op -> (kernel, spatial dims)
+ADAPTIVE_POOLS = {
+    "aten._adaptive_avg_pool2d.default": ("adaptive_avg_pool2d", 2),
+    "aten.adaptive_max_pool2d.default": ("adaptive_max_pool2d", 2),
+    "aten._adaptive_avg_pool3d.default": ("adaptive_avg_pool3d", 3),
+    "aten.adaptive_max_pool3d.default": ("adaptive_max_pool3d", 3),
+}
 
 
 def _triple(v: Any) -> list[int]:

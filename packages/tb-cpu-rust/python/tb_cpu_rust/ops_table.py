@@ -138,7 +138,8 @@ KERNELS = frozenset({
     "aten.sort.default", "aten.sort.stable", "aten.topk.default", "aten.constant_pad_nd.default", "aten.repeat.default",
     "aten.flip.default", "aten.kthvalue.default", "aten._adaptive_avg_pool2d.default",
     "aten.adaptive_max_pool2d.default", "aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default",
-    "aten.addmv.default", "aten.cummax.default", "aten.cummin.default",
+    "aten.addmv.default", "aten.cummax.default", "aten.cummin.default", "aten._adaptive_avg_pool3d.default",
+    "aten.adaptive_max_pool3d.default",
 })
 FLOAT_ONLY_KERNELS = frozenset(KERNELS - {
     "aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.cumsum.default",
@@ -224,6 +225,9 @@ def check(info: Any) -> str | None:
     if op in ("aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"):
         if len(info.inputs[0].shape) not in (3, 4):
             return "only 3-d and 4-d adaptive pooling input"
+    if op in ("aten._adaptive_avg_pool3d.default", "aten.adaptive_max_pool3d.default"):
+        if len(info.inputs[0].shape) not in (4, 5):
+            return "only 4-d and 5-d adaptive 3-d pooling input"
     if op == "aten._scaled_dot_product_flash_attention_for_cpu.default":
         if len(info.args) > 3 and info.args[3]:
             return "dropout"

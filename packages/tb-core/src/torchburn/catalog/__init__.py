@@ -36,6 +36,7 @@ UNDECOMPOSED_OPS: tuple[tuple[str, str], ...] = (
     ("aten.adaptive_max_pool2d.default", "conv_pool"),
     ("aten.cummax.default", "reduction"),
     ("aten.cummin.default", "reduction"),
+    ("aten.adaptive_max_pool3d.default", "conv_pool"),
 )
 
 
