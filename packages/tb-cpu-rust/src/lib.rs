@@ -10,6 +10,7 @@
 pub mod adaptive_pool;
 pub mod attention;
 pub mod conv;
+pub mod conv3d;
 pub mod conv_transpose;
 pub mod ew;
 pub mod exec;

@@ -47,6 +47,7 @@ pub enum Kernel {
     Arange { y: View, start: f64, step: f64 },
     Conv2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7], epi: Vec<Un> },
     ConvTranspose2d { x: View, w: View, bias: Option<View>, y: View, p: [usize; 7] },
+    Conv3d { x: View, w: View, bias: Option<View>, y: View, p: crate::conv3d::Params },
     MaxPool { x: View, y: View, idx: View, p: [usize; 8] },
     AvgPool { x: View, y: View, p: [usize; 6], include_pad: bool, divisor: usize },
     AdaptivePool { x: View, y: View, idx: Option<View> },
@@ -399,6 +400,32 @@ impl Kernel {
                     })
                     .collect::<Result<Vec<Un>>>()?;
                 Kernel::Conv2d { x, w, bias, y, p, epi }
+            }
+            "conv3d" => {
+                let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
+                let bias = opt(&ins, 2);
+                f32s(&[&x, &w, &y])?;
+                need(x.rank() == 5 && w.rank() == 5 && y.rank() == 5, "conv3d takes 5-d tensors")?;
+                let v: Vec<usize> = (0..10).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                need(v[..3].iter().chain(&v[6..]).all(|&u| u > 0), "conv3d stride/dilation/groups must be positive")?;
+                let g = v[9];
+                let (c, oc, cg) = (x.sizes[1], w.sizes[0], w.sizes[1]);
+                need(c == cg * g && oc % g == 0 && w.sizes[2..].iter().all(|&k| k > 0), "conv3d channel counts")?;
+                let mut expect = vec![x.sizes[0], oc];
+                for d in 0..3 {
+                    expect.push(crate::conv3d::out_len(x.sizes[2 + d], w.sizes[2 + d], v[d], v[3 + d], v[6 + d]).ok_or("conv3d kernel larger than input")?);
+                }
+                need(y.sizes == expect, "conv3d output shape")?;
+                let ws = &w.strides;
+                need(ws[3] == w.sizes[4] * ws[4] && ws[2] == w.sizes[3] * ws[3] && ws[1] == w.sizes[2] * ws[2], "conv3d weight layout")?;
+                let ys = &y.strides;
+                need(ys[3] == y.sizes[4] * ys[4] && ys[2] == y.sizes[3] * ys[3] || y.numel() == 0, "conv3d output layout")?;
+                if let Some(b) = &bias {
+                    need(b.sizes == [oc] && b.dtype == DType::F32, "conv3d bias shape")?;
+                }
+                let mut p = [0usize; 10];
+                p.copy_from_slice(&v);
+                Kernel::Conv3d { x, w, bias, y, p }
             }
             "conv_transpose2d" => {
                 let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
@@ -798,6 +825,7 @@ impl Kernel {
             }
             Kernel::Conv2d { x, w, bias, y, p, epi } => crate::conv::conv2d(mem, x, w, bias.as_ref(), y, p, epi, threads),
             Kernel::ConvTranspose2d { x, w, bias, y, p } => crate::conv_transpose::conv_transpose2d(mem, x, w, bias.as_ref(), y, p, threads),
+            Kernel::Conv3d { x, w, bias, y, p } => crate::conv3d::conv3d(mem, x, w, bias.as_ref(), y, p, threads),
             Kernel::MaxPool { x, y, idx, p } => crate::conv::max_pool(mem, x, y, idx, p),
             Kernel::AvgPool { x, y, p, include_pad, divisor } => crate::conv::avg_pool(mem, x, y, p, *include_pad, *divisor),
             Kernel::AdaptivePool { x, y, idx } => crate::adaptive_pool::adaptive_pool(mem, x, y, idx.as_ref()),

@@ -370,3 +370,24 @@ def test_adaptive_3d_pooling_matches_torch(shape: tuple[int, ...], out_size: tup
         return values * 2.0, indices
 
     torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "cout", "k", "kw"),
+    [
+        ((2, 3, 5, 6, 7), 4, (3, 3, 3), {}),
+        ((1, 4, 6, 5, 7), 6, (2, 3, 1), {"stride": (2, 1, 3), "padding": (1, 1, 0), "groups": 2}),
+        ((2, 2, 7, 7, 7), 3, (3, 2, 3), {"dilation": 2, "padding": 2, "bias": False}),
+        ((1, 2, 1, 1, 1), 2, (1, 1, 1), {}),
+    ],
+)
+def test_conv3d_matches_torch(x_shape: tuple[int, ...], cout: int, k: tuple[int, ...], kw: dict[str, Any]) -> None:
+    gen = torch.Generator().manual_seed(sum(x_shape) + cout)
+    conv = torch.nn.Conv3d(x_shape[1], cout, k, **kw)
+    x = torch.randn(*x_shape, generator=gen).transpose(1, 4).contiguous().transpose(1, 4)  # channels-last
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(conv(x))
+
+    with torch.no_grad():
+        torch.testing.assert_close(_run_native(fn, x), fn(x), rtol=1e-5, atol=1e-5)

@@ -1284,10 +1284,14 @@ class Lowerer:
             return o
         if op == "aten.convolution.default":
             x, w, b, stride, padding, dilation, transposed, outpad, groups = a
-            if len(stride) not in (1, 2):
-                raise LoweringError("only 1-d and 2-d convolution")
+            if len(stride) not in (1, 2, 3) or transposed and len(stride) == 3:
+                raise LoweringError("only 1-d, 2-d and 3-d convolution, and 1-d and 2-d transposed convolution")
             o = self.fresh(out)
             ins = [self.value(x), self.value(w), self.value(b) if b is not None else None]
+            if len(stride) == 3:
+                ints = [*stride, *padding, *dilation, groups]
+                step({"op": "conv3d", "ins": ins, "outs": [o], "ints": [int(v) for v in ints]})
+                return o
             target = o
             if len(stride) == 1:
                 # a 1-d convolution is a 2-d one over a height of 1

@@ -216,8 +216,8 @@ def check(info: Any) -> str | None:
         if op == "aten._to_copy.default" and kwargs.get("layout", torch.strided) not in (None, torch.strided):
             return "layout"
     if op == "aten.convolution.default":
-        if len(info.inputs[0].shape) not in (3, 4):
-            return "only 1-d and 2-d convolution"
+        if len(info.inputs[0].shape) not in (3, 4, 5) or info.args[6] and len(info.inputs[0].shape) == 5:
+            return "only 1-d, 2-d and 3-d convolution, and 1-d and 2-d transposed convolution"
     if op in ("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default") and len(info.inputs[0].shape) != 4:
         return "only 4-d pooling input"
     if op in ("aten.max_pool3d_with_indices.default", "aten.avg_pool3d.default") and len(info.inputs[0].shape) not in (4, 5):
