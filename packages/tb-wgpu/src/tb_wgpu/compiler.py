@@ -115,7 +115,7 @@ def lower_plan(plan: Plan, ctx: Any) -> Lowered:
             # The result would alias an input: copy, so only fresh device storages are read back.
             tv = L.contiguous(tv) if not tv.is_contiguous else L.materialize(L.as_expr(tv), tv.shape, tv.dtype)
         outputs.append(tv)
-    return Lowered(L.storages, L.launches, input_tvs, outputs)
+    return Lowered(L.storages, L.launches, input_tvs, outputs, L.err_storage, L.checks)
 
 
 def compile_plan(plan: Plan) -> Program:

@@ -36,6 +36,11 @@ class WgpuDeviceLostError(WgpuError):
     """The GPU device was lost (driver reset, device destroyed); the engine opens a new one next compile."""
 
 
+class WgpuIndexError(WgpuError, IndexError):
+    """An index outside its dimension (index, embedding, gather, index_select, nll_loss target):
+    the kernels record it and the partition raises after readback instead of returning data."""
+
+
 class WgpuOutOfMemoryError(WgpuError, MemoryError):
     """A buffer larger than the adapter allows, or the device ran out of memory."""
 

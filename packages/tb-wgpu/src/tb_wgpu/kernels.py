@@ -28,6 +28,7 @@ from tb_wgpu.lower import (
     broadcast_shapes,
     const,
     contiguous_strides,
+    err_decl,
     f32_literal,
 )
 
@@ -539,15 +540,18 @@ TABLE["aten._scaled_dot_product_flash_attention_for_cpu.default"] = _sdpa
 
 
 # -- gathers ------------------------------------------------------------------------------------------
-def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any], wrap: bool = False) -> Lazy:
+def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any], op: str, wrap: bool = False) -> Lazy:
     """out[c] = src[coords(c)], each coordinate an int (output dim) or an i32 index expression.
 
     ``wrap``: negative indices count from the end (``x[idx]`` semantics; embedding and gather
     reject them in torch). Indices fit in i32: a dimension is below the binding size limit.
+    Every index is checked against its dimension: a bad one is recorded in the partition's
+    error words (``Lowerer.check``) and the call raises after readback, as torch does.
     """
     tv = L.as_tv(src)
     parts: list[str] = []
     args: list[Any] = []
+    checks: list[tuple[int, int, bool, int]] = []
     for d, c in enumerate(coords):
         st = tv.stride[d]
         if isinstance(c, int):
@@ -557,9 +561,13 @@ def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any], wrap: bool =
             k = f"{{{len(args) - 1}}}"
             index = f"select({k}, {k} + {tv.shape[d]}, {k} < 0)" if wrap else k
             parts.append(f"u32({index}) * {st}u")
+            size = tv.shape[d]
+            message = f"{op}: index {{index}} is out of bounds for dimension {d} with size {size}"
+            checks.append((len(args) - 1, size, wrap, L.check(message)))
     index = " + ".join([f"{tv.offset}u", *parts])
     ty = DEV_TYPE[tv.dtype]
-    return Lazy(Gather(ty, "@SRC@[" + index + "]", tuple(args), tv), tuple(ctx.out.shape), ctx.out.dtype, ctx.uses)
+    gather = Gather(ty, "@SRC@[" + index + "]", tuple(args), tv, tuple(checks))
+    return Lazy(gather, tuple(ctx.out.shape), ctx.out.dtype, ctx.uses)
 
 
 def _embedding(
@@ -574,7 +582,7 @@ def _embedding(
     ti = L.as_tv(indices)
     rank = len(ti.shape)
     idx = ti.with_view((*ti.shape, 1), (*ti.stride, 0))
-    return _gather_lazy(L, ctx, weight, [idx, rank])
+    return _gather_lazy(L, ctx, weight, [idx, rank], "aten.embedding")
 
 
 def _index_select(L: Lowerer, ctx: Any, x: Any, dim: int, index: Any) -> Lazy:
@@ -588,7 +596,7 @@ def _index_select(L: Lowerer, ctx: Any, x: Any, dim: int, index: Any) -> Lazy:
         tuple(ti.stride[0] if d == dim else 0 for d in range(rank)),
     )
     coords: list[Any] = [view if d == dim else d for d in range(rank)]
-    return _gather_lazy(L, ctx, tx, coords)
+    return _gather_lazy(L, ctx, tx, coords, "aten.index_select")
 
 
 def _gather(L: Lowerer, ctx: Any, x: Any, dim: int, index: Any, sparse_grad: bool = False) -> Lazy:
@@ -596,7 +604,7 @@ def _gather(L: Lowerer, ctx: Any, x: Any, dim: int, index: Any, sparse_grad: boo
     rank = len(tx.shape)
     dim = _norm_dim(dim, rank)
     coords: list[Any] = [L.as_tv(index) if d == dim else d for d in range(rank)]
-    return _gather_lazy(L, ctx, tx, coords)
+    return _gather_lazy(L, ctx, tx, coords, "aten.gather")
 
 
 def _index(L: Lowerer, ctx: Any, x: Any, indices: Any) -> Lazy:
@@ -629,7 +637,7 @@ def _index(L: Lowerer, ctx: Any, x: Any, indices: Any) -> Lazy:
         else:
             coords.append(rest)
             rest += 1
-    return _gather_lazy(L, ctx, tx, coords, wrap=True)
+    return _gather_lazy(L, ctx, tx, coords, "aten.index.Tensor", wrap=True)
 
 
 TABLE["aten.index.Tensor"] = _index
@@ -863,8 +871,11 @@ def _nll_loss(
         X_OFF=tx.offset,
         X_SN=tx.stride[0],
         X_SC=tx.stride[1],
+        ERR_DECL=err_decl(5),
+        CHECK=L.check(f"aten.nll_loss_forward: Target {{index}} is out of bounds (classes: {c})"),
     )
-    L.launch(src, inputs, [out.storage, total.storage], (1, 1, 1), name="nll_loss")
+    assert L.err_storage is not None
+    L.launch(src, inputs, [out.storage, total.storage, L.err_storage], (1, 1, 1), name="nll_loss")
     return out, total
 
 

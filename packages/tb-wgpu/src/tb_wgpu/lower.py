@@ -10,7 +10,7 @@ only input is the fresh result of a matmul folds into the matmul's epilogue inst
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -124,9 +124,14 @@ class Op(Expr):
 
 @dataclass(eq=False)
 class Gather(Op):
-    """A read of ``src`` at computed coordinates; ``fmt`` names the storage ``@SRC@``."""
+    """A read of ``src`` at computed coordinates; ``fmt`` names the storage ``@SRC@``.
+
+    ``checks``: (argument position, dimension size, negative indices allowed, check id) per
+    index argument; the kernel records an index outside the dimension (see ``Lowerer.check``).
+    """
 
     src: TV = None  # type: ignore[assignment]
+    checks: tuple[tuple[int, int, bool, int], ...] = ()
 
 
 @dataclass(eq=False)
@@ -183,6 +188,18 @@ def cast(e: Expr, ty: str) -> Expr:
     return Op(ty, ty + "({0})", (e,))
 
 
+def err_decl(binding: int) -> str:
+    """WGSL binding of a partition's error words and ``tb_oob``, which records a bad index."""
+    return (
+        f"@group(0) @binding({binding}) var<storage, read_write> tb_err: array<atomic<u32>>;\n"
+        "fn tb_oob(check: u32, index: i32) {\n"
+        "    if (atomicAdd(&tb_err[2u * check], 1u) == 0u) {\n"
+        "        atomicStore(&tb_err[2u * check + 1u], bitcast<u32>(index));\n"
+        "    }\n"
+        "}"
+    )
+
+
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
 
@@ -205,6 +222,10 @@ class Lowered:
     launches: list[Launch]
     input_tvs: dict[int, TV]
     outputs: list[Any]  # TV or literal per plan output
+    # The error words the indexing kernels write (two u32 per check: a count of bad indices and
+    # the first one recorded), read back with the outputs; ``checks`` holds each check's message.
+    err_storage: int | None = None
+    checks: list[str] = field(default_factory=list)
 
 
 class Lowerer:
@@ -215,6 +236,21 @@ class Lowerer:
         self.uses = uses
         # storage -> launch index whose epilogue may still absorb elementwise work
         self.epilogue_open: dict[int, int] = {}
+        self.err_storage: int | None = None
+        self.checks: list[str] = []
+
+    # -- index checks --------------------------------------------------------------------------
+    def check(self, message: str) -> int:
+        """A new index check; ``message`` formats the bad index as ``{index}``. Returns its id.
+
+        Kernels that index bind the partition's error words (``ERR_DECL``) and call ``tb_oob``
+        with the id and the bad index; the program raises ``WgpuIndexError`` after readback.
+        """
+        if self.err_storage is None:
+            self.err_storage = self.new_storage(2, torch.int32)
+        self.checks.append(message)
+        self.storages[self.err_storage].numel = 2 * len(self.checks)
+        return len(self.checks) - 1
 
     # -- storages and launches -----------------------------------------------------------------
     def new_storage(self, numel: int, dtype: torch.dtype, input_slot: int | None = None) -> int:
@@ -312,8 +348,10 @@ class Lowerer:
         leaves: list[Leaf] = []
         lines: list[str] = []
         names: dict[int, str] = {}
+        checked = False
 
         def visit(e: Expr) -> str:
+            nonlocal checked
             key = id(e)
             if key in names:
                 return names[key]
@@ -334,6 +372,11 @@ class Lowerer:
                     if e.src.storage not in bindings:
                         bindings[e.src.storage] = f"in{len(bindings)}"
                     fmt = fmt.replace("@SRC@", bindings[e.src.storage])
+                    for pos, size, wrap, check in e.checks:
+                        k = parts[pos]
+                        low = f"-{size}" if wrap else "0"
+                        lines.append(f"    if ({k} < {low} || {k} >= {size}) {{ tb_oob({check}u, {k}); }}")
+                        checked = True
                 name = f"v{len(names)}"
                 lines.append(f"    let {name}: {e.ty} = {fmt.format(*parts)};")
             names[key] = name
@@ -348,12 +391,17 @@ class Lowerer:
                 f"@group(0) @binding({int(name[2:])}) var<storage, read> {name}: array<{self.storages[storage].wgsl}>;"
             )
         decls.append(f"@group(0) @binding({len(bindings)}) var<storage, read_write> out: array<{DEV_TYPE[dtype]}>;")
+        outputs = [out.storage]
+        if checked:
+            assert self.err_storage is not None
+            decls.append(err_decl(len(bindings) + 1))
+            outputs.append(self.err_storage)
         total = 1
         for s in shape:
             total *= s
         src = shaders.render("elementwise", BINDINGS="\n".join(decls), BODY="\n".join(lines), TOTAL=total)
         if total > 0:
-            self.launch(src, list(bindings), [out.storage], total, name="elementwise")
+            self.launch(src, list(bindings), outputs, total, name="elementwise")
         return out
 
     def _decompose(self, shape: tuple[int, ...]) -> str:

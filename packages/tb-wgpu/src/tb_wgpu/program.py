@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tb_wgpu import shaders
-from tb_wgpu.device import COUNTERS, GpuContext, WgpuDeviceLostError, WgpuError
+from tb_wgpu.device import COUNTERS, GpuContext, WgpuDeviceLostError, WgpuError, WgpuIndexError
 from tb_wgpu.lower import TV, Lowered
 
 _TORCH_OF = {"f32": torch.float32, "i32": torch.int32, "u32": torch.int32, "tb_i64": torch.int64}
@@ -63,6 +63,10 @@ class Program:
         for value in lowered.outputs:
             if isinstance(value, TV) and value.storage not in out_storages:
                 out_storages.append(value.storage)
+        # The index checks' error words come back in the same readback as the outputs.
+        self.err_storage = lowered.err_storage
+        if self.err_storage is not None:
+            out_storages.append(self.err_storage)
         self.readback_regions: dict[int, int] = {}
         offset = 0
         for sid in out_storages:
@@ -87,6 +91,8 @@ class Program:
             for sid in (*launch.inputs, *launch.outputs):
                 last[sid] = i
         outputs = {v.storage for v in self.lowered.outputs if isinstance(v, TV)}
+        if self.lowered.err_storage is not None:
+            outputs.add(self.lowered.err_storage)  # written by many launches, read back: never shared
         free: list[Any] = []
         inputs = {sid for sid, _ in self.input_storages}
         written = {sid for launch in self.launches for sid in launch.outputs}
@@ -159,6 +165,9 @@ class Program:
             self._bind_groups = [self._bind_group(i, launch, bound) for i, launch in enumerate(self.launches)]
             self._bind_key = key
         encoder = ctx.device.create_command_encoder()
+        storages = self.lowered.storages
+        if self.err_storage is not None:
+            encoder.clear_buffer(bound[self.err_storage], 0, storages[self.err_storage].nbytes)
         if self.launches:
             compute = encoder.begin_compute_pass()
             for pipeline, group, launch in zip(self.pipelines, self._bind_groups, self.launches):
@@ -167,7 +176,6 @@ class Program:
                 compute.dispatch_workgroups(*launch.grid)
             compute.end()
             COUNTERS.dispatches += len(self.launches)
-        storages = self.lowered.storages
         for sid, offset in self.readback_regions.items():
             size = -(-max(storages[sid].nbytes, 4) // 4) * 4
             encoder.copy_buffer_to_buffer(bound[sid], 0, self.readback, offset, size)
@@ -179,6 +187,8 @@ class Program:
         finally:
             self.readback.unmap()
         COUNTERS.readbacks += 1
+        if self.err_storage is not None:
+            self._raise_bad_index(raw, self.readback_regions[self.err_storage])
         bases: dict[int, torch.Tensor] = {}
         for sid, offset in self.readback_regions.items():
             s = storages[sid]
@@ -194,6 +204,12 @@ class Program:
             else:
                 results.append(value)
         return results[0] if self.plan.single_output else tuple(results)
+
+    def _raise_bad_index(self, raw: bytearray, offset: int) -> None:
+        words = torch.frombuffer(raw, dtype=torch.int32, count=2 * len(self.lowered.checks), offset=offset)
+        for check, message in enumerate(self.lowered.checks):
+            if int(words[2 * check]) != 0:
+                raise WgpuIndexError(message.format(index=int(words[2 * check + 1])))
 
     def _output_metas(self) -> list[Any]:
         metas = []

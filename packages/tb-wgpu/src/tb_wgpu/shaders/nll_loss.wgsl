@@ -6,6 +6,7 @@
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> total_weight: array<f32>;
+{{ERR_DECL}}
 
 const N: u32 = {{N}}u;
 const C: u32 = {{C}}u;
@@ -23,6 +24,9 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     for (var i = lid; i < N; i += 64u) {
         let t = {{T_CONV}}(targets[{{T_OFF}}u + i * {{T_S}}u]);
         var v = 0.0;
+        if (t != IGNORE && (t < 0 || u32(t) >= C)) {
+            tb_oob({{CHECK}}u, t); // the partition raises after readback, as torch does
+        }
         if (t != IGNORE && t >= 0 && u32(t) < C) {
             let w = weight_of(t);
             v = -x[{{X_OFF}}u + i * {{X_SN}}u + u32(t) * {{X_SC}}u] * w;
