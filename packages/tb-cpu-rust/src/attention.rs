@@ -127,6 +127,10 @@ fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
             // SAFETY: the CPU has AVX-512F
             return unsafe { crate::vmath::exp_shift_sum_avx512(row, shift) };
         }
+        if crate::isa::has_avx2() {
+            // SAFETY: the CPU has AVX2 and FMA
+            return unsafe { crate::vmath::exp_shift_sum_avx2(row, shift) };
+        }
     }
     let mut sum = 0f32;
     for x in row.iter_mut() {

@@ -491,6 +491,11 @@ impl Scalar for f32 {
                 if unsafe { crate::vmath::un_avx512(op, x, a) } {
                     return;
                 }
+            } else if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf | Un::Tanh) && crate::isa::has_avx2() {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above)
+                if unsafe { crate::vmath::un_avx2(op, x, a) } {
+                    return;
+                }
             }
         }
         macro_rules! map {

@@ -10,7 +10,7 @@ use crate::ew::{Scalar, Un};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 static BACKEND: AtomicU8 = AtomicU8::new(DEFAULT);
-/// "auto": our AVX-512 kernel where the CPU has it, else faer's `gemm` crate.
+/// "auto": our kernel where the CPU has AVX-512 or AVX2+FMA, else faer's `gemm` crate.
 const DEFAULT: u8 = 3;
 
 pub fn set_backend(name: &str) -> Result<(), String> {
@@ -18,7 +18,7 @@ pub fn set_backend(name: &str) -> Result<(), String> {
         "gemm" => 0,
         "matrixmultiply" => 1,
         "own" if crate::gemm_own::available() => 2,
-        "own" => return Err("the own GEMM kernel needs AVX-512 (avx512f + avx512vl)".into()),
+        "own" => return Err("the own GEMM kernel needs x86-64 with AVX-512 or AVX2+FMA".into()),
         "auto" => DEFAULT,
         other => return Err(format!("unknown GEMM backend {other:?} (auto, own, gemm, matrixmultiply)")),
     };

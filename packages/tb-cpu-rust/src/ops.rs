@@ -912,7 +912,7 @@ unsafe fn softmax_row(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize
                 return crate::vmath::softmax_row_avx512(x, y, n, log);
             }
             if crate::isa::has_avx2() {
-                return softmax_row_contig_avx2(x, y, n, log);
+                return crate::vmath::softmax_row_avx2(x, y, n, log);
             }
         }
         if crate::isa::has_avx2() {
@@ -923,12 +923,6 @@ unsafe fn softmax_row(x: *const f32, sx: usize, y: *mut f32, sy: usize, n: usize
         return softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log);
     }
     softmax_row_generic(x, sx, y, sy, n, log)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_row_contig_avx2(x: *const f32, y: *mut f32, n: usize, log: bool) {
-    softmax_row_contig(std::slice::from_raw_parts(x, n), std::slice::from_raw_parts_mut(y, n), log)
 }
 
 const SM_LANES: usize = 16;
@@ -1091,6 +1085,43 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
     let n: usize = rsz.iter().product();
     let outer: usize = out.numel();
     let xk: Vec<usize> = (0..nd).map(|d| if red.contains(&d) { 0 } else { x.strides[d] }).collect();
+    if matches!(kind, Red::Sum | Red::Mean) && x.dtype == DType::F32 && out.dtype == DType::F32 && n > 0 {
+        // the kept dims form one contiguous run in x and in out (a bias gradient: the sum over
+        // the rows of a matrix): add whole rows into float64 accumulators, vectorised, instead
+        // of walking each output's strided column
+        let kept: Vec<usize> = (0..nd).filter(|&d| !red.contains(&d) && x.sizes[d] != 1).collect();
+        let run = |strides: &[usize]| {
+            let mut acc = 1;
+            for &d in kept.iter().rev() {
+                if strides[d] != acc {
+                    return false;
+                }
+                acc *= x.sizes[d];
+            }
+            true
+        };
+        if !kept.is_empty() && run(&x.strides) && run(&out.strides) {
+            let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
+            const CH: usize = 512;
+            let scale = if kind == Red::Mean { 1.0 / n as f64 } else { 1.0 };
+            let chunk = |c: usize| {
+                let (lo, hi) = (c * CH, ((c + 1) * CH).min(outer));
+                let mut acc = [0f64; CH];
+                let acc = &mut acc[..hi - lo];
+                for_each(&rsz, [&rst], |[off]| {
+                    let row = std::slice::from_raw_parts(xf.get().add(off + lo), hi - lo);
+                    for (a, &v) in acc.iter_mut().zip(row) {
+                        *a += v as f64;
+                    }
+                });
+                for (j, &a) in acc.iter().enumerate() {
+                    *of.get().add(lo + j) = (a * scale) as f32;
+                }
+            };
+            par_rows(outer.div_ceil(CH), outer * n, chunk);
+            return;
+        }
+    }
     let px = mem.byte_ptr(x);
     let po = SPtr(mem.byte_ptr(out));
     let px = SPtr(px);

@@ -228,10 +228,426 @@ mod imp {
 #[cfg(target_arch = "x86_64")]
 pub use imp::{exp_shift_sum_avx512, softmax_row_avx512, un_avx512};
 
+/// The same activations for AVX2+FMA CPUs (no AVX-512): exp scales by 2^k through the
+/// exponent bits (AVX2 has no `vscalefps`), reciprocals through `vrcpps` + one Newton step.
+#[cfg(target_arch = "x86_64")]
+mod imp2 {
+    use crate::ew::Un;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn set(v: f32) -> __m256 {
+        _mm256_set1_ps(v)
+    }
+
+    /// 2^k·p for integral k in [-126, 128]: 2^(k-1) from the exponent bits, times 2p.
+    #[inline(always)]
+    unsafe fn exp_core(xc: __m256) -> __m256 {
+        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(xc, set(std::f32::consts::LOG2_E)));
+        let r = _mm256_fnmadd_ps(k, set(0.693_145_75), xc);
+        let r = _mm256_fnmadd_ps(k, set(1.428_606_8e-6), r);
+        let mut p = set(1.0 / 5040.0);
+        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm256_fmadd_ps(p, r, set(c));
+        }
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(126)));
+        _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), set(2.0))
+    }
+
+    /// exp with IEEE edges: inf above 88.72, 0 below -87.3, NaN kept.
+    #[inline(always)]
+    pub(super) unsafe fn exp(x: __m256) -> __m256 {
+        let xc = _mm256_min_ps(_mm256_max_ps(x, set(-87.3)), set(88.72));
+        let y = exp_core(xc);
+        let y = _mm256_blendv_ps(y, set(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(x, set(88.72)));
+        let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.3)));
+        _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+
+    /// exp for x <= 0 (or -inf): no overflow side, flushes below -87.3 to 0. NaN in, NaN out
+    /// is not kept (callers that can see NaN use `exp`).
+    #[inline(always)]
+    pub(super) unsafe fn exp_nonpos(x: __m256) -> __m256 {
+        let xc = _mm256_max_ps(x, set(-87.3));
+        let y = exp_core(xc);
+        _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.3)))
+    }
+
+    /// 1/d for finite d >= 1: rcpps and one Newton step (~1 ulp more than a division).
+    #[inline(always)]
+    unsafe fn recip(d: __m256) -> __m256 {
+        let y = _mm256_rcp_ps(d);
+        _mm256_mul_ps(y, _mm256_fnmadd_ps(d, y, set(2.0)))
+    }
+
+    #[inline(always)]
+    unsafe fn sigmoid(x: __m256) -> __m256 {
+        // exp(87) is finite, so the reciprocal never sees inf; below -87 the result is 0 and
+        // above 87 it is 1 (exp_core needs its argument inside [-87.3, 88.7])
+        let xc = _mm256_min_ps(_mm256_max_ps(x, set(-87.0)), set(87.0));
+        let s = recip(_mm256_add_ps(set(1.0), exp_core(_mm256_sub_ps(_mm256_setzero_ps(), xc))));
+        let s = _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.0)));
+        _mm256_blendv_ps(s, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+
+    #[inline(always)]
+    unsafe fn abs(x: __m256) -> __m256 {
+        _mm256_andnot_ps(set(-0.0), x)
+    }
+
+    /// |x| with the sign of `s`.
+    #[inline(always)]
+    unsafe fn with_sign(mag: __m256, s: __m256) -> __m256 {
+        _mm256_or_ps(mag, _mm256_and_ps(s, set(-0.0)))
+    }
+
+    #[inline(always)]
+    unsafe fn erf_for_gelu(x: __m256) -> __m256 {
+        let a = abs(x);
+        let t = recip(_mm256_fmadd_ps(set(0.327_591_1), a, set(1.0)));
+        let mut p = set(1.061_405_4);
+        for c in [-1.453_152_1, 1.421_413_7, -0.284_496_74, 0.254_829_6] {
+            p = _mm256_fmadd_ps(p, t, set(c));
+        }
+        p = _mm256_mul_ps(p, t);
+        let e = exp_nonpos(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a)));
+        // absolute error ~1.5e-7: GELU multiplies it by x/2, so no small-|x| series is needed
+        with_sign(_mm256_fnmadd_ps(p, e, set(1.0)), x)
+    }
+
+    #[inline(always)]
+    unsafe fn tanh(x: __m256) -> __m256 {
+        let a = abs(x);
+        // 1 - 2/(e^{2a} + 1); e^{2a} + 1 >= 2, and a is capped where tanh is 1 in float32
+        let e = exp_core(_mm256_mul_ps(set(2.0), _mm256_min_ps(a, set(20.0))));
+        let big = _mm256_fnmadd_ps(set(2.0), recip(_mm256_add_ps(e, set(1.0))), set(1.0));
+        // small |x|: the odd series avoids the cancellation of 1 - 2/(e+1)
+        let x2 = _mm256_mul_ps(x, x);
+        let mut q = set(-17.0 / 315.0);
+        for c in [2.0 / 15.0, -1.0 / 3.0, 1.0] {
+            q = _mm256_fmadd_ps(q, x2, set(c));
+        }
+        let small = _mm256_mul_ps(a, q);
+        let t = _mm256_blendv_ps(big, small, _mm256_cmp_ps::<_CMP_LT_OQ>(a, set(0.0625)));
+        let r = with_sign(t, x);
+        _mm256_blendv_ps(r, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+
+    #[inline(always)]
+    unsafe fn gelu(x: __m256) -> __m256 {
+        let e = erf_for_gelu(_mm256_mul_ps(x, set(std::f32::consts::FRAC_1_SQRT_2)));
+        let y = _mm256_mul_ps(_mm256_mul_ps(set(0.5), x), _mm256_add_ps(set(1.0), e));
+        // as PyTorch's CPU kernel: +inf -> inf, -inf -> NaN (-inf·0)
+        let y = _mm256_blendv_ps(y, set(f32::INFINITY), _mm256_cmp_ps::<_CMP_EQ_OQ>(x, set(f32::INFINITY)));
+        let y = _mm256_blendv_ps(y, set(f32::NAN), _mm256_cmp_ps::<_CMP_EQ_OQ>(x, set(f32::NEG_INFINITY)));
+        _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+
+    #[inline(always)]
+    unsafe fn apply(op: Un, x: __m256) -> __m256 {
+        match op {
+            Un::Exp => exp(x),
+            Un::Sigmoid => sigmoid(x),
+            // -inf * 0 is NaN in PyTorch as well; keep that
+            Un::Silu => _mm256_mul_ps(x, sigmoid(x)),
+            Un::Tanh => tanh(x),
+            Un::Relu => _mm256_and_ps(x, _mm256_cmp_ps::<_CMP_NLT_UQ>(x, _mm256_setzero_ps())),
+            _ => gelu(x),
+        }
+    }
+
+    /// out[i] = op(inp[i]) for the ops this module covers; false for any other op.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn un_avx2(op: Un, out: &mut [f32], inp: &[f32]) -> bool {
+        if !matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf | Un::Tanh | Un::Relu) {
+            return false;
+        }
+        let n = out.len().min(inp.len());
+        let (ip, op_) = (inp.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        while i + 16 <= n {
+            let (x0, x1) = (_mm256_loadu_ps(ip.add(i)), _mm256_loadu_ps(ip.add(i + 8)));
+            _mm256_storeu_ps(op_.add(i), apply(op, x0));
+            _mm256_storeu_ps(op_.add(i + 8), apply(op, x1));
+            i += 16;
+        }
+        while i + 8 <= n {
+            _mm256_storeu_ps(op_.add(i), apply(op, _mm256_loadu_ps(ip.add(i))));
+            i += 8;
+        }
+        if i < n {
+            let mut buf = [0f32; 8];
+            buf[..n - i].copy_from_slice(&inp[i..n]);
+            _mm256_storeu_ps(buf.as_mut_ptr(), apply(op, _mm256_loadu_ps(buf.as_ptr())));
+            out[i..n].copy_from_slice(&buf[..n - i]);
+        }
+        true
+    }
+
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+        _mm_cvtss_f32(m)
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
+        _mm_cvtss_f32(m)
+    }
+
+    /// Mask of the first `rem` (< 8) lanes.
+    #[inline(always)]
+    unsafe fn tail_mask(rem: usize) -> __m256i {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(rem as i32), idx)
+    }
+
+    /// Largest element of a row, NaN if any element is NaN.
+    #[inline(always)]
+    unsafe fn row_max_nan(x: *const f32, n: usize) -> f32 {
+        let ninf = set(f32::NEG_INFINITY);
+        let (mut m0, mut m1) = (ninf, ninf);
+        let mut nan = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            let (a, b) = (_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(x.add(i + 8)));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b));
+            m0 = _mm256_max_ps(m0, a);
+            m1 = _mm256_max_ps(m1, b);
+            i += 16;
+        }
+        while i < n {
+            let v = if n - i >= 8 { _mm256_loadu_ps(x.add(i)) } else { _mm256_blendv_ps(ninf, _mm256_maskload_ps(x.add(i), tail_mask(n - i)), _mm256_castsi256_ps(tail_mask(n - i))) };
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            m0 = _mm256_max_ps(m0, v);
+            i += 8;
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            return f32::NAN;
+        }
+        hmax(_mm256_max_ps(m0, m1))
+    }
+
+    /// y[i] = exp(x[i] - shift) (x may be y); returns the sum of the new values.
+    #[inline(always)]
+    unsafe fn exp_shift_store_sum(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+        let sh = set(shift);
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            let a = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), sh));
+            let b = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), sh));
+            _mm256_storeu_ps(y.add(i), a);
+            _mm256_storeu_ps(y.add(i + 8), b);
+            s0 = _mm256_add_ps(s0, a);
+            s1 = _mm256_add_ps(s1, b);
+            i += 16;
+        }
+        while i < n {
+            let k = tail_mask((n - i).min(8));
+            let v = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), k), sh));
+            let v = _mm256_and_ps(v, _mm256_castsi256_ps(k));
+            _mm256_maskstore_ps(y.add(i), k, v);
+            s0 = _mm256_add_ps(s0, v);
+            i += 8;
+        }
+        hsum(_mm256_add_ps(s0, s1))
+    }
+
+    /// row[i] = exp(row[i] - shift) for shift >= max(row); returns the sum of the new values.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_shift_sum_avx2(row: &mut [f32], shift: f32) -> f32 {
+        exp_shift_store_sum(row.as_ptr(), row.as_mut_ptr(), row.len(), shift)
+    }
+
+    /// y[i] = x[i] * s (x may be y).
+    #[inline(always)]
+    unsafe fn scale(x: *const f32, y: *mut f32, n: usize, s: f32) {
+        let sv = set(s);
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(y.add(i), _mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sv));
+            i += 8;
+        }
+        for j in i..n {
+            *y.add(j) = *x.add(j) * s;
+        }
+    }
+
+    /// Softmax / log-softmax of one contiguous row whose max is already known to be finite
+    /// or -inf (no NaN): y = exp(x - max) with its sum in the same pass, then one scaling pass
+    /// over y while it is still in cache. Each element's exponential is computed once.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `x` and `y` hold `n` elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_row_avx2(x: *const f32, y: *mut f32, n: usize, log: bool) {
+        if n == 0 {
+            return;
+        }
+        let mx = row_max_nan(x, n);
+        if mx.is_nan() {
+            for k in 0..n {
+                *y.add(k) = f32::NAN;
+            }
+            return;
+        }
+        // an all -inf row gives NaN in PyTorch (exp(-inf + inf)): shift by 0 and divide 0 by 0
+        let shift = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
+        if mx == f32::INFINITY {
+            // exp(x - inf) is NaN for the inf entries and 0 elsewhere: PyTorch gives NaN rows
+            for k in 0..n {
+                *y.add(k) = f32::NAN;
+            }
+            return;
+        }
+        if log {
+            // log-softmax never stores the exponentials: sum them, then one subtracting pass
+            let mut i = 0;
+            let sh = set(shift);
+            let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            while i + 16 <= n {
+                s0 = _mm256_add_ps(s0, exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), sh)));
+                s1 = _mm256_add_ps(s1, exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), sh)));
+                i += 16;
+            }
+            while i < n {
+                let k = tail_mask((n - i).min(8));
+                let v = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), k), sh));
+                s0 = _mm256_add_ps(s0, _mm256_and_ps(v, _mm256_castsi256_ps(k)));
+                i += 8;
+            }
+            let sub = shift + hsum(_mm256_add_ps(s0, s1)).ln();
+            let sv = set(sub);
+            let mut i = 0;
+            while i + 8 <= n {
+                _mm256_storeu_ps(y.add(i), _mm256_sub_ps(_mm256_loadu_ps(x.add(i)), sv));
+                i += 8;
+            }
+            for j in i..n {
+                *y.add(j) = *x.add(j) - sub;
+            }
+            return;
+        }
+        let sum = exp_shift_store_sum(x, y, n, shift);
+        scale(y, y, n, 1.0 / sum);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use imp2::{exp_shift_sum_avx2, softmax_row_avx2, un_avx2};
+
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
     use crate::ew::Un;
+
+    fn reference(op: Un, x: f32) -> f64 {
+        let xd = x as f64;
+        let phi = |x: f64| 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+        match op {
+            Un::Exp => xd.exp(),
+            Un::Sigmoid => 1.0 / (1.0 + (-xd).exp()),
+            Un::Silu => xd / (1.0 + (-xd).exp()),
+            Un::Tanh => xd.tanh(),
+            Un::Relu => xd.max(0.0),
+            _ => {
+                if x == f32::NEG_INFINITY {
+                    f64::NAN
+                } else if x == f32::INFINITY {
+                    f64::INFINITY
+                } else {
+                    xd * phi(xd)
+                }
+            }
+        }
+    }
+
+    fn check_close(op: Un, xs: &[f32], out: &[f32]) {
+        for (&x, &y) in xs.iter().zip(out) {
+            let want = reference(op, x);
+            if want.is_nan() || x.is_nan() {
+                assert!(y.is_nan(), "{op:?}({x}) = {y}, want NaN");
+                continue;
+            }
+            let want = if want.abs() > f32::MAX as f64 { want.signum() * f64::INFINITY } else { want };
+            let err = (y as f64 - want).abs();
+            // float32 assert_close: atol 1e-5, rtol 1.3e-6
+            assert!(err <= 1e-6 + 1.3e-6 * want.abs() || (want.is_infinite() && y as f64 == want), "{op:?}({x}) = {y}, want {want}");
+        }
+    }
+
+    fn inputs() -> Vec<f32> {
+        let mut xs: Vec<f32> = (0..40000).map(|i| -20.0 + i as f32 * 0.001).collect();
+        xs.extend([0.0, -0.0, 1e-30, -1e-30, 0.06, -0.0624, 88.0, 88.5, 88.8, 89.0, -87.2, -87.5, -100.0, -104.5, 200.0]);
+        xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0, 1e-3, -1e-3]);
+        xs
+    }
+
+    #[test]
+    fn avx2_activations_match_reference_at_every_length() {
+        if !crate::isa::has_avx2() {
+            return;
+        }
+        let xs = inputs();
+        let mut out = vec![0f32; xs.len()];
+        for op in [Un::Exp, Un::Sigmoid, Un::Silu, Un::GeluErf, Un::Tanh, Un::Relu] {
+            assert!(unsafe { un_avx2(op, &mut out, &xs) });
+            check_close(op, &xs, &out);
+            // tails: every length below two vectors, at an odd offset
+            for len in 0..17 {
+                let mut o = vec![7f32; len];
+                assert!(unsafe { un_avx2(op, &mut o, &xs[3..3 + len]) });
+                check_close(op, &xs[3..3 + len], &o);
+            }
+        }
+        assert!(!unsafe { un_avx2(Un::Log, &mut out, &xs) });
+    }
+
+    #[test]
+    fn avx2_softmax_rows_match_reference() {
+        if !crate::isa::has_avx2() {
+            return;
+        }
+        for n in [1usize, 3, 7, 8, 9, 15, 16, 17, 33, 100, 2048, 5000] {
+            let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3).collect();
+            let mx = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let sum: f64 = x.iter().map(|&v| (v as f64 - mx).exp()).sum();
+            for log in [false, true] {
+                let mut y = vec![0f32; n];
+                unsafe { softmax_row_avx2(x.as_ptr(), y.as_mut_ptr(), n, log) };
+                for (i, (&v, &got)) in x.iter().zip(&y).enumerate() {
+                    let want = if log { v as f64 - mx - sum.ln() } else { (v as f64 - mx).exp() / sum };
+                    assert!((got as f64 - want).abs() <= 1e-6 + 1e-5 * want.abs(), "n={n} log={log} [{i}]: {got} vs {want}");
+                }
+            }
+        }
+        // NaN anywhere -> NaN row; an all -inf row -> NaN (as PyTorch); -inf entries -> 0
+        let mut y = vec![0f32; 11];
+        let mut x = [1f32; 11];
+        x[9] = f32::NAN;
+        unsafe { softmax_row_avx2(x.as_ptr(), y.as_mut_ptr(), 11, false) };
+        assert!(y.iter().all(|v| v.is_nan()));
+        let x = [f32::NEG_INFINITY; 11];
+        unsafe { softmax_row_avx2(x.as_ptr(), y.as_mut_ptr(), 11, false) };
+        assert!(y.iter().all(|v| v.is_nan()));
+        let mut x = [f32::NEG_INFINITY; 11];
+        x[4] = 2.0;
+        unsafe { softmax_row_avx2(x.as_ptr(), y.as_mut_ptr(), 11, false) };
+        assert!(y.iter().enumerate().all(|(i, &v)| v == if i == 4 { 1.0 } else { 0.0 }));
+    }
 
     #[test]
     fn avx512_activations_match_reference() {
