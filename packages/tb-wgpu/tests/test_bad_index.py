@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tb_wgpu
-import torchburn  # noqa: F401
+import torchburn
 from tb_wgpu.device import WgpuIndexError
 
 
@@ -117,3 +117,22 @@ def test_ignore_index_is_not_an_error() -> None:
 
     t = torch.tensor([0, -100, 4, 1])
     torch.testing.assert_close(_compile(fn)(X, t), fn(X, t))
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+@pytest.mark.parametrize("value", [2**32 + 1, -(2**32) + 1, 2**40])
+def test_int64_index_beyond_int32_is_not_truncated(value: int, emulated: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tb_wgpu.device import context
+
+    if emulated:
+        monkeypatch.setattr(context(), "shader_int64", False)
+    elif not context().shader_int64:
+        pytest.skip("the adapter has no shader-int64")
+    torchburn.clear_cache()  # a cached program would keep the other representation
+    for fn, name in ((_index, "index"), (_index_select, "index_select"), (_nll, "nll_loss")):
+        compiled = _compile(fn)
+        bad = torch.tensor(CASES[name][1], dtype=torch.int64)
+        bad[0] = value  # its low 32 bits are in range: truncating to i32 would read a wrong element
+        with pytest.raises(WgpuIndexError, match="out of bounds"):
+            compiled(X, bad)
+    torchburn.clear_cache()

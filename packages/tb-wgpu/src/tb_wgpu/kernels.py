@@ -26,6 +26,7 @@ from tb_wgpu.lower import (
     LoweringError,
     Op,
     broadcast_shapes,
+    cast,
     const,
     contiguous_strides,
     err_decl,
@@ -557,7 +558,9 @@ def _gather_lazy(L: Lowerer, ctx: Any, src: Any, coords: list[Any], op: str, wra
         if isinstance(c, int):
             parts.append(f"c{c} * {st}u")
         else:
-            args.append(L.as_expr(c, "i32"))
+            e = L.as_expr(c)
+            # int64 indices saturate to i32, so one beyond 2^31 is still caught by the check
+            args.append(Op("i32", "tb_i64_to_index({0})", (e,)) if e.ty == I64 else cast(e, "i32"))
             k = f"{{{len(args) - 1}}}"
             index = f"select({k}, {k} + {tv.shape[d]}, {k} < 0)" if wrap else k
             parts.append(f"u32({index}) * {st}u")
@@ -865,7 +868,7 @@ def _nll_loss(
         IGNORE=int(ignore_index),
         WEIGHT_EXPR=weight_expr,
         T_TYPE=DEV_TYPE[tt.dtype],
-        T_CONV="tb_i64_to_i32" if DEV_TYPE[tt.dtype] == I64 else "i32",
+        T_CONV="tb_i64_to_index" if DEV_TYPE[tt.dtype] == I64 else "i32",
         T_OFF=tt.offset,
         T_S=tt.stride[0],
         X_OFF=tx.offset,

@@ -7,6 +7,12 @@ fn tb_i64_make(lo: u32, hi: u32) -> vec2<u32> { return vec2<u32>(lo, hi); }
 fn tb_i64_from_i32(x: i32) -> vec2<u32> { return vec2<u32>(bitcast<u32>(x), select(0u, 0xffffffffu, x < 0)); }
 fn tb_i64_from_u32(x: u32) -> vec2<u32> { return vec2<u32>(x, 0u); }
 fn tb_i64_to_i32(x: vec2<u32>) -> i32 { return bitcast<i32>(x.x); }
+// An index: saturates outside i32, so an index beyond it stays out of range (bounds checks).
+fn tb_i64_to_index(x: vec2<u32>) -> i32 {
+    let lo = bitcast<i32>(x.x);
+    let fits = x.y == select(0u, 0xffffffffu, lo < 0);
+    return select(select(2147483647, -2147483648, (x.y >> 31u) == 1u), lo, fits);
+}
 fn tb_i64_nz(x: vec2<u32>) -> bool { return (x.x | x.y) != 0u; }
 
 fn tb_i64_add(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {

@@ -8,6 +8,8 @@ fn tb_i64_from_i32(x: i32) -> i64 { return i64(x); }
 fn tb_i64_from_u32(x: u32) -> i64 { return i64(x); }
 fn tb_i64_from_f32(x: f32) -> i64 { return i64(x); }
 fn tb_i64_to_i32(x: i64) -> i32 { return i32(x); }
+// An index: saturates outside i32, so an index beyond it stays out of range (bounds checks).
+fn tb_i64_to_index(x: i64) -> i32 { return i32(clamp(x, i64(-2147483648), i64(2147483647))); }
 fn tb_i64_to_f32(x: i64) -> f32 { return f32(x); }
 fn tb_i64_nz(x: i64) -> bool { return x != 0li; }
 fn tb_i64_add(a: i64, b: i64) -> i64 { return a + b; }
