@@ -1,6 +1,10 @@
 """tb-llm speed on a Qwen2.5-0.5B-shaped model against transformers, in the same run.
 
-    python benchmarks/bench_llm.py [--threads 2] [--prompt-tokens 512] [--new-tokens 32]
+    python benchmarks/bench_llm.py [--threads 2] [--prompt-tokens 512] [--new-tokens 128]
+
+Prefill is timed on a ``--prompt-tokens`` prompt; decode generates ``--new-tokens`` from a
+1-token prompt, as llama-bench's ``-p 512 -n 128`` (pp512 / tg128) rows do, so the rows compare
+with ``bench_llama_cpp.py``'s.
 
 The model has Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate
 4864, vocab 151936, tied embeddings) and random weights, written as bf16 safetensors by this
@@ -177,7 +181,7 @@ def bench_transformers(
 def run(
     threads: int = 2,
     prompt_tokens: int = 512,
-    new_tokens: int = 32,
+    new_tokens: int = 128,
     repeat: int = 2,
     quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"),
     transformers_baseline: bool = True,
@@ -231,8 +235,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 
     lines = [
         f"Measured with `{command}` ({rows[0]['threads']} threads, {platform.machine()}, "
-        f"torch {torch.__version__}; prompt {rows[0]['prompt_tokens']} tokens, {rows[0]['new_tokens']} new tokens, "
-        "median of the runs):",
+        f"torch {torch.__version__}; prefill of a {rows[0]['prompt_tokens']}-token prompt, decode of "
+        f"{rows[0]['new_tokens']} tokens from a {rows[0].get('decode_context', 1)}-token prompt (as llama-bench's "
+        "pp512 / tg128), median of the runs):",
         "",
         "| runtime | weights | prefill tok/s | decode tok/s | ms/token | weight MB | weight GB/s in decode | load s | first token s | load avg |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -268,7 +273,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=512)
-    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--quant", action="append", choices=["fp32", "bf16", "int8", "int4"])
     ap.add_argument("--no-transformers", action="store_true")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from tb_cpu_rust import _native
 from tb_llm.backends import ReferenceBackend
 from tb_llm.errors import BackendError
-from tb_llm.quant import QuantWeight
+from tb_llm.quant import GROUP_SIZES, QuantWeight
 
 
 def _arg(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
@@ -40,8 +40,28 @@ class _Dense:
 
     __slots__ = ("packed", "weight")
 
-    def __init__(self, packed: Any, weight: torch.Tensor) -> None:
+    def __init__(self, packed: Any, weight: torch.Tensor | None) -> None:
         self.packed, self.weight = packed, weight
+
+
+class _PackedRows:
+    """The embedding table read from the prepared (packed) weight, so the model holds one copy
+    of it: ``rows`` dequantizes the requested rows in Rust, with ``QuantWeight.rows``'s numbers."""
+
+    __slots__ = ("kind", "packed", "shape")
+
+    def __init__(self, packed: Any) -> None:
+        self.packed, self.kind, self.shape = packed, packed.kind, packed.shape
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        flat = torch.arange(self.shape[0]) if ids is None else ids.reshape(-1).to(torch.long).contiguous()
+        out = torch.empty(flat.numel(), self.shape[1], dtype=torch.float32)
+        self.packed.rows(_arg(flat), _arg(out))
+        lead = (self.shape[0],) if ids is None else tuple(ids.shape)
+        return out.view(*lead, self.shape[1]).to(dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.rows(None, dtype)
 
 
 class NativeLLMBackend(ReferenceBackend):
@@ -79,12 +99,36 @@ class NativeLLMBackend(ReferenceBackend):
             return _native.llm_pack_int4(_arg(q), _arg(s), _arg(z), w.group_size)
         raise BackendError(f"native_cpu backend: unknown weight kind {w.kind!r}")
 
+    def quantize_linear(self, weight: torch.Tensor, quant: str, group_size: int) -> Any:
+        """Quantize and pack in one native pass over rayon's pool (tb-llm's optional hook):
+        bit for bit the weight ``prepare_linear(tb_llm.quant.quantize(weight, quant, group_size))``
+        gives, without PyTorch's elementwise passes. None (the Python path) for other cases."""
+        if quant not in ("int8", "int4") or weight.dim() != 2 or weight.device.type != "cpu":
+            return None
+        if weight.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        kind = "int4" if quant == "int4" and weight.shape[1] % group_size == 0 else "int8"
+        if kind == "int4" and group_size not in GROUP_SIZES:
+            return None  # tb_llm.quant raises the user-facing error
+        return _native.llm_quantize(_arg(weight.contiguous()), kind, group_size)
+
+    def embedding_table(self, handle: Any) -> Any:
+        """The embedding lookup reads rows of the prepared weight (tb-llm's optional hook), so no
+        torch copy of the embedding / tied head is kept. A dense head then runs every row count
+        on its packed copy too (its torch tensor is dropped)."""
+        packed = getattr(handle, "packed", handle)
+        if not isinstance(packed, _native.LLMWeight):
+            return None
+        if isinstance(handle, _Dense):
+            handle.weight = None
+        return _PackedRows(packed)
+
     # -- kernels ------------------------------------------------------------------------
     def linear(self, x: torch.Tensor, handle: Any, bias: torch.Tensor | None) -> torch.Tensor:
         x = x.float().contiguous()
         packed = handle
         if isinstance(handle, _Dense):
-            if x.shape[0] > self.SMALL_M:
+            if x.shape[0] > self.SMALL_M and handle.weight is not None:
                 # f32 GEMM (bf16 weights widened once per call): the same numbers as the GEMV path
                 y = F.linear(x, handle.weight.float())
                 return y if bias is None else y + bias

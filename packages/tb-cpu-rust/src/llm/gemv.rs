@@ -901,3 +901,81 @@ mod tests {
         assert!(Packed::int4(1, 48, 32, &[0; 24], &[1.0], &[0.0]).is_err());
     }
 }
+
+/// Throughput of the GEMVs on the decode shapes of a Qwen2.5-0.5B-sized model, hot (a matrix
+/// that stays in L2, read over and over) and streamed (matrices far larger than the caches):
+/// `RAYON_NUM_THREADS=2 cargo test --release --lib gemv_throughput -- --ignored --nocapture`.
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use std::time::Instant;
+
+    fn weights(kind: &str, n: usize, k: usize, seed: u64) -> Packed {
+        let mut s = seed;
+        let mut r = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        match kind {
+            "int8" => {
+                let q: Vec<i8> = (0..n * k).map(|_| ((r() % 255) as i32 - 127) as i8).collect();
+                Packed::int8(n, k, &q, &vec![0.01; n]).unwrap()
+            }
+            _ => {
+                let q: Vec<u8> = (0..n * k / 2).map(|_| r() as u8).collect();
+                let g = n * k / 32;
+                Packed::int4(n, k, 32, &q, &vec![0.01; g], &vec![0.001; g]).unwrap()
+            }
+        }
+    }
+
+    fn time(ps: &[Packed], x: &[f32], reps: usize) -> f64 {
+        let isa = detect();
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            for i in 0..reps {
+                let p = &ps[i % ps.len()];
+                let mut y = vec![0f32; p.shape().0];
+                linear(p, &x[..p.shape().1], 1, None, &mut y, isa);
+            }
+            best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+        }
+        best
+    }
+
+    /// A plain read of `bytes` over the pool: the bandwidth a GEMV can hope for right now.
+    fn read_probe(buf: &[u8]) -> f64 {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let s: u64 = buf
+                .par_chunks(1 << 20)
+                .map(|c| c.chunks_exact(8).fold(0u64, |a, b| a ^ u64::from_le_bytes(b.try_into().unwrap())))
+                .reduce(|| 0, |a, b| a ^ b);
+            std::hint::black_box(s);
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        buf.len() as f64 / best / 1e9
+    }
+
+    #[test]
+    #[ignore]
+    fn gemv_throughput() {
+        let x: Vec<f32> = (0..4864).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+        println!("threads {} isa {}", rayon::current_num_threads(), isa_name());
+        let probe = super::super::packed::big_vec(256 << 20, 1u8);
+        for kind in ["int8", "int4"] {
+            println!("read probe {:.1} GB/s", read_probe(&probe));
+            for &(n, k, copies, what) in
+                &[(1024, 896, 1, "hot 1024x896"), (9728, 896, 8, "gate_up 9728x896"), (896, 4864, 8, "down 896x4864"), (151936, 896, 1, "head 151936x896")]
+            {
+                let ps: Vec<Packed> = (0..copies).map(|c| weights(kind, n, k, c as u64 + 1)).collect();
+                let reps = if what.starts_with("hot") { 2000 } else { 40 };
+                let s = time(&ps, &x, reps);
+                let nb = ps[0].nbytes() as f64;
+                println!("{kind} {what:18} {:8.1} us  {:6.1} GB/s  {:6.2} Gweights/s", s * 1e6, nb / s / 1e9, (n * k) as f64 / s / 1e9);
+            }
+        }
+    }
+}

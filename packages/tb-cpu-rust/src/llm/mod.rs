@@ -12,3 +12,4 @@ pub mod model;
 pub mod ops;
 pub mod packed;
 pub mod py;
+pub mod quant;

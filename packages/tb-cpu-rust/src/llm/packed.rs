@@ -12,6 +12,7 @@
 //! * `Bf16` / `F32`: row-major `[N, K]` as given.
 
 use super::act_quant::round_up;
+use rayon::prelude::*;
 
 pub enum Packed {
     Int8 { n: usize, k: usize, kp: usize, w: Vec<u8>, scale: Vec<f32> },
@@ -79,16 +80,17 @@ impl Packed {
     pub fn int8(n: usize, k: usize, q: &[i8], scale: &[f32]) -> Result<Packed> {
         check_len("qweight", q.len(), n * k)?;
         check_len("scales", scale.len(), n)?;
+        if let Some(i) = q.iter().position(|&v| v == i8::MIN) {
+            let r = i / k;
+            return Err(format!("int8 weight row {r} holds -128; tb-llm's int8 layout is symmetric in [-127, 127]"));
+        }
         let kp = round_up(k.max(1), 128);
         let mut w = big_vec(n * kp, 128u8);
-        for r in 0..n {
-            for (d, &v) in w[r * kp..r * kp + k].iter_mut().zip(&q[r * k..(r + 1) * k]) {
-                if v == i8::MIN {
-                    return Err(format!("int8 weight row {r} holds -128; tb-llm's int8 layout is symmetric in [-127, 127]"));
-                }
+        w.par_chunks_mut(kp).zip(q.par_chunks(k.max(1))).for_each(|(dst, src)| {
+            for (d, &v) in dst.iter_mut().zip(src) {
                 *d = (v as i16 + 128) as u8;
             }
-        }
+        });
         Ok(Packed::Int8 { n, k, kp, w, scale: scale.to_vec() })
     }
 
@@ -102,18 +104,46 @@ impl Packed {
         check_len("zeros", zero.len(), n * k / group)?;
         let kp = round_up(k, 128);
         let mut w = big_vec(n * kp / 2, 0u8);
-        for r in 0..n {
-            let src = &packed[r * k / 2..(r + 1) * k / 2];
-            let dst = &mut w[r * kp / 2..(r + 1) * kp / 2];
-            for col in 0..k {
-                let byte = src[col / 2];
-                let v = if col % 2 == 0 { byte & 15 } else { byte >> 4 };
-                let (chunk, i) = (col / 128, col % 128);
-                let at = chunk * 64 + i % 64;
-                dst[at] |= if i < 64 { v } else { v << 4 };
+        w.par_chunks_mut(kp / 2).zip(packed.par_chunks(k / 2)).for_each(|(dst, src)| {
+            int4_pack_row(|c| if c % 2 == 0 { src[c / 2] & 15 } else { src[c / 2] >> 4 }, k, dst)
+        });
+        Ok(Packed::Int4 { n, k, kp, group, w, scale: scale.to_vec(), zero: zero.to_vec() })
+    }
+
+    /// Rows `ids` dequantized to f32 into `out` (`ids.len()` rows of K): the embedding lookup,
+    /// with tb-llm's `QuantWeight.rows` arithmetic (`q * s`; `(q - 8) * s + z`), bit for bit.
+    pub fn rows(&self, ids: &[usize], out: &mut [f32]) -> Result<()> {
+        let (n, k) = self.shape();
+        check_len("out", out.len(), ids.len() * k)?;
+        if let Some(&bad) = ids.iter().find(|&&r| r >= n) {
+            return Err(format!("row {bad} is out of range for a weight of {n} rows"));
+        }
+        for (&r, o) in ids.iter().zip(out.chunks_mut(k.max(1))) {
+            match self {
+                Packed::Int8 { kp, w, scale, .. } => {
+                    for (d, &v) in o.iter_mut().zip(&w[r * kp..r * kp + k]) {
+                        *d = (v as i16 - 128) as f32 * scale[r];
+                    }
+                }
+                Packed::Int4 { kp, group, w, scale, zero, .. } => {
+                    let (row, ng) = (&w[r * kp / 2..(r + 1) * kp / 2], k / group);
+                    for (c, d) in o.iter_mut().enumerate() {
+                        let (chunk, i) = (c / 128, c % 128);
+                        let byte = row[chunk * 64 + i % 64];
+                        let q = if i < 64 { byte & 15 } else { byte >> 4 };
+                        let g = r * ng + c / group;
+                        *d = (q as f32 - 8.0) * scale[g] + zero[g];
+                    }
+                }
+                Packed::Bf16 { w, .. } => {
+                    for (d, &b) in o.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                        *d = f32::from_bits((b as u32) << 16);
+                    }
+                }
+                Packed::F32 { w, .. } => o.copy_from_slice(&w[r * k..(r + 1) * k]),
             }
         }
-        Ok(Packed::Int4 { n, k, kp, group, w, scale: scale.to_vec(), zero: zero.to_vec() })
+        Ok(())
     }
 
     pub fn bf16(n: usize, k: usize, w: &[u16]) -> Result<Packed> {
@@ -128,6 +158,15 @@ impl Packed {
         let mut v = big_vec(n * k, 0f32);
         v.copy_from_slice(w);
         Ok(Packed::F32 { n, k, w: v })
+    }
+}
+
+/// One row of the int4 kernel layout (`dst`, `kp / 2` bytes, zeroed) from the nibble of each
+/// column `c < k` given by `nib(c)`.
+pub fn int4_pack_row(nib: impl Fn(usize) -> u8, k: usize, dst: &mut [u8]) {
+    for col in 0..k {
+        let (chunk, i) = (col / 128, col % 128);
+        dst[chunk * 64 + i % 64] |= if i < 64 { nib(col) } else { nib(col) << 4 };
     }
 }
 

@@ -6,6 +6,7 @@ use super::gemv::{self, detect};
 use super::model::{self, AsPacked, Lin, Model};
 use super::ops::{self, V4};
 use super::packed::Packed;
+use super::quant;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -165,6 +166,23 @@ impl LLMWeight {
             gemv::linear(inner, xs, m, bs, ys, isa);
         }
         Ok(())
+    }
+
+    /// `out[i] = W[ids[i]]` dequantized to float32 (the embedding lookup): `ids` `[M]` int64,
+    /// `out` `[M, K]` float32 contiguous.
+    fn rows(&self, ids: TensorArg, out: TensorArg) -> PyResult<()> {
+        let (n, k) = self.inner.shape();
+        let ids = arg(ids, "ids", "int64", 1, true)?;
+        let out = arg(out, "out", "float32", 2, true)?;
+        same("out", &out.sizes, &[ids.sizes[0], k])?;
+        disjoint(&out, &[&ids])?;
+        // SAFETY: validated above; Python keeps the tensors alive for the call.
+        let (is, os) = unsafe { (ids.slice::<i64>(), out.slice_mut::<f32>()) };
+        let rows = is
+            .iter()
+            .map(|&i| usize::try_from(i).ok().filter(|&r| r < n).ok_or_else(|| err(format!("token id {i} is out of range for {n} rows"))))
+            .collect::<PyResult<Vec<usize>>>()?;
+        self.inner.rows(&rows, os).map_err(err)
     }
 
     #[getter]
@@ -467,6 +485,70 @@ fn llm_pack_dense(weight: TensorArg) -> PyResult<LLMWeight> {
     Ok(LLMWeight { inner })
 }
 
+/// A float32 or bfloat16 `[N, K]` checkpoint weight, validated, as `quant::Src`.
+fn src_arg(weight: TensorArg) -> PyResult<(T, bool)> {
+    let bf16 = weight.3.trim_start_matches("torch.") == "bfloat16";
+    let w = arg(weight, "weight", if bf16 { "bfloat16" } else { "float32" }, 2, true)?;
+    Ok((w, bf16))
+}
+
+/// Quantizes a float32 / bfloat16 `[N, K]` weight (`kind` "int8", or "int4" with `group`)
+/// and packs it for the kernels in one pass, over the rayon pool with the GIL released: the
+/// same weight as `llm_pack_int8` / `llm_pack_int4` of `tb_llm.quant.quantize`'s output.
+#[pyfunction]
+fn llm_quantize(py: Python<'_>, weight: TensorArg, kind: &str, group: usize) -> PyResult<LLMWeight> {
+    let (w, bf16) = src_arg(weight)?;
+    let (n, k) = (w.sizes[0], w.sizes[1]);
+    // SAFETY: validated contiguous descriptor of the dtype `src_arg` checked.
+    let src = unsafe { if bf16 { quant::Src::Bf16(w.slice::<u16>()) } else { quant::Src::F32(w.slice::<f32>()) } };
+    let inner = match kind {
+        "int8" => py.detach(|| quant::packed_int8(src, n, k)),
+        "int4" => py.detach(|| quant::packed_int4(src, n, k, group)),
+        other => return Err(err(format!("llm_quantize: kind must be int8 or int4, got {other:?}"))),
+    }
+    .map_err(err)?;
+    Ok(LLMWeight { inner })
+}
+
+/// The same quantization in tb-llm's own layouts (`tb_llm.quant`), written into `q` (int8
+/// `[N, K]` or uint8 `[N, K / 2]`), `scales` (`[N]` or `[N, K / G]`) and, for int4, `zeros`:
+/// what the tests compare bit for bit with the Python quantizer.
+#[pyfunction]
+#[pyo3(signature = (weight, kind, group, q, scales, zeros=None))]
+fn llm_quantize_layout(weight: TensorArg, kind: &str, group: usize, q: TensorArg, scales: TensorArg, zeros: Option<TensorArg>) -> PyResult<()> {
+    let (w, bf16) = src_arg(weight)?;
+    let (n, k) = (w.sizes[0], w.sizes[1]);
+    // SAFETY: as in `llm_quantize`.
+    let src = unsafe { if bf16 { quant::Src::Bf16(w.slice::<u16>()) } else { quant::Src::F32(w.slice::<f32>()) } };
+    let put = |t: TensorArg, what: &str, dtype: &str, shape: &[usize], data: &[u8]| -> PyResult<()> {
+        let t = arg(t, what, dtype, shape.len(), true)?;
+        same(what, &t.sizes, shape)?;
+        disjoint(&t, &[&w])?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: validated contiguous descriptor of `data.len()` bytes.
+        unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut u8, data.len()) }.copy_from_slice(data);
+        Ok(())
+    };
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+    match kind {
+        "int8" => {
+            let (qv, sv) = quant::int8(src, n, k).map_err(err)?;
+            put(q, "q", "int8", &[n, k], &qv.iter().map(|&v| v as u8).collect::<Vec<u8>>())?;
+            put(scales, "scales", "float32", &[n], &bytes(&sv))
+        }
+        "int4" => {
+            let (pv, sv, zv) = quant::int4(src, n, k, group).map_err(err)?;
+            let z = zeros.ok_or_else(|| err("int4 needs a zeros tensor"))?;
+            put(q, "q", "uint8", &[n, k / 2], &pv)?;
+            put(scales, "scales", "float32", &[n, k / group], &bytes(&sv))?;
+            put(z, "zeros", "float32", &[n, k / group], &bytes(&zv))
+        }
+        other => Err(err(format!("llm_quantize_layout: kind must be int8 or int4, got {other:?}"))),
+    }
+}
+
 /// `out = x / rms(x) * (offset + weight)` over the last dim; x/out `[R, D]`, weight `[D]`.
 #[pyfunction]
 fn llm_rms_norm(x: TensorArg, weight: TensorArg, out: TensorArg, eps: f32, offset: f32) -> PyResult<()> {
@@ -569,6 +651,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(llm_pack_int8, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_int4, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_dense, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_quantize_layout, m)?)?;
     m.add_function(wrap_pyfunction!(llm_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(llm_gated_act, m)?)?;
     m.add_function(wrap_pyfunction!(llm_rope, m)?)?;

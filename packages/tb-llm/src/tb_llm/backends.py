@@ -34,6 +34,15 @@ Optional, for backends that run a whole step natively (no Python per layer):
   values through ``cache.write``, or into ``cache.k[i]`` / ``cache.v[i]`` at slots
   ``cache.length .. cache.length + T``). Returning ``None`` keeps the per-kernel path.
 
+Optional, for faster loading and one copy of the embedding:
+
+* ``quantize_linear(weight, quant, group_size) -> handle | None``: the checkpoint tensor
+  ``[N, K]`` quantized and prepared in one step; must give the handle ``prepare_linear(
+  quantize(weight, quant, group_size))`` would (same numbers). ``None``: tb-llm does that.
+* ``embedding_table(handle) -> table | None``: given the prepared embedding weight (the tied
+  head), an object whose ``rows(ids, dtype)`` and ``kind`` behave as ``QuantWeight``'s, so the
+  model keeps no separate copy for the lookup; ``None``: tb-llm keeps a ``QuantWeight``.
+
 A backend may implement any subset well and inherit the rest from :class:`ReferenceBackend`.
 """
 

@@ -17,7 +17,7 @@ from tb_llm.backends import KernelBackend
 from tb_llm.config import ModelConfig, RopeConfig
 from tb_llm.errors import CheckpointError
 from tb_llm.kv_cache import KVCache
-from tb_llm.quant import QuantWeight, quantize
+from tb_llm.quant import quantize
 from tb_llm.safetensors_io import CheckpointWeights
 
 
@@ -137,9 +137,17 @@ class Decoder:
         def bias(name: str) -> torch.Tensor | None:
             return weights.get(name).to(device=dev, dtype=self.dtype) if name in weights else None
 
+        quantize_linear = getattr(backend, "quantize_linear", None)
+
+        def prepared(w: torch.Tensor, kind: str) -> Any:
+            # A backend may quantize and pack in one native pass (KernelBackend.quantize_linear:
+            # the numbers of tb_llm.quant.quantize); None keeps quantize + prepare_linear.
+            handle = quantize_linear(w, kind, group_size) if quantize_linear is not None else None
+            return handle if handle is not None else backend.prepare_linear(quantize(w, kind, group_size))
+
         def linear(name: str) -> Linear:
             w = weights.get(name + ".weight")
-            handle = backend.prepare_linear(quantize(w, quant, group_size))
+            handle = prepared(w, quant)
             if progress:
                 progress(1)
             return Linear(handle, bias(name + ".bias"), int(w.shape[0]))
@@ -148,16 +156,25 @@ class Decoder:
         # matrix and the most quantization-sensitive one); see KernelBackend.head_quant.
         head_quant = backend.head_quant(quant) if hasattr(backend, "head_quant") else default_head_quant(quant)
         embed = weights.get("model.embed_tokens.weight")
-        self.embed: QuantWeight = quantize(embed, head_quant, group_size)
-        for attr in ("weight", "qweight", "scales", "zeros"):  # the lookup runs on the model's device
-            t = getattr(self.embed, attr)
-            if t is not None:
-                setattr(self.embed, attr, t.to(dev))
+        # A backend that reads embedding rows from its own prepared weight (embedding_table) keeps
+        # one copy of the matrix; otherwise the lookup reads a QuantWeight of its own.
+        table_of = getattr(backend, "embedding_table", None)
+        embed_handle = prepared(embed, head_quant) if table_of is not None else None
+        self.embed: Any = table_of(embed_handle) if table_of is not None else None  # QuantWeight-like: rows()
+        if self.embed is None:
+            qembed = quantize(embed, head_quant, group_size)
+            for attr in ("weight", "qweight", "scales", "zeros"):  # the lookup runs on the model's device
+                t = getattr(qembed, attr)
+                if t is not None:
+                    setattr(qembed, attr, t.to(dev))
+            self.embed = qembed
+            if cfg.tie_word_embeddings and embed_handle is None:
+                embed_handle = backend.prepare_linear(qembed)
         if cfg.tie_word_embeddings:
-            self.lm_head = Linear(backend.prepare_linear(self.embed), None, cfg.vocab_size)
+            self.lm_head = Linear(embed_handle, None, cfg.vocab_size)
         else:
             w = weights.get("lm_head.weight")
-            self.lm_head = Linear(backend.prepare_linear(quantize(w, head_quant, group_size)), None, cfg.vocab_size)
+            self.lm_head = Linear(prepared(w, head_quant), None, cfg.vocab_size)
         self.norm = small("model.norm.weight")
         fam = cfg.family
         self.layers: list[Layer] = []

@@ -1,0 +1,126 @@
+"""Load-time quantization in Rust (``llm_quantize``) against tb-llm's Python quantizer, bit for
+bit, and the embedding lookup that reads rows of the packed weight (``LLMWeight.rows``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+tb_llm = pytest.importorskip(
+    "tb_llm", reason="the LLM backend is tested where tb-llm is installed (nox -s integration)"
+)
+
+from tb_cpu_rust import _native  # noqa: E402
+from tb_cpu_rust.llm import NativeLLMBackend, _arg  # noqa: E402
+from tb_llm.quant import quantize  # noqa: E402
+
+BE = NativeLLMBackend()
+
+
+def _weight(n: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    w = torch.randn(n, k) * 0.02
+    w[0, :32] = 0.25  # a constant group: the scale clamps to 1e-12
+    if n > 2:
+        w[2] = 0.0  # an all-zero row: the int8 scale clamps too
+        w[1, 5] = 3.0  # an outlier
+    # exact halves of the step, where round-half-to-even matters
+    w[-1, :8] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 127.0, 0.0, 1.0]) * 0.01
+    return w.to(dtype)
+
+
+def _rust_layout(w: torch.Tensor, kind: str, group: int) -> tuple[torch.Tensor, ...]:
+    n, k = w.shape
+    if kind == "int8":
+        q, s = torch.empty(n, k, dtype=torch.int8), torch.empty(n)
+        _native.llm_quantize_layout(_arg(w), kind, group, _arg(q), _arg(s))
+        return q, s
+    q, s, z = torch.empty(n, k // 2, dtype=torch.uint8), torch.empty(n, k // group), torch.empty(n, k // group)
+    _native.llm_quantize_layout(_arg(w), kind, group, _arg(q), _arg(s), _arg(z))
+    return q, s, z
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k"), [(1, 32), (5, 96), (33, 896), (17, 4864)])
+def test_int8_bit_identical_to_python(dtype: torch.dtype, n: int, k: int) -> None:
+    w = _weight(n, k, dtype, n * k)
+    py = quantize(w, "int8")
+    q, s = _rust_layout(w, "int8", 32)
+    assert torch.equal(q, py.qweight) and torch.equal(s, py.scales)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize(("n", "k"), [(1, 128), (7, 384), (33, 896), (9, 4864)])
+def test_int4_bit_identical_to_python(dtype: torch.dtype, group: int, n: int, k: int) -> None:
+    w = _weight(n, k, dtype, n + k + group)
+    py = quantize(w, "int4", group)
+    q, s, z = _rust_layout(w, "int4", group)
+    assert torch.equal(q, py.qweight) and torch.equal(s, py.scales) and torch.equal(z, py.zeros)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_from_rust_equals_python_path(quant: str, dtype: torch.dtype) -> None:
+    """The one-pass ``quantize_linear`` handle holds exactly ``prepare_linear(quantize(...))``'s
+    weight: every row dequantizes to the same bits, and both give the same products."""
+    w = _weight(300, 896, dtype, 3)
+    fast = BE.quantize_linear(w, quant, 32)
+    slow = BE.prepare_linear(quantize(w, quant, 32))
+    assert fast is not None and fast.kind == slow.kind == quant and fast.nbytes == slow.nbytes
+    ids = torch.arange(300)
+    a, b = torch.empty(300, 896), torch.empty(300, 896)
+    fast.rows(_arg(ids), _arg(a))
+    slow.rows(_arg(ids), _arg(b))
+    assert torch.equal(a, b)
+    x = torch.randn(3, 896)
+    assert torch.equal(BE.linear(x, fast, None), BE.linear(x, slow, None))
+
+
+def test_quantize_linear_declines_what_it_does_not_do() -> None:
+    w = torch.randn(8, 64)
+    assert BE.quantize_linear(w, "bf16", 32) is None
+    assert BE.quantize_linear(w.half(), "int8", 32) is None
+    assert BE.quantize_linear(torch.randn(8, 96), "int4", 48) is None  # tb_llm.quant raises its own error
+    # K not a multiple of the group: int8, as tb_llm.quant.quantize stores it
+    odd = BE.quantize_linear(torch.randn(8, 48), "int4", 32)
+    assert odd is not None and odd.kind == "int8"
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8", "int4"])
+def test_embedding_rows_match_quantweight_rows(kind: str) -> None:
+    torch.manual_seed(1)
+    qw = quantize(torch.randn(50, 256), kind, 64)
+    table = BE.embedding_table(BE.prepare_linear(qw))
+    ids = torch.tensor([[3, 0, 49], [7, 7, 1]])
+    assert table is not None and table.kind == kind
+    got = table.rows(ids, torch.float32)
+    assert got.shape == (2, 3, 256)
+    assert torch.equal(got, qw.rows(ids, torch.float32))
+    assert torch.equal(BE.embedding(ids, table), _ref_embed(ids, qw))
+
+
+def _ref_embed(ids: torch.Tensor, qw) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    from tb_llm.backends import ReferenceBackend
+
+    return ReferenceBackend("cpu").embedding(ids, qw).float()
+
+
+def test_rows_rejects_bad_ids() -> None:
+    w = BE.prepare_linear(quantize(torch.randn(4, 32), "int8"))
+    out = torch.empty(1, 32)
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match="out of range"):
+            w.rows(_arg(torch.tensor([bad])), _arg(out))
+    with pytest.raises(ValueError):
+        w.rows(_arg(torch.tensor([0, 1])), _arg(out))
+
+
+def test_bad_quantize_arguments_raise() -> None:
+    w = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="int8 or int4"):
+        _native.llm_quantize(_arg(w), "int3", 32)
+    with pytest.raises(ValueError, match="group size"):
+        _native.llm_quantize(_arg(w), "int4", 48)
+    with pytest.raises(ValueError, match="dtype"):
+        _native.llm_quantize(_arg(w.half()), "int8", 32)
