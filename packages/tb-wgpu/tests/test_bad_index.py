@@ -136,3 +136,21 @@ def test_int64_index_beyond_int32_is_not_truncated(value: int, emulated: bool, m
         with pytest.raises(WgpuIndexError, match="out of bounds"):
             compiled(X, bad)
     torchburn.clear_cache()
+
+
+def test_error_words_share_no_buffer_with_earlier_temporaries() -> None:
+    """Temporaries written and dead before the first indexing kernel must not reuse the error
+    words' buffer (cleared once, before every dispatch): in-range calls never raise. (The case
+    that caught it is test_int64's causal-LM mask; this one is a smaller partition of the shape.)"""
+
+    def fn(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        a = torch.cumsum(torch.arange(20).reshape(4, 5) + 7, dim=1)  # int64 temporaries, dead below
+        b = torch.softmax(x.sum(dim=1), dim=0)
+        return x[i] * b[i].unsqueeze(1) + a.sum()
+
+    compiled = _compile(fn)
+    for idx in ([0, 3, -1], [2], [-4, 1, 1, 0]):
+        i = torch.tensor(idx)
+        torch.testing.assert_close(compiled(X, i), fn(X, i))
+    with pytest.raises(WgpuIndexError):
+        compiled(X, torch.tensor([4]))

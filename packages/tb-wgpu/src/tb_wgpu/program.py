@@ -91,8 +91,11 @@ class Program:
             for sid in (*launch.inputs, *launch.outputs):
                 last[sid] = i
         outputs = {v.storage for v in self.lowered.outputs if isinstance(v, TV)}
-        if self.lowered.err_storage is not None:
-            outputs.add(self.lowered.err_storage)  # written by many launches, read back: never shared
+        err = self.lowered.err_storage
+        if err is not None:
+            # cleared before the first dispatch, written by many: a buffer no temporary shares
+            outputs.add(err)
+            self.buffers[err] = self._acquire(max(storages[err].nbytes, 4))
         free: list[Any] = []
         inputs = {sid for sid, _ in self.input_storages}
         written = {sid for launch in self.launches for sid in launch.outputs}
