@@ -380,3 +380,25 @@ def test_fused_step_rejects_bad_descriptors(ckpt) -> None:  # type: ignore[no-un
         step.native.step(_arg(alias), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
     with pytest.raises(ValueError, match="overlap"):
         _native.LLMKVCache([_arg(cache.k[0]), _arg(cache.k[0])], [_arg(cache.v[0]), _arg(cache.v[1])])
+
+
+def test_server_slot_caches_take_the_per_kernel_path(ckpt) -> None:  # type: ignore[no-untyped-def]
+    """tb-llm's server keeps one cache row per request, each at its own length (SlotCache views):
+    the fused step hands those to the per-kernel path, with the same logits as a plain cache."""
+    from tb_llm import LLM
+    from tb_llm.serve.slot_cache import SlotCache
+
+    model = LLM.from_pretrained(ckpt("llama"), quant="fp32", device="cpu", engine="native_cpu").model
+    assert model._fused is not None
+    cfg = model.cfg
+    slots = SlotCache(cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim, 8, torch.float32, torch.device("cpu"))
+    prompts, nxt = [[5, 9, 11], [12, 4, 7, 8]], [3, 6]
+    want = []
+    for row, p in enumerate(prompts):
+        ids, pos = torch.tensor([p]), torch.arange(len(p))[None]
+        plain = model.new_cache(1, 8)
+        first = model.reference_forward(ids, pos, plain, True)
+        torch.testing.assert_close(model._fused(ids, pos, slots.prefill_view(row), True), first, rtol=1e-4, atol=1e-4)
+        want.append(model.reference_forward(torch.tensor([[nxt[row]]]), torch.tensor([[len(p)]]), plain, True))
+    got = model._fused(torch.tensor(nxt)[:, None], torch.tensor([[3], [4]]), slots.decode_view(2), True)
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-4, atol=1e-4)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from tb_cpu_rust import _native
 from tb_llm.backends import ReferenceBackend
 from tb_llm.errors import BackendError
+from tb_llm.kv_cache import KVCache
 from tb_llm.quant import GROUP_SIZES, QuantWeight
 
 
@@ -274,7 +275,10 @@ class _FusedStep:
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, last_only: bool = True) -> torch.Tensor:
         b, t = ids.shape
         dec = self.decoder
-        if b * t > self.small_m and t > 1:
+        # The native step owns tb-llm's KVCache layout (every row at the same length). Other
+        # caches (the server's per-slot views, where each row writes at its own offset) go
+        # through the per-kernel path, which only uses their begin / write / commit protocol.
+        if b * t > self.small_m and t > 1 or not isinstance(cache, KVCache):
             return dec.reference_forward(ids, positions, cache, last_only)
         with torch.inference_mode():
             cache.begin(positions)
