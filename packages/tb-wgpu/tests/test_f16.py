@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchburn
 from tb_wgpu import support
@@ -314,15 +315,76 @@ def test_without_shader_f16_float16_nodes_are_refused(monkeypatch: pytest.Monkey
 
 
 def test_ops_without_f16_kernels_still_refuse_float16() -> None:
-    """cumsum (like var, prod, rms_norm, argmax, nll_loss) has no float16 path: refused, with why."""
+    """arange into float16 has no float16 path: refused, with why."""
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(x, dim=1)
+        return x + torch.arange(8, dtype=torch.float16)
 
     torch._dynamo.reset()
     explanation = torchburn.explain(f, _h(4, 8), options={"engine": "wgpu"})
-    reasons = explanation.fallback_reasons.get("aten.cumsum.default", set())
+    reasons = {r for op, rs in explanation.fallback_reasons.items() if op.startswith("aten.arange") for r in rs}
     assert any("float16" in r for r in reasons), str(explanation)
+
+
+def test_rms_norm() -> None:
+    """torch.compile sees F.rms_norm (and aten._fused_rms_norm, CompositeImplicit) decomposed:
+    f32 statistics of the f16 input, f32 x f16 products, one rounding to f16 at the end."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple:
+        out, rstd = torch.ops.aten._fused_rms_norm.default(x, [64], w, 1e-5)
+        return out, rstd, F.rms_norm(x, (11, 64), eps=1e-5), F.rms_norm(x, (64,), w)
+
+    _check(
+        f,
+        _h(3, 11, 64, scale=2.0),
+        _h(64, seed=1),
+        tol=TIGHT,
+        native={"aten.mean.dim", "aten.rsqrt.default", "aten.mul.Tensor"},
+    )
+
+
+def test_var_std_prod() -> None:
+    def f(x: torch.Tensor) -> tuple:
+        return (
+            x.var(dim=1),
+            x.std(dim=-1, keepdim=True),
+            torch.var(x, dim=(0, 2), correction=0),
+            x.prod(dim=1),
+        )
+
+    # prod over 9 values near 1 stays O(1): f16 rounds it once, like eager's f32-then-round
+    x = (1.0 + _h(5, 9, 13, scale=0.2).float()).half()
+    _check(f, x, tol=TIGHT, native={"aten.var.correction", "aten.prod.dim_int"})
+
+
+def test_cumsum() -> None:
+    def f(x: torch.Tensor) -> tuple:
+        return torch.cumsum(x, dim=1), torch.cumsum(x, dim=-1)
+
+    _check(f, _h(4, 40, 7, scale=0.5), tol=LOOSE, native={"aten.cumsum.default"})
+
+
+def test_argmax_argmin() -> None:
+    def f(x: torch.Tensor) -> tuple:
+        return x.argmax(dim=1), x.argmin(dim=-1), x.argmax()
+
+    x = _h(6, 70, 5, scale=3.0)
+    x[2, 10, 1] = x[2, 40, 1] = 100.0  # ties: the first index wins, as torch
+    _check(f, x, tol={"rtol": 0.0, "atol": 0.0}, native={"aten.argmax.default", "aten.argmin.default"})
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss(reduction: str) -> None:
+    def f(x: torch.Tensor, t: torch.Tensor, w: torch.Tensor) -> tuple:
+        logp = torch.log_softmax(x, dim=1)
+        return (
+            torch.nn.functional.nll_loss(logp, t, reduction=reduction),
+            torch.nn.functional.nll_loss(logp, t, weight=w, reduction=reduction, ignore_index=2),
+        )
+
+    t = torch.tensor([0, 4, 2, 1, 6, 6, 3, 0, 5, 2])
+    w = (_h(7, seed=2).float().abs() + 0.5).half()
+    _check(f, _h(10, 7, scale=2.0), t, w, tol=TIGHT, native={"aten.nll_loss_forward.default"})
 
 
 def test_f16_vs_f32_timing_is_reported(capsys: pytest.CaptureFixture[str]) -> None:

@@ -347,7 +347,7 @@ def _var(L: Lowerer, ctx: Any, x: Any, dim: Any = None, *, correction: Any = Non
     tv, kept, r, _ = _rows(L, x, dims)
     rows = math.prod(kept) if kept else 1
     c = 1.0 if correction is None else float(correction)
-    out = L.new_tv(tuple(ctx.out.shape), torch.float32)
+    out = L.new_tv(tuple(ctx.out.shape), ctx.out.dtype)  # float32 or float16 (f32 moments)
     denom = f32_literal(max(r - c, 0.0))
     src = shaders.render("moments", ROWS_PRELUDE=shaders.source("rows_prelude"), R=r, ROWS=rows, DENOM=denom)
     if rows:
@@ -449,10 +449,10 @@ def _rms_norm(
     dims = list(range(rank - len(normalized_shape), rank))
     tv, kept, r, _ = _rows(L, x, dims)
     rows = math.prod(kept) if kept else 1
-    out = L.new_tv(tv.shape, torch.float32)
-    rstd = L.new_tv(tuple(ctx.out[1].shape), torch.float32)
+    out = L.new_tv(tv.shape, ctx.out[0].dtype)  # float32 or float16 (f32 statistics)
+    rstd = L.new_tv(tuple(ctx.out[1].shape), ctx.out[1].dtype)
     w = L.contiguous(weight) if weight is not None else None
-    e = torch.finfo(torch.float32).eps if eps is None else float(eps)
+    e = torch.finfo(tv.dtype).eps if eps is None else float(eps)
     src = shaders.render(
         "rms_norm",
         ROWS_PRELUDE=shaders.source("rows_prelude"),
@@ -849,8 +849,8 @@ def _nll_loss(
 ) -> tuple[TV, TV]:
     tx, tt = L.as_tv(x), L.as_tv(target)
     n, c = tx.shape
-    out = L.new_tv(tuple(ctx.out[0].shape), torch.float32)
-    total = L.new_tv(tuple(ctx.out[1].shape), torch.float32)
+    out = L.new_tv(tuple(ctx.out[0].shape), ctx.out[0].dtype)  # float32 or float16 (f32 sums)
+    total = L.new_tv(tuple(ctx.out[1].shape), ctx.out[1].dtype)
     inputs = [tx.storage, tt.storage]
     if weight is not None:
         tw = L.as_tv(weight)

@@ -237,6 +237,14 @@ F16_OPS: frozenset[str] = (
             "aten.index_select.default",
             "aten.gather.default",
             "aten.index.Tensor",
+            # row kernels: f32 statistics / running sums / products, f16 loads and stores
+            "aten._fused_rms_norm.default",
+            "aten.var.correction",
+            "aten.prod.dim_int",
+            "aten.cumsum.default",
+            "aten.argmax.default",
+            "aten.argmin.default",
+            "aten.nll_loss_forward.default",
         }
     )
     | _F16_ELEMENTWISE
@@ -287,15 +295,14 @@ def _dtype_roles(node: Any) -> str | None:
         if node.inputs[0].dtype not in FLOATS or node.inputs[1].dtype not in INDEX:
             return "embedding needs float32/float16 weights and integer indices"
     elif op == "aten.nll_loss_forward.default":
-        if node.inputs[0].dtype != F32 or node.inputs[1].dtype not in INDEX:
-            return "needs float32 log-probabilities and integer targets"
+        if node.inputs[0].dtype not in FLOATS or node.inputs[1].dtype not in INDEX:
+            return "needs float32/float16 log-probabilities and integer targets"
+        if any(m.dtype != node.inputs[0].dtype for m in (*node.inputs[2:], *outs)):
+            return "nll_loss with mixed float dtypes"
     elif op in ("aten.index_select.default", "aten.gather.default"):
         if node.inputs[1].dtype not in INDEX:
             return "needs integer indices"
-    elif op in ("aten.argmax.default", "aten.argmin.default"):
-        if node.inputs[0].dtype != F32:
-            return "needs float32 input"
-    elif op == "aten.max_pool2d_with_indices.default":
+    elif op in ("aten.argmax.default", "aten.argmin.default") or op == "aten.max_pool2d_with_indices.default":
         if node.inputs[0].dtype not in FLOATS:
             return "needs float32/float16 input"
     elif op == "aten._to_copy.default":
@@ -324,8 +331,9 @@ def _dtype_roles(node: Any) -> str | None:
         if any(m.dtype not in INTEGER for m in node.inputs) or any(isinstance(a, float) for a in node.args):
             return "int64 arithmetic with a non-integer operand"
     elif op in INT64_OPS and outs and outs[0].dtype == F32:
-        # float32 + int64 promotes to float32: torch converts the integers (rounded once) first.
-        if any(m.dtype not in (F32, *INTEGER) for m in node.inputs):
+        # float32 + int64 promotes to float32: torch converts the integers (rounded once) first;
+        # float16 operands promote exactly (float16 loads widen to f32).
+        if any(m.dtype not in (*FLOATS, *INTEGER) for m in node.inputs):
             return "float32 only"
     elif op in INT_REDUCE and outs and outs[0].dtype == I64:
         ok = INTEGER if op.startswith("aten.sum") else (I64,)
@@ -333,7 +341,8 @@ def _dtype_roles(node: Any) -> str | None:
             return f"{op} of {node.inputs[0].dtype} into int64"
     elif op == "aten.cumsum.default":
         out = outs[0].dtype
-        if not ((out == F32 and node.inputs[0].dtype == F32) or (out == I64 and node.inputs[0].dtype in INTEGER)):
+        floats = out in FLOATS and node.inputs[0].dtype == out
+        if not (floats or (out == I64 and node.inputs[0].dtype in INTEGER)):
             return f"cumsum of {node.inputs[0].dtype} into {out}"
     elif op in ARANGE:
         # Integer start and step: every value is an integer, exact in int64 and rounded once to
