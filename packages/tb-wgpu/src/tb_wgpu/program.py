@@ -102,7 +102,7 @@ class Program:
         for s in storages:
             # never written by a launch (an empty tensor's storage, possibly read by a kernel that
             # loops zero times over it): a buffer of its own, never shared
-            if s.id not in inputs and s.id not in written:
+            if s.id not in inputs and s.id not in written and s.id not in self.buffers:
                 self.buffers[s.id] = self._acquire(max(s.nbytes, 4))
         for i, launch in enumerate(self.launches):
             for sid in launch.outputs:
