@@ -497,6 +497,11 @@ impl Scalar for f32 {
                     return;
                 }
             }
+            if matches!(op, Un::Sin | Un::Cos) && crate::isa::has_avx2() {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above)
+                unsafe { crate::vtrig::sincos_avx2(x, a, op == Un::Cos) };
+                return;
+            }
         }
         macro_rules! map {
             ($v:ident => $e:expr) => {

@@ -12,6 +12,7 @@ pub mod attention;
 pub mod conv;
 pub mod conv3d;
 pub mod conv_transpose;
+pub mod eager;
 pub mod ew;
 pub mod exec;
 pub mod gemm;
@@ -24,6 +25,7 @@ pub mod ops;
 pub mod pool3d;
 pub mod tensor;
 pub mod vmath;
+pub mod vtrig;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -103,6 +105,27 @@ fn validate_tensor(ptr: usize, sizes: Vec<i64>, strides: Vec<i64>, dtype: &str) 
     Ok(ext)
 }
 
+/// out = op(inp) over `n` contiguous float32 elements (`eager.rs`): the caller vouches that both
+/// pointers address `n` elements of live tensors that are the same buffer or do not overlap.
+#[pyfunction]
+fn unary_f32(py: Python<'_>, op: usize, src: usize, dst: usize, n: usize) -> PyResult<()> {
+    let un = eager::check(op, src, dst, n).map_err(err)?;
+    if eager::parallel(n) {
+        // SAFETY: the caller's contract above; the tensors outlive the call (Python holds them)
+        py.detach(move || unsafe { eager::run(un, src, dst, n) });
+    } else {
+        // SAFETY: as above
+        unsafe { eager::run(un, src, dst, n) };
+    }
+    Ok(())
+}
+
+/// The op names `unary_f32` takes, by code.
+#[pyfunction]
+fn unary_ops() -> Vec<&'static str> {
+    eager::op_names()
+}
+
 #[pyfunction(name = "isa")]
 fn isa_name() -> &'static str {
     isa::describe()
@@ -131,6 +154,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(set_gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(unary_f32, m)?)?;
+    m.add_function(wrap_pyfunction!(unary_ops, m)?)?;
     llm::py::register(m)?;
     Ok(())
 }

@@ -453,3 +453,44 @@ cdef inline object _bind(int kind, object value, list values):
     for item in value:
         out.append(_bind(<int>item[0], item[1], values))
     return out if kind == 2 else tuple(out)
+
+
+# -- unary functions (turbo_torch.sin & co., tb_cython_dispatch.native_unary) -------------------
+cdef object _empty_like = torch.empty_like
+cdef object _functorch_active = torch._C._are_functorch_transforms_active
+cdef object _fwd_ad = torch.autograd.forward_ad
+cdef bint _NAMED = hasattr(torch.Tensor, "has_names")  # named tensors (gone in newer torch)
+cdef int _NAT_NATIVE = _native_mod.NATIVE
+
+
+cpdef object unary_native(object kernel, int code, object x):
+    """op(x) by tb-cpu-rust's kernel into a fresh tensor (x: contiguous float32 CPU, checked)."""
+    cdef object y = _empty_like(x)
+    kernel(code, x.data_ptr(), y.data_ptr(), x.numel())
+    return y
+
+
+cpdef object unary_call(Site site, object fn, object x):
+    """``fn(x)`` for a torch unary function, natively when the call's entry decided so.
+
+    The entry (by element count) is looked up first, so a signature decided for PyTorch pays
+    only that lookup; the full "nothing would observe this" check runs only before native calls.
+    """
+    cdef object nat
+    cdef int state
+    if not CACHE.enabled or type(x) is not _Tensor or _is_tracing():  # traced: numel() is a tensor
+        return fn(x)
+    nat = (<tuple>site.lookup(None, x.numel()))[0]
+    if nat is None:
+        return fn(x)
+    state = nat.state
+    if state >= _NAT_DECIDED_TORCH or not _NAT["enabled"]:
+        return fn(x)
+    if (x.requires_grad and _is_grad_enabled()) or x.dtype is not _f32 or x.layout is not _strided \
+            or not x.is_cpu or not x.is_contiguous() or x.is_neg() or (_NAMED and x.has_names()) \
+            or _fn_mode() or _dispatch_depth() or _profiling() or _functorch_active() \
+            or _fwd_ad._current_level >= 0:
+        return fn(x)
+    if state == _NAT_NATIVE:
+        return unary_native(nat.kernel, nat.code, x)
+    return nat.call(x, fn, unary_native)

@@ -350,3 +350,52 @@ def _bind(kind: int, value: Any, values: list[Any]) -> Any:
         return values[value]
     out = [_bind(k, v, values) for k, v in value]
     return out if kind == 2 else tuple(out)
+
+
+# -- unary functions (turbo_torch.sin & co., tb_cython_dispatch.native_unary) -------------------
+_empty_like = torch.empty_like
+_functorch_active = torch._C._are_functorch_transforms_active
+_fwd_ad = torch.autograd.forward_ad
+_NAMED = hasattr(torch.Tensor, "has_names")  # named tensors (gone in newer torch)
+_NAT_NATIVE = _native_mod.NATIVE
+
+
+def unary_native(kernel: Any, code: int, x: Any) -> Any:
+    """op(x) by tb-cpu-rust's kernel into a fresh tensor (x: contiguous float32 CPU, checked)."""
+    y = _empty_like(x)
+    kernel(code, x.data_ptr(), y.data_ptr(), x.numel())
+    return y
+
+
+def unary_call(site: Site, fn: Any, x: Any) -> Any:
+    """``fn(x)`` for a torch unary function, natively when the call's entry decided so.
+
+    The entry (by element count) is looked up first, so a signature decided for PyTorch pays
+    only that lookup; the full "nothing would observe this" check runs only before native calls.
+    """
+    if not CACHE.enabled or type(x) is not _Tensor or _is_tracing():  # traced: numel() is a tensor
+        return fn(x)
+    nat = site.lookup(None, x.numel())[0]
+    if nat is None:
+        return fn(x)
+    state = nat.state
+    if state >= _NAT_DECIDED_TORCH or not _NAT["enabled"]:
+        return fn(x)
+    if (
+        (x.requires_grad and _is_grad_enabled())
+        or x.dtype is not _f32
+        or x.layout is not _strided
+        or not x.is_cpu
+        or not x.is_contiguous()
+        or x.is_neg()
+        or (_NAMED and x.has_names())
+        or _fn_mode()
+        or _dispatch_depth()
+        or _profiling()
+        or _functorch_active()
+        or _fwd_ad._current_level >= 0
+    ):
+        return fn(x)
+    if state == _NAT_NATIVE:
+        return unary_native(nat.kernel, nat.code, x)
+    return nat.call(x, fn, unary_native)

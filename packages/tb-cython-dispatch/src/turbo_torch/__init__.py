@@ -2,7 +2,9 @@
 
 Every name of ``torch`` resolves here (tensors are real ``torch.Tensor`` objects), and every
 submodule imports under this name too (``turbo_torch.utils.data`` is ``torch.utils.data``).
-What differs is the hot paths of ``turbo_torch.nn`` (module calls without hooks, ``Sequential``
+What differs is the functions ``sin``, ``cos`` and ``tanh`` (cached per signature, and run by
+tb-cpu-rust's SIMD kernels where that measured faster; see ``tb_cython_dispatch.native_unary``),
+the hot paths of ``turbo_torch.nn`` (module calls without hooks, ``Sequential``
 as a cached plan, ``Linear`` and activations bound to their ATen entries) and
 ``turbo_torch.optim`` (Adam, AdamW and SGD steps as multi-tensor updates). Results are
 bit-identical to PyTorch's, except a ``Sequential`` entry that decided (by timing, where
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch as _torch
 
-from turbo_torch import _alias, nn, optim
+from turbo_torch import _alias, _unary, nn, optim
 from turbo_torch._cache import (
     cache_enabled,
     cache_info,
@@ -34,6 +36,9 @@ from turbo_torch._cache import (
 )
 
 _alias.install()
+
+# sin, cos, tanh: cached, and native where measured faster
+globals().update(_unary.FUNCTIONS)
 
 __version__ = _torch.__version__
 

@@ -15,7 +15,9 @@ from typing import Any
 
 PREFIX = "turbo_torch."
 # Submodules that exist as files of this package; everything else is an alias.
-OWN = frozenset({"turbo_torch._alias", "turbo_torch._cache", "turbo_torch.nn", "turbo_torch.optim"})
+OWN = frozenset(
+    {"turbo_torch._alias", "turbo_torch._cache", "turbo_torch._unary", "turbo_torch.nn", "turbo_torch.optim"}
+)
 
 
 class _AliasLoader(importlib.abc.Loader):

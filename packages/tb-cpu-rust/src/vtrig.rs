@@ -1,0 +1,166 @@
+//! sin and cos for AVX2+FMA CPUs, eight lanes at a time.
+//!
+//! Range reduction: k = round(x·2/π), r = x − k·π/2 with π/2 split into three float32 parts
+//! (Cody–Waite); the first part has 8 significant bits, so k·C1 is exact for |k| < 2^16, and the
+//! two later subtractions are fused multiply-adds (one rounding each). That keeps |error of r|
+//! near 1e-7 for |x| ≤ `REDUCE_MAX`; lanes beyond it (±inf included) take the scalar libm
+//! function, so large arguments keep full accuracy, and NaN stays NaN. On |r| ≤ π/4 the Taylor series to r^9 (sin) and r^10 (cos) are
+//! below 2e-9 in error; the quadrant (k mod 4) picks sin or cos of r and the sign.
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    /// Beyond this |x| a vector takes the scalar path (k·C1 must stay exact: |k| < 2^16).
+    pub const REDUCE_MAX: f32 = 65536.0;
+
+    const C1: f32 = 1.570_312_5; // 201/128: 8 significant bits
+    const C2: f32 = (std::f64::consts::FRAC_PI_2 - 1.570_312_5) as f32;
+    const C3: f32 = (std::f64::consts::FRAC_PI_2 - 1.570_312_5 - C2 as f64) as f32;
+
+    #[inline(always)]
+    unsafe fn set(v: f32) -> __m256 {
+        _mm256_set1_ps(v)
+    }
+
+    /// sin(r) for |r| ≤ π/4: r + r³(−1/3! + r²(1/5! + r²(−1/7! + r²/9!))).
+    #[inline(always)]
+    unsafe fn sin_poly(r: __m256, r2: __m256) -> __m256 {
+        let mut p = set(1.0 / 362_880.0);
+        for c in [-1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0] {
+            p = _mm256_fmadd_ps(p, r2, set(c));
+        }
+        _mm256_fmadd_ps(_mm256_mul_ps(p, r2), r, r)
+    }
+
+    /// cos(r) for |r| ≤ π/4: 1 − r²/2 + r⁴(1/4! + r²(−1/6! + r²(1/8! − r²/10!))).
+    #[inline(always)]
+    unsafe fn cos_poly(r2: __m256) -> __m256 {
+        let mut p = set(-1.0 / 3_628_800.0);
+        for c in [1.0 / 40_320.0, -1.0 / 720.0, 1.0 / 24.0] {
+            p = _mm256_fmadd_ps(p, r2, set(c));
+        }
+        let r4 = _mm256_mul_ps(r2, r2);
+        _mm256_fmadd_ps(p, r4, _mm256_fnmadd_ps(set(0.5), r2, set(1.0)))
+    }
+
+    /// sin (cos when `cosine`) of eight lanes whose |x| ≤ REDUCE_MAX or NaN/inf.
+    #[inline(always)]
+    unsafe fn sincos(x: __m256, cosine: bool) -> __m256 {
+        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, set(std::f32::consts::FRAC_2_PI)));
+        let r = _mm256_fnmadd_ps(k, set(C1), x);
+        let r = _mm256_fnmadd_ps(k, set(C2), r);
+        let r = _mm256_fnmadd_ps(k, set(C3), r);
+        let r2 = _mm256_mul_ps(r, r);
+        let s = sin_poly(r, r2);
+        let c = cos_poly(r2);
+        // sin(x) = [s, c, −s, −c][q]; cos(x) = sin(x + π/2), i.e. quadrant q + 1
+        let mut q = _mm256_cvtps_epi32(k);
+        if cosine {
+            q = _mm256_add_epi32(q, _mm256_set1_epi32(1));
+        }
+        let odd = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(q)); // sign bit set when q is odd
+        let y = _mm256_blendv_ps(s, c, odd);
+        let neg = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(_mm256_srli_epi32::<1>(q)));
+        // NaN/inf inputs: r is already NaN (inf − inf), and an xor of the sign keeps it NaN
+        _mm256_xor_ps(y, _mm256_and_ps(neg, set(-0.0)))
+    }
+
+    /// Eight lanes, any value: lanes beyond REDUCE_MAX take the scalar libm function.
+    #[inline(always)]
+    unsafe fn lanes(x: __m256, cosine: bool) -> __m256 {
+        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(set(-0.0), x), set(REDUCE_MAX));
+        let mut y = sincos(x, cosine);
+        if !cosine {
+            // sin(±0) = ±0 (the reduction's subtractions would turn −0 into +0)
+            y = _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_setzero_ps()));
+        }
+        if _mm256_movemask_ps(big) != 0 {
+            let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(xs.as_mut_ptr(), x);
+            _mm256_storeu_ps(ys.as_mut_ptr(), y);
+            for (o, &v) in ys.iter_mut().zip(&xs) {
+                if v.abs() > REDUCE_MAX {
+                    *o = if cosine { v.cos() } else { v.sin() };
+                }
+            }
+            y = _mm256_loadu_ps(ys.as_ptr());
+        }
+        y
+    }
+
+    /// out[i] = sin(inp[i]) (or cos).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn sincos_avx2(out: &mut [f32], inp: &[f32], cosine: bool) {
+        let n = out.len().min(inp.len());
+        let (ip, op) = (inp.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(op.add(i), lanes(_mm256_loadu_ps(ip.add(i)), cosine));
+            i += 8;
+        }
+        if i < n {
+            let mut buf = [0f32; 8];
+            buf[..n - i].copy_from_slice(&inp[i..n]);
+            _mm256_storeu_ps(buf.as_mut_ptr(), lanes(_mm256_loadu_ps(buf.as_ptr()), cosine));
+            out[i..n].copy_from_slice(&buf[..n - i]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use imp::{sincos_avx2, REDUCE_MAX};
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    fn check(xs: &[f32], cosine: bool) {
+        let mut out = vec![0f32; xs.len()];
+        // SAFETY: guarded by the feature check below
+        unsafe { sincos_avx2(&mut out, xs, cosine) };
+        for (&x, &y) in xs.iter().zip(&out) {
+            let want = if cosine { (x as f64).cos() } else { (x as f64).sin() };
+            if want.is_nan() {
+                assert!(y.is_nan(), "f({x}) = {y}, want NaN");
+                continue;
+            }
+            let tol = 1e-6 + 1.5e-6 * want.abs();
+            assert!((y as f64 - want).abs() <= tol, "cos={cosine} f({x}) = {y}, want {want}");
+        }
+    }
+
+    #[test]
+    fn matches_f64_reference_over_the_reduction_range_and_beyond() {
+        if !crate::isa::has_avx2() {
+            return;
+        }
+        let mut xs: Vec<f32> = (-20_000..20_000).map(|i| i as f32 * 0.01).collect();
+        xs.extend((0..4000).map(|i| (i as f32 - 2000.0) * 37.77));
+        xs.extend([
+            0.0, -0.0, 1e-30, -1e-30, f32::MIN_POSITIVE, 1e-8, REDUCE_MAX, -REDUCE_MAX, REDUCE_MAX * 1.5, 1e10, -3e30,
+            f32::MAX, f32::INFINITY, f32::NEG_INFINITY, f32::NAN,
+            std::f32::consts::FRAC_PI_2, std::f32::consts::PI, 3.0 * std::f32::consts::FRAC_PI_2,
+        ]);
+        for len in [xs.len(), 1, 7, 9, 15] {
+            check(&xs[xs.len() - len..], false);
+            check(&xs[xs.len() - len..], true);
+        }
+        check(&xs, false);
+        check(&xs, true);
+    }
+
+    #[test]
+    fn sign_of_zero_is_kept_by_sin() {
+        if !crate::isa::has_avx2() {
+            return;
+        }
+        let mut out = [1f32; 8];
+        // SAFETY: AVX2 checked above
+        unsafe { sincos_avx2(&mut out, &[-0.0; 8], false) };
+        assert!(out.iter().all(|v| *v == 0.0 && v.is_sign_negative()));
+    }
+}
