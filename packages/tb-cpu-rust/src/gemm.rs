@@ -171,6 +171,9 @@ pub unsafe fn sgemm_epi(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, al
         return;
     }
     let be = resolved();
+    if be == 2 && m <= crate::gemv::MAX_ROWS && crate::gemv::sgemv(m, n, k, a, b, c, alpha, accumulate, threads, epi) {
+        return;
+    }
     if k == 0 || be != 2 {
         if k == 0 {
             if !accumulate {

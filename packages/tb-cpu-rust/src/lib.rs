@@ -17,6 +17,7 @@ pub mod ew;
 pub mod exec;
 pub mod gemm;
 pub mod gemm_own;
+pub mod gemv;
 pub mod indexing;
 pub mod isa;
 pub mod llm;

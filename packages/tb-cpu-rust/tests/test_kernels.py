@@ -391,3 +391,30 @@ def test_conv3d_matches_torch(x_shape: tuple[int, ...], cout: int, k: tuple[int,
 
     with torch.no_grad():
         torch.testing.assert_close(_run_native(fn, x), fn(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("k_n", [(1, 1), (7, 5), (33, 130), (784, 256), (512, 4096)])
+@pytest.mark.parametrize("kind", ["linear_relu", "addmm_beta", "strided_input", "b_rows_contiguous", "residual_gelu"])
+def test_small_batch_gemm_matches_torch(rows: int, k_n: tuple[int, int], kind: str) -> None:
+    """Batch 1-4 takes the in-place GEMV (gemv.rs) when B's columns are contiguous; 5 and other
+    layouts take the blocked GEMM. Both against torch, with the epilogue forms a Linear uses."""
+    k, n = k_n
+    g = torch.Generator().manual_seed(rows * 1000 + k)
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    b = torch.randn(n, generator=g)
+    r = torch.randn(rows, n, generator=g)
+    if kind == "linear_relu":
+        fn, args = (lambda x, w, b: torch.relu(F.linear(x, w, b))), (x, w, b)
+    elif kind == "addmm_beta":
+        fn, args = (lambda x, w, c: torch.addmm(c, x, w.t(), beta=0.5, alpha=2.0)), (x, w, r)
+    elif kind == "strided_input":
+        xs = torch.randn(rows, 2 * k, generator=g)[:, ::2]
+        fn, args = (lambda x, w, b: F.linear(x, w, b)), (xs, w, b)
+    elif kind == "b_rows_contiguous":
+        fn, args = (lambda x, w: x @ w), (x, w.t().contiguous())
+    else:
+        fn, args = (lambda x, w, b, r: F.gelu(F.linear(x, w, b) + r)), (x, w, b, r)
+    got = _run_native(fn, *args)
+    torch.testing.assert_close(got, fn(*args), rtol=1e-4, atol=1e-4)

@@ -71,6 +71,8 @@ cdef class DispatchCache:
         native = _native_mod.counts(self.epoch)
         out = {}
         for op, s in sorted(self._stats.items()):
+            if not (s.hits or s.misses or s.entries or s.invalidations):
+                continue  # a site that exists but was never called (turbo_torch.cos, say)
             d = s.as_dict()
             d["native"] = native.get(op, 0)
             out[op] = d
@@ -152,8 +154,11 @@ cdef class Site:
         return len(self.table)
 
     def __dealloc__(self):
-        if self.stats is not None and self.epoch == CACHE.epoch:
-            self.stats.entries -= len(self.table)
+        try:
+            if self.stats is not None and self.epoch == CACHE.epoch:
+                self.stats.entries -= len(self.table)
+        except Exception:  # interpreter shutdown: the module's globals are already gone
+            pass
 
 
 cpdef object tensor_key(object x):

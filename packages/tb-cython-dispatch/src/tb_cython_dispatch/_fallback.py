@@ -54,7 +54,11 @@ class DispatchCache:
 
     def info(self) -> dict[str, dict[str, int]]:
         native = _native_mod.counts(self.epoch)
-        return {op: {**s.as_dict(), "native": native.get(op, 0)} for op, s in sorted(self._stats.items())}
+        return {
+            op: {**s.as_dict(), "native": native.get(op, 0)}
+            for op, s in sorted(self._stats.items())
+            if s.hits or s.misses or s.entries or s.invalidations  # sites never called are not listed
+        }
 
     def clear(self) -> None:
         self.epoch += 1
