@@ -20,7 +20,6 @@
 
 use crate::exec::SPtr;
 use crate::gemm::{Epi, Mat};
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Largest MR×NR tile of any micro-kernel (edge tiles go through a buffer of this size).
@@ -63,7 +62,7 @@ thread_local! {
 }
 
 /// Runs `f` with a thread-local scratch vector of at least `n` floats (a fresh one when the
-/// thread-local is already borrowed, e.g. by a nested call on the same rayon worker).
+/// thread-local is already borrowed, e.g. by a nested call on the same worker thread).
 fn with_scratch<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     cell.with(|c| match c.try_borrow_mut() {
         Ok(mut v) => {
@@ -127,10 +126,10 @@ fn part(n: usize, parts: usize, t: usize) -> (usize, usize) {
     (n * t / parts, n * (t + 1) / parts)
 }
 
-/// Runs `task(t)` for t in 0..tasks, on the rayon pool when there is more than one.
+/// Runs `task(t)` for t in 0..tasks, on the thread pool (`par`) when there is more than one.
 fn run_tasks(tasks: usize, task: impl Fn(usize) + Sync + Send) {
     if tasks > 1 {
-        (0..tasks).into_par_iter().for_each(task);
+        crate::par::for_each(tasks, task);
     } else if tasks == 1 {
         task(0);
     }
