@@ -102,4 +102,3 @@ def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
 
 
 _NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
-
