@@ -53,7 +53,16 @@ def test_unknown_pool_is_an_error() -> None:
 
 @pytest.mark.parametrize(
     "shape",
-    [(7, 9, 5), (64, 512, 784), (96, 1024, 512), (257, 300, 200), (300, 64, 512), (512, 784, 64), (1000, 33, 70)],
+    [
+        (7, 9, 5),
+        (64, 512, 784),
+        (96, 1024, 512),
+        (257, 300, 200),
+        (300, 64, 512),
+        (512, 784, 64),
+        (1000, 33, 70),
+        (200, 40, 5000),
+    ],
 )
 @pytest.mark.parametrize("transposed_b", [False, True])
 def test_gemm_paths_match_torch(pool: str, shape: tuple[int, int, int], transposed_b: bool) -> None:
