@@ -7,7 +7,6 @@
 
 use crate::exec::Mem;
 use crate::tensor::View;
-use rayon::prelude::*;
 
 /// `[start, end)` of output cell `o` of `out` cells over `len` inputs.
 pub fn window(o: usize, out: usize, len: usize) -> (usize, usize) {
@@ -34,7 +33,7 @@ pub unsafe fn adaptive_pool(mem: &Mem, x: &View, y: &View, idx: Option<&View>) {
     let (od, oh, ow) = (ysz[2], ysz[3], ysz[4]);
     let (px, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y));
     let pi = idx.map(|v| mem.ptr::<i64>(v));
-    (0..xsz[0] * c).into_par_iter().for_each(|nc| {
+    crate::par::for_each(xsz[0] * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * xs[0] + ci * xs[1]);
         for k in 0..od {

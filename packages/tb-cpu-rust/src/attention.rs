@@ -7,7 +7,6 @@ use crate::exec::{Mem, SPtr};
 use crate::gemm::{sgemm, Mat};
 use crate::mathfn;
 use crate::tensor::{DType, View};
-use rayon::prelude::*;
 
 const BQ: usize = 64;
 
@@ -96,7 +95,7 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
         );
     };
     if tasks > 1 {
-        (0..tasks).into_par_iter().for_each(task);
+        crate::par::for_each(tasks, task);
     } else {
         task(0);
     }

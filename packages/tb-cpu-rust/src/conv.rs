@@ -5,7 +5,6 @@ use crate::ew::Un;
 use crate::exec::{Mem, SPtr};
 use crate::gemm::{epilogue, sgemm, Mat};
 use crate::tensor::View;
-use rayon::prelude::*;
 
 /// # Safety
 /// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
@@ -63,7 +62,7 @@ pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &Vie
         }
     };
     if n >= threads && threads > 1 {
-        (0..n).into_par_iter().for_each(|ni| one(ni, 1));
+        crate::par::for_each(n, |ni| one(ni, 1));
     } else {
         (0..n).for_each(|ni| one(ni, threads));
     }
@@ -76,7 +75,7 @@ pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oh, ow) = (y.sizes[2], y.sizes[3]);
     let (px, py, pi) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<i64>(idx));
-    (0..n * c).into_par_iter().for_each(|nc| {
+    crate::par::for_each(n * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * x.strides[0] + ci * x.strides[1]);
         for yo in 0..oh {
@@ -113,7 +112,7 @@ pub unsafe fn avg_pool(mem: &Mem, x: &View, y: &View, p: &[usize; 6], include_pa
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oh, ow) = (y.sizes[2], y.sizes[3]);
     let (px, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y));
-    (0..n * c).into_par_iter().for_each(|nc| {
+    crate::par::for_each(n * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * x.strides[0] + ci * x.strides[1]);
         for yo in 0..oh {

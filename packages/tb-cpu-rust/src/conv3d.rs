@@ -5,7 +5,6 @@
 use crate::exec::{Mem, SPtr};
 use crate::gemm::{sgemm, Mat};
 use crate::tensor::View;
-use rayon::prelude::*;
 
 /// `[sd, sh, sw, pd, ph, pw, dd, dh, dw, groups]`
 pub type Params = [usize; 10];
@@ -80,7 +79,7 @@ pub unsafe fn conv3d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &Vie
         }
     };
     if n >= threads && threads > 1 {
-        (0..n).into_par_iter().for_each(|ni| one(ni, 1));
+        crate::par::for_each(n, |ni| one(ni, 1));
     } else {
         (0..n).for_each(|ni| one(ni, threads));
     }

@@ -9,7 +9,6 @@
 use crate::exec::{Mem, SPtr};
 use crate::gemm::{sgemm, Mat};
 use crate::tensor::View;
-use rayon::prelude::*;
 
 /// `[sh, sw, ph, pw, dh, dw, groups]`
 pub type Params = [usize; 7];
@@ -86,7 +85,7 @@ pub unsafe fn conv_transpose2d(mem: &Mem, x: &View, w: &View, bias: Option<&View
         }
     };
     if n >= threads && threads > 1 {
-        (0..n).into_par_iter().for_each(|ni| one(ni, 1));
+        crate::par::for_each(n, |ni| one(ni, 1));
     } else {
         (0..n).for_each(|ni| one(ni, threads));
     }

@@ -8,7 +8,6 @@
 //! caller: a known op, and non-null aligned pointers when `n > 0`.
 
 use crate::ew::{Scalar, Un};
-use rayon::prelude::*;
 
 /// The ops, by the code the Python side passes (index into this table).
 pub const OPS: [(&str, Un); 9] = [
@@ -49,7 +48,7 @@ pub fn check(op: usize, src: usize, dst: usize, n: usize) -> Result<Un, String> 
 
 /// Whether the call is worth handing to other threads.
 pub fn parallel(n: usize) -> bool {
-    n >= 2 * CHUNK && rayon::current_num_threads() > 1
+    n >= 2 * CHUNK && crate::par::threads() > 1
 }
 
 /// out = op(inp) elementwise over `n` floats.
@@ -63,8 +62,9 @@ pub unsafe fn run(op: Un, src: usize, dst: usize, n: usize) {
     }
     if src == dst {
         // in place: read each block into a stack copy first (the kernels take disjoint slices)
-        let data = std::slice::from_raw_parts_mut(dst as *mut f32, n);
-        let body = |chunk: &mut [f32]| {
+        let body = |lo: usize, hi: usize| {
+            // SAFETY: chunks [lo, hi) of one buffer of n floats; chunks do not overlap
+            let chunk = unsafe { std::slice::from_raw_parts_mut((dst as *mut f32).add(lo), hi - lo) };
             let mut tmp = [0f32; 256];
             for block in chunk.chunks_mut(256) {
                 let t = &mut tmp[..block.len()];
@@ -72,19 +72,24 @@ pub unsafe fn run(op: Un, src: usize, dst: usize, n: usize) {
                 <f32 as Scalar>::un(op, block, t);
             }
         };
-        if parallel(n) {
-            data.par_chunks_mut(CHUNK).for_each(body);
-        } else {
-            body(data);
-        }
+        chunked(n, body);
         return;
     }
-    let inp = std::slice::from_raw_parts(src as *const f32, n);
-    let out = std::slice::from_raw_parts_mut(dst as *mut f32, n);
+    chunked(n, |lo, hi| {
+        // SAFETY: chunk [lo, hi) of two non-overlapping buffers of n floats; chunks do not overlap
+        let (i, o) = unsafe {
+            (std::slice::from_raw_parts((src as *const f32).add(lo), hi - lo), std::slice::from_raw_parts_mut((dst as *mut f32).add(lo), hi - lo))
+        };
+        <f32 as Scalar>::un(op, o, i);
+    });
+}
+
+/// `f(lo, hi)` over [0, n) in CHUNK-sized pieces, on the kernel thread team when `parallel(n)`.
+fn chunked(n: usize, f: impl Fn(usize, usize) + Sync + Send) {
     if parallel(n) {
-        out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(o, i)| <f32 as Scalar>::un(op, o, i));
+        crate::par::for_each(n.div_ceil(CHUNK), |c| f(c * CHUNK, ((c + 1) * CHUNK).min(n)));
     } else {
-        <f32 as Scalar>::un(op, out, inp);
+        f(0, n);
     }
 }
 

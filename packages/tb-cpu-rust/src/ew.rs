@@ -9,11 +9,14 @@
 use crate::exec::{Mem, SPtr};
 use crate::mathfn;
 use crate::tensor::{DType, Result, View};
-use rayon::prelude::*;
 use serde::Deserialize;
 
 const BLK: usize = 256;
 const PAR_MIN: usize = 1 << 15;
+/// A program runs in parallel from this many element-instructions (numel × program length):
+/// a load-op-store program from PAR_MIN elements as before, a long fused chain (sigmoid, tanh,
+/// ... on every element) from fewer — its sweep then costs far more than a fork/join.
+const PAR_WORK: usize = 3 * PAR_MIN;
 
 #[derive(Deserialize, Debug, Clone)]
 pub struct InstrSpec {
@@ -295,8 +298,8 @@ impl EwStep {
                 un_dispatch(op, ys, xs);
             };
             let chunks = numel.div_ceil(CH);
-            if numel >= PAR_MIN && chunks > 1 && rayon::current_num_threads() > 1 {
-                (0..chunks).into_par_iter().for_each(chunk);
+            if numel >= PAR_MIN && chunks > 1 && crate::par::threads() > 1 {
+                crate::par::for_each(chunks, chunk);
             } else {
                 (0..chunks).for_each(chunk);
             }
@@ -316,10 +319,10 @@ impl EwStep {
             Compute::F32 => dispatch_f32(self, &bases, range, chunks_per_row, inner),
             Compute::I64 => i64::with_regs(self.nregs.max(1), |regs| run_items::<i64>(self, &bases, range, chunks_per_row, inner, regs)),
         };
-        if numel >= PAR_MIN && rayon::current_num_threads() > 1 {
-            let tasks = (rayon::current_num_threads() * 4).min(items);
+        if numel.saturating_mul(self.prog.len()) >= PAR_WORK && items > 1 && crate::par::threads() > 1 {
+            let tasks = (crate::par::threads() * 4).min(items);
             let per = items.div_ceil(tasks);
-            (0..tasks).into_par_iter().for_each(|t| work(t * per..((t + 1) * per).min(items)));
+            crate::par::for_each(tasks, |t| work(t * per..((t + 1) * per).min(items)));
         } else {
             work(0..items);
         }

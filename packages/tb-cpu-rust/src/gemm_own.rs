@@ -8,8 +8,8 @@
 //! registers, 6×16 in ymm registers) and one driver chooses the loop order by shape:
 //!
 //! - few rows (m ≤ `SMALL_M`, the Linear layers of small batches): tasks split the columns;
-//!   each task packs all its rows of A once per KC-deep slice and packs each NR-column panel
-//!   of B just before the micro-kernels use it (so it is in L1 for all of them). Every element
+//!   A is packed once per call (in parallel, before the tasks) and each task packs each
+//!   NR-column panel of B just before the micro-kernels use it (so it is in L1 for all of them). Every element
 //!   of B is read from memory once and no B-sized buffer is written.
 //! - many rows: B is packed once per call, in parallel, into NR-column panels for every
 //!   KC-deep slice of k (Goto/BLIS); tasks are blocks of MC rows, each packing its A block
@@ -20,7 +20,6 @@
 
 use crate::exec::SPtr;
 use crate::gemm::{Epi, Mat};
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Largest MR×NR tile of any micro-kernel (edge tiles go through a buffer of this size).
@@ -63,7 +62,7 @@ thread_local! {
 }
 
 /// Runs `f` with a thread-local scratch vector of at least `n` floats (a fresh one when the
-/// thread-local is already borrowed, e.g. by a nested call on the same rayon worker).
+/// thread-local is already borrowed, e.g. by a nested call on the same worker thread).
 fn with_scratch<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     cell.with(|c| match c.try_borrow_mut() {
         Ok(mut v) => {
@@ -103,6 +102,8 @@ pub fn isa_name() -> &'static str {
 
 /// Up to this many rows, the driver packs B panel by panel (see the module comment).
 const SMALL_M: usize = 256;
+/// Floats of packed A the few-rows path holds at once (4 MiB).
+const A_SCRATCH: usize = 1 << 20;
 
 /// c = [c +] alpha * a @ b, then the epilogue, for a m×n×k product (k > 0).
 ///
@@ -127,10 +128,10 @@ fn part(n: usize, parts: usize, t: usize) -> (usize, usize) {
     (n * t / parts, n * (t + 1) / parts)
 }
 
-/// Runs `task(t)` for t in 0..tasks, on the rayon pool when there is more than one.
+/// Runs `task(t)` for t in 0..tasks, on the thread pool (`par`) when there is more than one.
 fn run_tasks(tasks: usize, task: impl Fn(usize) + Sync + Send) {
     if tasks > 1 {
-        (0..tasks).into_par_iter().for_each(task);
+        crate::par::for_each(tasks, task);
     } else if tasks == 1 {
         task(0);
     }
@@ -145,26 +146,52 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
     if m <= SMALL_M {
         // tasks over column ranges, at least 4 panels each, a few per thread
         let tasks = if threads > 1 { (threads * 3).min(npan / 4).max(threads.min(npan)) } else { 1 };
-        run_tasks(tasks, |t| {
-            let (j0, j1) = part(npan, tasks, t);
-            if j0 == j1 {
-                return;
-            }
-            with_scratch(&PACK_A, mpan * I::MR * kc_.min(k), |pa| {
-                with_scratch(&PANEL_B, kc_.min(k) * I::NR, |pb| {
-                    let mut p0 = 0;
-                    while p0 < k {
-                        let kc = kc_.min(k - p0);
-                        pack_a::<I>(a, 0, m, p0, kc, pa.as_mut_ptr());
-                        for jp in j0..j1 {
-                            pack_b::<I>(b, p0, kc, jp * I::NR, n, pb.as_mut_ptr());
-                            tiles::<I>(0, m, jp, n, kc, pa.as_ptr(), pb.as_ptr(), c, alpha, accumulate || p0 > 0, p0 + kc >= k, epi);
-                        }
-                        p0 += kc;
+        // A is packed once, before the column tasks (each used to pack all of it again): the
+        // slice at depth p0 starts at (p0 - d0) * m_pad, its rows in MR-row panels. At most
+        // A_SCRATCH floats at a time: a deep k is taken in groups of whole KC slices.
+        let m_pad = mpan * I::MR;
+        let group = (A_SCRATCH / (m_pad * kc_)).max(1) * kc_;
+        let mut d0 = 0;
+        while d0 < k {
+            let d1 = (d0 + group).min(k);
+            with_scratch(&PACK_A, m_pad * (d1 - d0), |pa_all| {
+                let pap = SPtr(pa_all.as_mut_ptr());
+                let groups = if tasks > 1 { (threads * 2).min(mpan) } else { 1 };
+                let a_items = (d1 - d0).div_ceil(kc_) * groups;
+                let pack = |t: usize| {
+                    let (p0, (g0, g1)) = (d0 + (t / groups) * kc_, part(mpan, groups, t % groups));
+                    let (r0, r1) = (g0 * I::MR, (g1 * I::MR).min(m));
+                    if r0 < r1 {
+                        let kc = kc_.min(d1 - p0);
+                        pack_a::<I>(a, r0, r1 - r0, p0, kc, pap.get().add((p0 - d0) * m_pad + r0 * kc));
                     }
-                })
-            })
-        });
+                };
+                if tasks > 1 && m * (d1 - d0) >= 1 << 15 {
+                    run_tasks(a_items, pack);
+                } else {
+                    (0..a_items).for_each(pack);
+                }
+                run_tasks(tasks, |t| {
+                    let (j0, j1) = part(npan, tasks, t);
+                    if j0 == j1 {
+                        return;
+                    }
+                    with_scratch(&PANEL_B, kc_.min(k) * I::NR, |pb| {
+                        let mut p0 = d0;
+                        while p0 < d1 {
+                            let kc = kc_.min(d1 - p0);
+                            let pa = pap.get().add((p0 - d0) * m_pad) as *const f32;
+                            for jp in j0..j1 {
+                                pack_b::<I>(b, p0, kc, jp * I::NR, n, pb.as_mut_ptr());
+                                tiles::<I>(0, m, jp, n, kc, pa, pb.as_ptr(), c, alpha, accumulate || p0 > 0, p0 + kc >= k, epi);
+                            }
+                            p0 += kc;
+                        }
+                    })
+                });
+            });
+            d0 = d1;
+        }
         return;
     }
     let n_pad = npan * I::NR;

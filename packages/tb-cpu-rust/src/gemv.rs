@@ -11,13 +11,13 @@
 //! activation, residual) runs on each output row right after it is computed.
 
 use crate::gemm::{Epi, Mat};
-use rayon::prelude::*;
 
 /// A's rows this kernel takes; from 5 on the blocked GEMM's packing pays for itself.
 pub const MAX_ROWS: usize = 4;
-/// Columns per parallel task (a multiple of the 4-column block).
+/// Columns per parallel task (a multiple of the 4-column block; tasks are claimed
+/// from a counter, so several per thread balance a thread that loses its core).
 const COLS_PER_TASK: usize = 64;
-/// Below this many multiply-adds the product runs on the calling thread: waking a rayon worker
+/// Below this many multiply-adds the product runs on the calling thread: waking a worker thread
 /// costs microseconds, as much as a 784×256 product (200K) takes on one core.
 const PAR_MIN_MACS: usize = 1 << 18;
 
@@ -38,7 +38,7 @@ pub unsafe fn sgemv(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha:
     };
     let tasks = n.div_ceil(COLS_PER_TASK);
     if threads > 1 && tasks > 1 && m * n * k >= PAR_MIN_MACS {
-        (0..tasks).into_par_iter().with_min_len(tasks.div_ceil(threads)).for_each(|t| task(t * COLS_PER_TASK));
+        crate::par::for_each(tasks, |t| task(t * COLS_PER_TASK));
     } else {
         for t in 0..tasks {
             task(t * COLS_PER_TASK);

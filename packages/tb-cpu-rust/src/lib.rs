@@ -23,6 +23,7 @@ pub mod isa;
 pub mod llm;
 pub mod mathfn;
 pub mod ops;
+pub mod par;
 pub mod pool3d;
 pub mod tensor;
 pub mod vmath;
@@ -142,9 +143,33 @@ fn set_gemm_backend(name: &str) -> PyResult<()> {
     gemm::set_backend(name).map_err(err)
 }
 
+/// Threads a kernel may use: `torch.get_num_threads()` on the OpenMP pool, else rayon's.
 #[pyfunction]
 fn num_threads() -> usize {
-    rayon::current_num_threads()
+    par::threads()
+}
+
+/// Hands over the addresses of libgomp's `GOMP_parallel`, `omp_get_max_threads` and
+/// `omp_in_parallel` (from the libgomp PyTorch loaded) and makes OpenMP the kernels' pool.
+///
+/// # Safety (for the caller)
+/// The addresses must be those functions of a library that stays loaded.
+#[pyfunction]
+fn set_openmp(parallel: usize, max_threads: usize, in_parallel: usize) -> PyResult<()> {
+    // SAFETY: the Python caller (tb_cpu_rust.program) takes the addresses from ctypes' view of
+    // the libgomp PyTorch already mapped, which is never unloaded.
+    unsafe { par::set_openmp(parallel, max_threads, in_parallel) }.map_err(err)
+}
+
+/// "openmp" or "rayon": where the kernels' parallel loops run.
+#[pyfunction]
+fn thread_pool() -> &'static str {
+    par::pool()
+}
+
+#[pyfunction]
+fn set_thread_pool(name: &str) -> PyResult<()> {
+    par::set_pool(name).map_err(err)
 }
 
 #[pymodule]
@@ -157,6 +182,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(unary_f32, m)?)?;
     m.add_function(wrap_pyfunction!(unary_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(set_openmp, m)?)?;
+    m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(set_thread_pool, m)?)?;
     llm::py::register(m)?;
     Ok(())
 }

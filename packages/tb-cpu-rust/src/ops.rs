@@ -7,7 +7,6 @@ use crate::exec::{Mem, SPtr};
 use crate::gemm::{sgemm_epi, Epi, EpiOp, EpiSpec, Mat};
 use crate::mathfn;
 use crate::tensor::{DType, Result, View};
-use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Red {
@@ -544,7 +543,7 @@ impl Kernel {
     }
 
     unsafe fn run_unchecked(&self, mem: &Mem) -> Result<()> {
-        let threads = rayon::current_num_threads();
+        let threads = crate::par::threads();
         match self {
             Kernel::Gemm { a, b, c, bias, res, alpha, beta, epi } => {
                 let r = c.rank();
@@ -572,7 +571,7 @@ impl Kernel {
                     sgemm_epi(m, n, k, mat(pa, a, i), mat(pb, b, i), mat(pc, c, i), *alpha, false, t, &e);
                 };
                 if batch > 1 && m * n * k < 256 * 256 * 256 {
-                    (0..batch).into_par_iter().for_each(|i| one(i, 1));
+                    crate::par::for_each(batch, |i| one(i, 1));
                 } else {
                     for i in 0..batch {
                         one(i, threads);
@@ -896,9 +895,9 @@ impl Kernel {
 /// Runs `row(r)` for every row, in parallel when the work is large enough to pay for it.
 fn par_rows(rows: usize, work: usize, row: impl Fn(usize) + Sync) {
     if work >= 1 << 15 && rows > 1 {
-        let tasks = (rayon::current_num_threads() * 4).min(rows);
+        let tasks = (crate::par::threads() * 4).min(rows);
         let per = rows.div_ceil(tasks);
-        (0..tasks).into_par_iter().for_each(|t| (t * per..((t + 1) * per).min(rows)).for_each(&row));
+        crate::par::for_each(tasks, |t| (t * per..((t + 1) * per).min(rows)).for_each(&row));
     } else {
         (0..rows).for_each(row);
     }

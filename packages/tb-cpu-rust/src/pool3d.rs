@@ -5,7 +5,6 @@
 
 use crate::exec::Mem;
 use crate::tensor::View;
-use rayon::prelude::*;
 
 /// `[kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw]`
 pub type MaxParams = [usize; 12];
@@ -25,7 +24,7 @@ pub unsafe fn max_pool3d(mem: &Mem, x: &View, y: &View, idx: &View, p: &MaxParam
     let out = [y.sizes[2], y.sizes[3], y.sizes[4]];
     let (px, py, pi) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<i64>(idx));
     let (xs, ys, is) = (&x.strides, &y.strides, &idx.strides);
-    (0..x.sizes[0] * c).into_par_iter().for_each(|nc| {
+    crate::par::for_each(x.sizes[0] * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * xs[0] + ci * xs[1]);
         for od in 0..out[0] {
@@ -82,7 +81,7 @@ pub unsafe fn avg_pool3d(mem: &Mem, x: &View, y: &View, p: &AvgParams, include_p
         let padded = en - st;
         ((st.max(0) as usize, en.min(len[d] as isize).max(0) as usize), padded)
     };
-    (0..x.sizes[0] * c).into_par_iter().for_each(|nc| {
+    crate::par::for_each(x.sizes[0] * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * xs[0] + ci * xs[1]);
         for od in 0..out[0] {

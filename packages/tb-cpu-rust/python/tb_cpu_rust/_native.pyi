@@ -33,7 +33,16 @@ def gemm_backend() -> str:
 
 def set_gemm_backend(name: str) -> None: ...
 def num_threads() -> int:
-    """Threads of the Rayon pool (set RAYON_NUM_THREADS before first use to change it)."""
+    """Threads a kernel may use: ``torch.get_num_threads()`` on the OpenMP pool, else the Rayon
+    pool's (set RAYON_NUM_THREADS before first use to change it)."""
+
+def set_openmp(parallel: int, max_threads: int, in_parallel: int) -> None:
+    """Registers libgomp's GOMP_parallel / omp_get_max_threads / omp_in_parallel addresses."""
+
+def thread_pool() -> str:
+    """Where the kernels' parallel loops run: "openmp" (PyTorch's team) or "rayon"."""
+
+def set_thread_pool(name: str) -> None: ...
 
 # -- LLM kernels (tb_cpu_rust.llm, Rust module src/llm/) -------------------------------------
 class LLMWeight:

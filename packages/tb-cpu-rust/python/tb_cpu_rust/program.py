@@ -14,6 +14,9 @@ from torchburn.plan import Plan
 
 from tb_cpu_rust import _native
 from tb_cpu_rust.lower import lower
+from tb_cpu_rust.threads import use_torch_openmp
+
+use_torch_openmp()
 
 _DT = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
 
@@ -51,20 +54,24 @@ class NativeProgram:
         for kind, spec in self._outputs:
             if kind == "out" and spec[4] and users[spec[0]] == 1:
                 self._direct[spec[0]] = (spec[1], spec[2])
+        self._alloc = [(spec, self._direct.get(i)) for i, spec in enumerate(self._out_bufs)]
         self.single = plan.single_output
 
     def __call__(self, *inputs: Any) -> Any:
         tensors = [*inputs, *self._constants]
-        args = []
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"native_cpu expected a tensor input, got {type(t).__name__}")
-            args.append((t.data_ptr(), tuple(t.shape), t.stride(), _name(t.dtype)))
-        bufs = []
-        for i, (numel, dtype) in enumerate(self._out_bufs):
-            direct = self._direct.get(i)
-            bufs.append(torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype))
-        outs = [(b.data_ptr(), tuple(b.shape), b.stride(), _name(b.dtype)) for b in bufs]
+        # torch.Size is a tuple: pyo3 reads it as the sizes list without a copy here
+        try:
+            args = [(t.data_ptr(), t.shape, t.stride(), _NAMES.get(t.dtype) or str(t.dtype)) for t in tensors]
+        except AttributeError:
+            bad = next((t for t in tensors if not isinstance(t, torch.Tensor)), None)
+            if bad is None:
+                raise
+            raise TypeError(f"native_cpu expected a tensor input, got {type(bad).__name__}") from None
+        bufs = [
+            torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype)
+            for (numel, dtype), direct in self._alloc
+        ]
+        outs = [(b.data_ptr(), b.shape, b.stride(), _NAMES.get(b.dtype) or str(b.dtype)) for b in bufs]
         try:
             self.executor.run(args, outs)
         except BaseException as exc:
@@ -95,7 +102,3 @@ def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
 
 
 _NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
-
-
-def _name(dtype: torch.dtype) -> str:
-    return _NAMES.get(dtype, str(dtype))
