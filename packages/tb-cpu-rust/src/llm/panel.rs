@@ -18,6 +18,18 @@ pub const NR: usize = 16;
 const MR: usize = 6;
 /// From this many activation rows on, prefill takes this path.
 pub const MIN_ROWS: usize = 16;
+/// K values per pass (a panel slice of KC x NR floats is 16 KiB: L1).
+const KC: usize = 256;
+/// Activation rows per block of a pass (MB x KC floats: 64 KiB, L2).
+const MB: usize = 64;
+/// Panels dequantized per pass: their KC slices (PG x 16 KiB) stay in L2 across the MB blocks.
+const PG: usize = 8;
+
+thread_local! {
+    /// The dequantized panels of the chunk a thread is working on (kept, so a prefill does not
+    /// page-fault a fresh buffer per chunk).
+    static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 static ENABLED: AtomicU8 = AtomicU8::new(2);
 
@@ -64,7 +76,9 @@ pub fn dequant_panel(p: &Packed, r0: usize, nr: usize, buf: &mut [f32]) {
                     *d = (v as i16 - 128) as f32 * s;
                 }
             }
-            Packed::Int4 { kp, group, w, scale, zero, .. } => {
+            Packed::Int4 {
+                kp, group, w, scale, zero, ..
+            } => {
                 // nibbles in column order first, then one (q - 8) * s + z per value and group:
                 // both loops vectorize (the per-value `c / 128` decode of `Packed::rows` does not)
                 let ng = k / group;
@@ -117,30 +131,69 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) -> bool {
                 _ => unreachable!("mixed activation preparations"),
             })
             .collect();
-        let mut buf = vec![0f32; k * NR];
         let m = xs.len();
-        let mut r = 0;
-        while r < nrows {
-            let nr = NR.min(nrows - r);
-            dequant_panel(job.p, r0 + r, nr, &mut buf);
-            let bias = job.bias.map(|b| &b[r0 + r..r0 + r + nr]);
-            let mut i = 0;
-            while i < m {
-                let mr = MR.min(m - i);
-                let mut res = [[0f32; NR]; MR];
-                // SAFETY: `takes` saw AVX2 + FMA; `buf` is `k * NR`, each x row `k` long.
-                unsafe { x86::kernel(&xs[i..i + mr], buf.as_ptr(), k, &mut res) };
-                for (ii, row) in res.iter().enumerate().take(mr) {
-                    for (j, v) in row.iter().enumerate().take(nr) {
-                        let b = bias.map_or(0.0, |b| b[j]);
-                        // SAFETY: the caller of `gemv::run` promised this element is ours.
-                        unsafe { *job.out.add((i + ii) * job.ld + r0 + r + j) = v + b };
-                    }
-                }
-                i += mr;
+        let np = nrows.div_ceil(NR);
+        PANELS.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < PG * k * NR {
+                buf.resize(PG * k * NR, 0.0);
             }
-            r += nr;
-        }
+            // PG panels at a time (128 weight rows): dequantized once, then
+            let mut g0 = 0;
+            while g0 < np {
+                let g1 = (g0 + PG).min(np);
+                for pi in g0..g1 {
+                    let (r, nr) = (pi * NR, NR.min(nrows - pi * NR));
+                    dequant_panel(job.p, r0 + r, nr, &mut buf[(pi - g0) * k * NR..(pi - g0 + 1) * k * NR]);
+                }
+                // K slices of KC: a panel slice (16 KiB) stays in L1 while MR-row tiles of an MB-row
+                // block of X (MB x KC floats, in L2) pass it; partial sums add up in `out`.
+                let mut kb = 0;
+                while kb < k {
+                    let kl = KC.min(k - kb);
+                    let (first, last) = (kb == 0, kb + kl == k);
+                    let mut mb = 0;
+                    while mb < m {
+                        let mh = MB.min(m - mb);
+                        for pi in g0..g1 {
+                            let (r, nr) = (pi * NR, NR.min(nrows - pi * NR));
+                            let panel = buf[((pi - g0) * k + kb) * NR..].as_ptr();
+                            let mut i = mb;
+                            while i < mb + mh {
+                                let mr = MR.min(mb + mh - i);
+                                let mut xo = [std::ptr::null::<f32>(); MR];
+                                for (d, &x) in xo.iter_mut().zip(&xs[i..i + mr]) {
+                                    // SAFETY: kb < k, inside the row
+                                    *d = unsafe { x.add(kb) };
+                                }
+                                let mut res = [[0f32; NR]; MR];
+                                // SAFETY: `takes` saw AVX2 + FMA; the panel slice holds `kl` rows of
+                                // NR floats from `panel`, each x pointer `kl` floats.
+                                unsafe { x86::kernel(&xo[..mr], panel, kl, &mut res) };
+                                for (ii, row) in res.iter().enumerate().take(mr) {
+                                    for (j, v) in row.iter().enumerate().take(nr) {
+                                        let c = r0 + r + j;
+                                        // SAFETY: the caller of `gemv::run` promised this element is ours.
+                                        unsafe {
+                                            let o = job.out.add((i + ii) * job.ld + c);
+                                            let mut acc = if first { *v } else { *o + v };
+                                            if last {
+                                                acc += job.bias.map_or(0.0, |b| b[c]);
+                                            }
+                                            *o = acc;
+                                        }
+                                    }
+                                }
+                                i += mr;
+                            }
+                        }
+                        mb += mh;
+                    }
+                    kb += kl;
+                }
+                g0 = g1;
+            }
+        });
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -206,7 +259,15 @@ mod tests {
             return;
         }
         let mut s = 23u64;
-        for &(n, k, g) in &[(1, 64, 32), (17, 96, 32), (33, 896, 32), (40, 192, 64), (130, 256, 128), (5, 4864, 32), (19, 200, 0)] {
+        for &(n, k, g) in &[
+            (1, 64, 32),
+            (17, 96, 32),
+            (33, 896, 32),
+            (40, 192, 64),
+            (130, 256, 128),
+            (5, 4864, 32),
+            (19, 200, 0),
+        ] {
             let mut ps: Vec<Packed> = Vec::new();
             let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
@@ -232,9 +293,14 @@ mod tests {
                     for i in 0..m {
                         for r in 0..n {
                             let exact: f64 = (0..k).map(|c| wd[r * k + c] as f64 * x[i * k + c] as f64).sum::<f64>() + bias[r] as f64;
-                            let mag: f64 = (0..k).map(|c| (wd[r * k + c] as f64 * x[i * k + c] as f64).abs()).sum::<f64>() + bias[r].abs() as f64;
+                            let mag: f64 =
+                                (0..k).map(|c| (wd[r * k + c] as f64 * x[i * k + c] as f64).abs()).sum::<f64>() + bias[r].abs() as f64;
                             let got = y[i * n + r] as f64;
-                            assert!((got - exact).abs() <= 1e-5 * mag + 1e-7, "{} n={n} k={k} m={m}: {got} vs {exact}", p.kind());
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * mag + 1e-7,
+                                "{} n={n} k={k} m={m}: {got} vs {exact}",
+                                p.kind()
+                            );
                         }
                     }
                 }

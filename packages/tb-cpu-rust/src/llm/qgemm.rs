@@ -89,7 +89,15 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile(p: &Packed, acts: &[Act], r: usize, c: usize, res: &mut [[f32; 2]; 4]) {
         match p {
-            Packed::Int4 { k, kp, group, w, scale, zero, .. } => {
+            Packed::Int4 {
+                k,
+                kp,
+                group,
+                w,
+                scale,
+                zero,
+                ..
+            } => {
                 let ng = k / group;
                 assert!((r + c) * ng <= scale.len() && (r + c) * kp / 2 <= w.len());
                 let a = Int4 {
@@ -311,7 +319,15 @@ mod tests {
         }
         let mut s = 17u64;
         for kind in ["int8", "int4"] {
-            for &(n, k, g) in &[(1, 64, 32), (5, 96, 32), (33, 896, 32), (7, 192, 64), (130, 896, 128), (3, 4864, 32), (17, 200, 32)] {
+            for &(n, k, g) in &[
+                (1, 64, 32),
+                (5, 96, 32),
+                (33, 896, 32),
+                (7, 192, 64),
+                (130, 896, 128),
+                (3, 4864, 32),
+                (17, 200, 32),
+            ] {
                 if kind == "int4" && k % g != 0 {
                     continue;
                 }
@@ -324,10 +340,22 @@ mod tests {
                     let mut got = vec![1f32; m * n];
                     // GEMV loops, one activation row at a time
                     for i in 0..m {
-                        let job = Job { p: &p, acts: &acts[i..i + 1], out: unsafe { want.as_mut_ptr().add(i * n) }, ld: n, bias: Some(&bias) };
+                        let job = Job {
+                            p: &p,
+                            acts: &acts[i..i + 1],
+                            out: unsafe { want.as_mut_ptr().add(i * n) },
+                            ld: n,
+                            bias: Some(&bias),
+                        };
                         unsafe { run(&[job], detect()) };
                     }
-                    let job = Job { p: &p, acts: &acts, out: got.as_mut_ptr(), ld: n, bias: Some(&bias) };
+                    let job = Job {
+                        p: &p,
+                        acts: &acts,
+                        out: got.as_mut_ptr(),
+                        ld: n,
+                        bias: Some(&bias),
+                    };
                     unsafe { run(&[job], detect()) };
                     assert_eq!(got, want, "{kind} n={n} k={k} g={g} m={m}");
                     // and near the f32 product (int8 activations: ~1% of the row's scale)
@@ -338,7 +366,11 @@ mod tests {
                         for r in 0..n {
                             let exact: f32 = (0..k).map(|c| wd[r * k + c] * x[i * k + c]).sum::<f32>() + bias[r];
                             let mag: f32 = (0..k).map(|c| (wd[r * k + c] * x[i * k + c]).abs()).sum::<f32>();
-                            assert!((y[i * n + r] - exact).abs() <= 1e-2 * mag + 1e-5, "{kind} {} vs {exact}", y[i * n + r]);
+                            assert!(
+                                (y[i * n + r] - exact).abs() <= 1e-2 * mag + 1e-5,
+                                "{kind} {} vs {exact}",
+                                y[i * n + r]
+                            );
                         }
                     }
                 }
@@ -353,7 +385,23 @@ mod tests {
 mod bench {
     use super::super::gemv::{detect, linear};
     use super::*;
-    use std::time::Instant;
+
+    /// CPU time of the process (single-threaded runs: the machine is shared, wall time is not
+    /// this code's).
+    fn cpu_time() -> f64 {
+        #[repr(C)]
+        struct Ts {
+            s: i64,
+            ns: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clk: i32, ts: *mut Ts) -> i32;
+        }
+        let mut t = Ts { s: 0, ns: 0 };
+        // SAFETY: CLOCK_PROCESS_CPUTIME_ID (2) writes one timespec.
+        unsafe { clock_gettime(2, &mut t) };
+        t.s as f64 + t.ns as f64 * 1e-9
+    }
 
     #[test]
     #[ignore]
@@ -371,13 +419,24 @@ mod bench {
                 };
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
                 let mut y = vec![0f32; m * n];
-                for (on, panel) in [(false, false), (true, false), (true, true), (false, false), (true, false), (true, true)] {
-                    set_enabled(on);
-                    super::super::panel::set_enabled(panel);
-                    let t0 = Instant::now();
-                    linear(&p, &x, m, None, &mut y, detect());
-                    let s = t0.elapsed().as_secs_f64();
-                    println!("{kind} {n}x{k} m={m} qgemm={on} panel={panel}: {:7.1} ms  {:5.1} GMAC/s", s * 1e3, (m * n * k) as f64 / s / 1e9);
+                let modes = [(false, false), (true, false), (true, true)];
+                let mut best = [f64::MAX; 3];
+                for _ in 0..3 {
+                    for (mi, &(on, panel)) in modes.iter().enumerate() {
+                        set_enabled(on);
+                        super::super::panel::set_enabled(panel);
+                        let t0 = cpu_time();
+                        linear(&p, &x, m, None, &mut y, detect());
+                        best[mi] = best[mi].min(cpu_time() - t0);
+                    }
+                }
+                for (mi, &(on, panel)) in modes.iter().enumerate() {
+                    let s = best[mi];
+                    println!(
+                        "{kind} {n}x{k} m={m} qgemm={on} panel={panel}: {:7.1} ms CPU  {:5.1} GMAC/s",
+                        s * 1e3,
+                        (m * n * k) as f64 / s / 1e9
+                    );
                 }
             }
         }
