@@ -8,11 +8,10 @@
 //! (`qgemm`), whose per-32-value scale handling costs ~5 operations per 32 products per row
 //! pair. The activations stay f32 (no int8 quantization), so this path is also more exact.
 //! The dequantization is `O(N K)` per call against `O(M N K)` FMAs: used from `MIN_ROWS` rows.
-//! `TORCHBURN_LLM_PANEL=0` turns it off (A/B in one process).
 
 use super::gemv::{Act, Isa, Job};
 use super::packed::Packed;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const NR: usize = 16;
 const MR: usize = 6;
@@ -31,22 +30,15 @@ thread_local! {
     static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-static ENABLED: AtomicU8 = AtomicU8::new(2);
+/// On unless a benchmark turns it off (`set_enabled`: old / new paths interleaved in one run).
+static ENABLED: AtomicBool = AtomicBool::new(true);
 
 pub fn enabled() -> bool {
-    match ENABLED.load(Ordering::Relaxed) {
-        0 => false,
-        1 => true,
-        _ => {
-            let on = std::env::var("TORCHBURN_LLM_PANEL").as_deref() != Ok("0");
-            ENABLED.store(on as u8, Ordering::Relaxed);
-            on
-        }
-    }
+    ENABLED.load(Ordering::Relaxed)
 }
 
 pub fn set_enabled(on: bool) {
-    ENABLED.store(on as u8, Ordering::Relaxed);
+    ENABLED.store(on, Ordering::Relaxed);
 }
 
 /// Whether `m` activation rows for weights `p` take this path (then `gemv::prepare_rows`

@@ -9,32 +9,23 @@
 //! Every accumulator goes through exactly the same sequence of f32 operations as the GEMV
 //! kernel (`gemv::x86::int4_avx2_t` / `int8_avx2_t`) for its (activation row, weight row)
 //! pair, so the results are bit-identical to the GEMV path; the tests check that.
-//! `TORCHBURN_LLM_GEMM=0` turns this path off (A/B measurements in one process).
 
 use super::gemv::{Act, Isa, Job};
 use super::packed::Packed;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Fewer activation rows than this take the GEMV loops (decode and tiny batches).
 pub const MIN_ROWS: usize = 4;
 
-static ENABLED: AtomicU8 = AtomicU8::new(2);
+/// On unless a benchmark turns it off (`set_enabled`: old / new paths interleaved in one run).
+static ENABLED: AtomicBool = AtomicBool::new(true);
 
-/// Whether the tiled path is on (`TORCHBURN_LLM_GEMM=0` turns it off; `set_enabled` overrides).
 pub fn enabled() -> bool {
-    match ENABLED.load(Ordering::Relaxed) {
-        0 => false,
-        1 => true,
-        _ => {
-            let on = std::env::var("TORCHBURN_LLM_GEMM").as_deref() != Ok("0");
-            ENABLED.store(on as u8, Ordering::Relaxed);
-            on
-        }
-    }
+    ENABLED.load(Ordering::Relaxed)
 }
 
 pub fn set_enabled(on: bool) {
-    ENABLED.store(on as u8, Ordering::Relaxed);
+    ENABLED.store(on, Ordering::Relaxed);
 }
 
 /// Activation rows per pass over a chunk's weights (their quantized values stay in L1/L2
