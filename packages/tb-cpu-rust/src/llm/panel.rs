@@ -267,11 +267,11 @@ mod tests {
             ps.push(Packed::bf16(n, k, &wb).unwrap());
             let q: Vec<i8> = w.iter().map(|v| (v * 254.0) as i8).collect();
             ps.push(Packed::int8(n, k, &q, &vec![0.01; n]).unwrap());
-            if g > 0 {
+            if let Some(ng) = (n * k).checked_div(g) {
                 let nib: Vec<u8> = w.iter().map(|v| ((v + 0.5) * 15.99) as u8).collect();
                 let pk: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
-                let sc: Vec<f32> = (0..n * k / g).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
-                let ze: Vec<f32> = (0..n * k / g).map(|_| lcg(&mut s) * 0.01).collect();
+                let sc: Vec<f32> = (0..ng).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
+                let ze: Vec<f32> = (0..ng).map(|_| lcg(&mut s) * 0.01).collect();
                 ps.push(Packed::int4(n, k, g, &pk, &sc, &ze).unwrap());
             }
             let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();

@@ -100,7 +100,7 @@ mod x86 {
                     sc: scale.as_ptr().add(r * ng),
                     ze: zero.as_ptr().add(r * ng),
                 };
-                let mut rows: [Option<(&QuantRow, &[f32], &[f32])>; 4] = [None; 4];
+                let mut rows: [Option<Q4Row>; 4] = [None; 4];
                 for (d, act) in rows.iter_mut().zip(acts) {
                     match act {
                         Act::Q4(q, cc, xs) => {
@@ -155,6 +155,9 @@ mod x86 {
         }
     }
 
+    /// One activation row prepared for int4: quantized values, `C_g`, `X_g` (see `gemv::Act::Q4`).
+    type Q4Row<'a> = (&'a QuantRow, &'a [f32], &'a [f32]);
+
     struct Int4 {
         w: *const u8,
         rb: usize,
@@ -167,7 +170,7 @@ mod x86 {
 
     /// The `R x C` tile of `gemv::x86::int4_avx2_t`, op for op per accumulator.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn int4_t<const R: usize, const C: usize>(a: &Int4, rows: &[Option<(&QuantRow, &[f32], &[f32])>; 4], res: &mut [[f32; 2]; 4]) {
+    unsafe fn int4_t<const R: usize, const C: usize>(a: &Int4, rows: &[Option<Q4Row>; 4], res: &mut [[f32; 2]; 4]) {
         let ng = a.ng;
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let ones = _mm256_set1_epi16(1);
