@@ -282,7 +282,7 @@ class _FusedStep:
         # The native step owns tb-llm's KVCache layout (every row at the same length). Other
         # caches (the server's per-slot views, where each row writes at its own offset) go
         # through the per-kernel path, which only uses their begin / write / commit protocol.
-        if b * t > self.small_m and t > 1 or not isinstance(cache, KVCache):
+        if (b * t > self.small_m and t > 1) or not isinstance(cache, KVCache):
             return dec.reference_forward(ids, positions, cache, last_only)
         with torch.inference_mode():
             cache.begin(positions)
