@@ -10,8 +10,10 @@ tb-llm's PyTorch ``ReferenceBackend``.
   GEMVs quantize them to int8 per block of 32 values and use integer dot products
   (AVX-512 VNNI where the CPU has it), multithreaded over output rows.
 * RMSNorm, the gated MLP activation, RoPE and attention of a few query positions over the KV
-  cache are one native call each. Prefill-sized attention and dense GEMMs (more than
-  ``SMALL_M`` rows) go to PyTorch, whose GEMMs are made for that.
+  cache are one native call each. Prefill-sized attention (more than ``SMALL_M`` queries) goes
+  to PyTorch's SDPA. Prefill linears (16 rows or more) of every weight kind run a blocked f32
+  GEMM over the packed weights (Rust ``llm/panel.rs``: 16 weight rows dequantized at a time,
+  6 x 16 FMA register tile), so fp32 / bf16 models keep one copy of their weights.
 * ``compile_model`` hands tb-llm a step that runs a whole decode forward pass (every layer,
   the final norm and the head) in one native call with the GIL released (``_native.LLMModel``):
   no Python per layer. Prefill (more than ``SMALL_M`` rows) keeps the per-kernel path above.
@@ -37,7 +39,8 @@ def _arg(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
 
 
 class _Dense:
-    """A dense weight: the packed copy for GEMVs, the tensor for prefill GEMMs."""
+    """A dense weight: the packed copy serves GEMVs and prefill GEMMs alike; ``weight`` (a
+    PyTorch tensor for ``F.linear``) is None unless a caller sets it."""
 
     __slots__ = ("packed", "weight")
 
@@ -88,8 +91,9 @@ class NativeLLMBackend(ReferenceBackend):
     def prepare_linear(self, w: QuantWeight) -> Any:
         if w.kind in ("fp32", "bf16"):
             assert w.weight is not None
-            weight = w.weight.contiguous()
-            return _Dense(_native.llm_pack_dense(_arg(weight)), weight)
+            # one copy: the panel GEMM reads the packed weight for prefill too (within a few % of
+            # PyTorch's GEMM on the 0.5B shapes, single-thread CPU time), so no tensor is kept
+            return _Dense(_native.llm_pack_dense(_arg(w.weight.contiguous())), None)
         if w.kind == "int8":
             assert w.qweight is not None and w.scales is not None
             q, s = w.qweight.contiguous(), w.scales.float().contiguous()
@@ -278,7 +282,7 @@ class _FusedStep:
         # The native step owns tb-llm's KVCache layout (every row at the same length). Other
         # caches (the server's per-slot views, where each row writes at its own offset) go
         # through the per-kernel path, which only uses their begin / write / commit protocol.
-        if b * t > self.small_m and t > 1 or not isinstance(cache, KVCache):
+        if (b * t > self.small_m and t > 1) or not isinstance(cache, KVCache):
             return dec.reference_forward(ids, positions, cache, last_only)
         with torch.inference_mode():
             cache.begin(positions)

@@ -91,8 +91,12 @@ pub fn same_prep(a: &Packed, b: &Packed) -> bool {
 }
 
 /// `x` `[m, K]` row-major, prepared for weights like `p`.
-pub fn prepare_rows<'a>(p: &Packed, x: &'a [f32], m: usize) -> Vec<Act<'a>> {
+/// Rows that the prefill GEMM (`panel`) will take stay f32.
+pub fn prepare_rows<'a>(p: &Packed, x: &'a [f32], m: usize, isa: Isa) -> Vec<Act<'a>> {
     let k = p.shape().1;
+    if super::panel::takes(m, isa) {
+        return (0..m).map(|i| Act::Dense(&x[i * k..(i + 1) * k])).collect();
+    }
     (0..m).map(|i| prepare(p, &x[i * k..(i + 1) * k])).collect()
 }
 
@@ -101,7 +105,7 @@ pub fn linear(p: &Packed, x: &[f32], m: usize, bias: Option<&[f32]>, y: &mut [f3
     let (n, k) = p.shape();
     assert_eq!(x.len(), m * k);
     assert_eq!(y.len(), m * n);
-    let acts = prepare_rows(p, x, m);
+    let acts = prepare_rows(p, x, m, isa);
     let job = Job { p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias };
     // SAFETY: one job over all of `y`, which is `m * n` long.
     unsafe { run(&[job], isa) };
@@ -148,6 +152,9 @@ const ACT_BLOCK: usize = 16;
 
 /// Weight rows `r0 .. r0 + nrows` of one job for every activation row.
 fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
+    if super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
+        return;
+    }
     for (bi, block) in job.acts.chunks(ACT_BLOCK).enumerate() {
         let mut r = 0;
         while r < nrows {
@@ -865,7 +872,7 @@ mod tests {
                 }
                 let ld = ns.iter().sum::<usize>() + 5;
                 let mut out = vec![f32::NAN; m * ld];
-                let acts = prepare_rows(&packed[0], &x, m);
+                let acts = prepare_rows(&packed[0], &x, m, isa);
                 let bias: Vec<f32> = (0..33).map(|i| i as f32).collect();
                 let mut col = 0;
                 let mut jobs = Vec::new();

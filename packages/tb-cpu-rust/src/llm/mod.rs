@@ -7,9 +7,11 @@
 //! SiLU-gate, RoPE, attention over the KV cache); `py` is the thin pyo3 layer.
 
 pub mod act_quant;
+pub mod qgemm;
 pub mod gemv;
 pub mod model;
 pub mod ops;
 pub mod packed;
+pub mod panel;
 pub mod py;
 pub mod quant;

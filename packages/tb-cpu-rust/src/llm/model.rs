@@ -146,10 +146,10 @@ fn rms_inplace_strided(buf: &mut [f32], rows: usize, ld: usize, off: usize, head
 /// prepared once per compatible weight kind, all in one parallel region.
 fn project<W: AsPacked>(lins: &[Lin<W>], x: &[f32], m: usize, out: &mut [f32], ld: usize, isa: Isa) {
     let first = lins[0].w.packed();
-    let shared = gemv::prepare_rows(first, x, m);
+    let shared = gemv::prepare_rows(first, x, m, isa);
     let own: Vec<Option<Vec<gemv::Act>>> = lins
         .iter()
-        .map(|l| if gemv::same_prep(first, l.w.packed()) { None } else { Some(gemv::prepare_rows(l.w.packed(), x, m)) })
+        .map(|l| if gemv::same_prep(first, l.w.packed()) { None } else { Some(gemv::prepare_rows(l.w.packed(), x, m, isa)) })
         .collect();
     let mut col = 0;
     let mut jobs = Vec::with_capacity(lins.len());

@@ -1,0 +1,302 @@
+//! Prefill GEMM for every weight kind: `Y = X @ W^T` over many activation rows, with each
+//! block of `NR` weight rows dequantized once into an f32 panel (`[K, NR]`, exact: the same
+//! arithmetic as `Packed::rows`) that every activation row then reuses from cache.
+//!
+//! The register tile is `MR` activation rows x `NR` weight rows (12 AVX2 accumulators): per
+//! K step two panel loads and `MR` broadcasts feed `2 * MR` FMAs, so the loop runs near the
+//! FMA ports' limit instead of the integer-multiply path of the int8-activation kernels
+//! (`qgemm`), whose per-32-value scale handling costs ~5 operations per 32 products per row
+//! pair. The activations stay f32 (no int8 quantization), so this path is also more exact.
+//! The dequantization is `O(N K)` per call against `O(M N K)` FMAs: used from `MIN_ROWS` rows.
+
+use super::gemv::{Act, Isa, Job};
+use super::packed::Packed;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub const NR: usize = 16;
+const MR: usize = 6;
+/// From this many activation rows on, prefill takes this path.
+pub const MIN_ROWS: usize = 16;
+/// K values per pass (a panel slice of KC x NR floats is 16 KiB: L1).
+const KC: usize = 256;
+/// Activation rows per block of a pass (MB x KC floats: 64 KiB, L2).
+const MB: usize = 64;
+/// Panels dequantized per pass: their KC slices (PG x 16 KiB) stay in L2 across the MB blocks.
+const PG: usize = 8;
+
+thread_local! {
+    /// The dequantized panels of the chunk a thread is working on (kept, so a prefill does not
+    /// page-fault a fresh buffer per chunk).
+    static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// On unless a benchmark turns it off (`set_enabled`: old / new paths interleaved in one run).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether `m` activation rows for weights `p` take this path (then `gemv::prepare_rows`
+/// leaves them f32).
+pub fn takes(m: usize, isa: Isa) -> bool {
+    m >= MIN_ROWS && matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Vnni) && cfg!(target_arch = "x86_64") && enabled()
+}
+
+/// `buf[c * NR + j]` = W[r0 + j, c] for `j < nr` (zero beyond), `c < k`.
+pub fn dequant_panel(p: &Packed, r0: usize, nr: usize, buf: &mut [f32]) {
+    let k = p.shape().1;
+    debug_assert!(buf.len() >= k * NR);
+    if nr < NR {
+        buf[..k * NR].fill(0.0);
+    }
+    let mut row = vec![0f32; k];
+    let mut nib = match p {
+        Packed::Int4 { kp, .. } => vec![0u8; *kp],
+        _ => Vec::new(),
+    };
+    for j in 0..nr {
+        let r = r0 + j;
+        match p {
+            Packed::Int8 { kp, w, scale, .. } => {
+                let s = scale[r];
+                for (d, &v) in row.iter_mut().zip(&w[r * kp..r * kp + k]) {
+                    *d = (v as i16 - 128) as f32 * s;
+                }
+            }
+            Packed::Int4 {
+                kp, group, w, scale, zero, ..
+            } => {
+                // nibbles in column order first, then one (q - 8) * s + z per value and group:
+                // both loops vectorize (the per-value `c / 128` decode of `Packed::rows` does not)
+                let ng = k / group;
+                let wr = &w[r * kp / 2..(r + 1) * kp / 2];
+                for (ch, bytes) in wr.chunks_exact(64).enumerate() {
+                    let (lo, hi) = nib[ch * 128..ch * 128 + 128].split_at_mut(64);
+                    for ((l, h), &b) in lo.iter_mut().zip(hi.iter_mut()).zip(bytes) {
+                        *l = b & 15;
+                        *h = b >> 4;
+                    }
+                }
+                for g in 0..ng {
+                    let (s, z) = (scale[r * ng + g], zero[r * ng + g]);
+                    let span = g * group..(g + 1) * group;
+                    for (d, &q) in row[span.clone()].iter_mut().zip(&nib[span]) {
+                        *d = (q as f32 - 8.0) * s + z;
+                    }
+                }
+            }
+            Packed::Bf16 { w, .. } => {
+                for (d, &b) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                    *d = f32::from_bits((b as u32) << 16);
+                }
+            }
+            Packed::F32 { w, .. } => row.copy_from_slice(&w[r * k..(r + 1) * k]),
+        }
+        for (c, &v) in row.iter().enumerate() {
+            buf[c * NR + j] = v;
+        }
+    }
+}
+
+/// Weight rows `r0 .. r0 + nrows` of `job` for every (f32) activation row; false when the
+/// job is not for this path.
+pub fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) -> bool {
+    if !takes(job.acts.len(), isa) || !matches!(job.acts[0], Act::Dense(_)) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let k = job.p.shape().1;
+        let xs: Vec<*const f32> = job
+            .acts
+            .iter()
+            .map(|a| match a {
+                Act::Dense(x) => {
+                    assert_eq!(x.len(), k);
+                    x.as_ptr()
+                }
+                _ => unreachable!("mixed activation preparations"),
+            })
+            .collect();
+        let m = xs.len();
+        let np = nrows.div_ceil(NR);
+        PANELS.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < PG * k * NR {
+                buf.resize(PG * k * NR, 0.0);
+            }
+            // PG panels at a time (128 weight rows): dequantized once, then
+            let mut g0 = 0;
+            while g0 < np {
+                let g1 = (g0 + PG).min(np);
+                for pi in g0..g1 {
+                    let (r, nr) = (pi * NR, NR.min(nrows - pi * NR));
+                    dequant_panel(job.p, r0 + r, nr, &mut buf[(pi - g0) * k * NR..(pi - g0 + 1) * k * NR]);
+                }
+                // K slices of KC: a panel slice (16 KiB) stays in L1 while MR-row tiles of an MB-row
+                // block of X (MB x KC floats, in L2) pass it; partial sums add up in `out`.
+                let mut kb = 0;
+                while kb < k {
+                    let kl = KC.min(k - kb);
+                    let (first, last) = (kb == 0, kb + kl == k);
+                    let mut mb = 0;
+                    while mb < m {
+                        let mh = MB.min(m - mb);
+                        for pi in g0..g1 {
+                            let (r, nr) = (pi * NR, NR.min(nrows - pi * NR));
+                            let panel = buf[((pi - g0) * k + kb) * NR..].as_ptr();
+                            let mut i = mb;
+                            while i < mb + mh {
+                                let mr = MR.min(mb + mh - i);
+                                let mut xo = [std::ptr::null::<f32>(); MR];
+                                for (d, &x) in xo.iter_mut().zip(&xs[i..i + mr]) {
+                                    // SAFETY: kb < k, inside the row
+                                    *d = unsafe { x.add(kb) };
+                                }
+                                let mut res = [[0f32; NR]; MR];
+                                // SAFETY: `takes` saw AVX2 + FMA; the panel slice holds `kl` rows of
+                                // NR floats from `panel`, each x pointer `kl` floats.
+                                unsafe { x86::kernel(&xo[..mr], panel, kl, &mut res) };
+                                for (ii, row) in res.iter().enumerate().take(mr) {
+                                    for (j, v) in row.iter().enumerate().take(nr) {
+                                        let c = r0 + r + j;
+                                        // SAFETY: the caller of `gemv::run` promised this element is ours.
+                                        unsafe {
+                                            let o = job.out.add((i + ii) * job.ld + c);
+                                            let mut acc = if first { *v } else { *o + v };
+                                            if last {
+                                                acc += job.bias.map_or(0.0, |b| b[c]);
+                                            }
+                                            *o = acc;
+                                        }
+                                    }
+                                }
+                                i += mr;
+                            }
+                        }
+                        mb += mh;
+                    }
+                    kb += kl;
+                }
+                g0 = g1;
+            }
+        });
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (r0, nrows);
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn kernel(xs: &[*const f32], panel: *const f32, k: usize, res: &mut [[f32; NR]; MR]) {
+        match xs.len() {
+            6 => kernel_t::<6>(xs, panel, k, res),
+            5 => kernel_t::<5>(xs, panel, k, res),
+            4 => kernel_t::<4>(xs, panel, k, res),
+            3 => kernel_t::<3>(xs, panel, k, res),
+            2 => kernel_t::<2>(xs, panel, k, res),
+            _ => kernel_t::<1>(xs, panel, k, res),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn kernel_t<const R: usize>(xs: &[*const f32], panel: *const f32, k: usize, res: &mut [[f32; NR]; MR]) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut x = [std::ptr::null::<f32>(); R];
+        x.copy_from_slice(&xs[..R]);
+        for c in 0..k {
+            let w0 = _mm256_loadu_ps(panel.add(c * NR));
+            let w1 = _mm256_loadu_ps(panel.add(c * NR + 8));
+            for i in 0..R {
+                let b = _mm256_broadcast_ss(&*x[i].add(c));
+                acc[i][0] = _mm256_fmadd_ps(b, w0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(b, w1, acc[i][1]);
+            }
+        }
+        for i in 0..R {
+            _mm256_storeu_ps(res[i].as_mut_ptr(), acc[i][0]);
+            _mm256_storeu_ps(res[i].as_mut_ptr().add(8), acc[i][1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::gemv::{detect, linear};
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    /// Against the dequantized weights (`Packed::rows`) times x in f64: only f32 rounding of
+    /// the K-long sums separates them.
+    #[test]
+    fn panel_matches_dequantized_every_kind() {
+        if !takes(MIN_ROWS, detect()) {
+            return;
+        }
+        let mut s = 23u64;
+        for &(n, k, g) in &[
+            (1, 64, 32),
+            (17, 96, 32),
+            (33, 896, 32),
+            (40, 192, 64),
+            (130, 256, 128),
+            (5, 4864, 32),
+            (19, 200, 0),
+        ] {
+            let mut ps: Vec<Packed> = Vec::new();
+            let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            ps.push(Packed::f32(n, k, &w).unwrap());
+            ps.push(Packed::bf16(n, k, &wb).unwrap());
+            let q: Vec<i8> = w.iter().map(|v| (v * 254.0) as i8).collect();
+            ps.push(Packed::int8(n, k, &q, &vec![0.01; n]).unwrap());
+            if let Some(ng) = (n * k).checked_div(g) {
+                let nib: Vec<u8> = w.iter().map(|v| ((v + 0.5) * 15.99) as u8).collect();
+                let pk: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
+                let sc: Vec<f32> = (0..ng).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
+                let ze: Vec<f32> = (0..ng).map(|_| lcg(&mut s) * 0.01).collect();
+                ps.push(Packed::int4(n, k, g, &pk, &sc, &ze).unwrap());
+            }
+            let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+            for p in &ps {
+                let mut wd = vec![0f32; n * k];
+                p.rows(&(0..n).collect::<Vec<_>>(), &mut wd).unwrap();
+                for m in [16usize, 17, 23, 64, 512] {
+                    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+                    let mut y = vec![f32::NAN; m * n];
+                    linear(p, &x, m, Some(&bias), &mut y, detect());
+                    for i in 0..m {
+                        for r in 0..n {
+                            let exact: f64 = (0..k).map(|c| wd[r * k + c] as f64 * x[i * k + c] as f64).sum::<f64>() + bias[r] as f64;
+                            let mag: f64 =
+                                (0..k).map(|c| (wd[r * k + c] as f64 * x[i * k + c] as f64).abs()).sum::<f64>() + bias[r].abs() as f64;
+                            let got = y[i * n + r] as f64;
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * mag + 1e-7,
+                                "{} n={n} k={k} m={m}: {got} vs {exact}",
+                                p.kind()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
