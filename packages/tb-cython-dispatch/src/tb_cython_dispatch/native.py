@@ -73,6 +73,12 @@ def _load() -> Any:
             _state["native"] = False
             _state["reason"] = f"tb-cpu-rust not usable: {type(exc).__name__}: {exc}"
             return None
+        try:  # kernels' parallel loops on PyTorch's own OpenMP team (tb-cpu-rust with threads.py)
+            from tb_cpu_rust.threads import use_torch_openmp
+        except ImportError:
+            pass
+        else:
+            use_torch_openmp()
         mod = _state["native"] = (_native, lower)
     return mod or None
 
