@@ -204,6 +204,13 @@ def run(threads: int = 2, repeats: int = 7) -> list[dict[str, Any]]:
                 threads,
             )
         )
+        for op in ("sin", "cos", "tanh"):  # the functions turbo_torch wraps (native where timed faster)
+            ref_fn, fast_fn = getattr(torch, op), getattr(turbo_torch, op)
+            rows.append(
+                ab(f"torch.{op} on 64x64 (eager, no_grad)", lambda: ref_fn(x), lambda: fast_fn(x), repeats, threads)
+            )
+            info = turbo_torch.cache_info().get(f"torch.{op}", {})
+            rows[-1]["notes"] = "native entry" if info.get("native") else "ATen entry"
     a1, b1 = torch.ones(1), torch.ones(1)
     rows.append(
         ab("lone add, 1-element tensors", lambda: torch.add(a1, b1), lambda: turbo_torch.add(a1, b1), repeats, threads)

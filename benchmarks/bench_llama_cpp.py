@@ -96,12 +96,16 @@ def _fetch_sources(dest: Path) -> None:
     import hashlib
     import urllib.request
 
-    with urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-python/json", timeout=60) as resp:
+    import urllib.parse
+
+    index = "https://pypi.org/pypi/llama-cpp-python/json"
+    with urllib.request.urlopen(index, timeout=60) as resp:
         meta = json.load(resp)
     sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / sdist["filename"]
-        with urllib.request.urlopen(sdist["url"], timeout=600) as resp:
+        # a PyPI mirror may answer with URLs relative to the JSON document
+        with urllib.request.urlopen(urllib.parse.urljoin(index, sdist["url"]), timeout=600) as resp:
             archive.write_bytes(resp.read())
         if hashlib.sha256(archive.read_bytes()).hexdigest() != sdist["digests"]["sha256"]:
             raise OSError(f"{sdist['filename']}: sha256 does not match PyPI's")
