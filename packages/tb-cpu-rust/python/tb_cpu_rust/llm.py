@@ -28,10 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from tb_cpu_rust import _native
+from tb_cpu_rust.threads import use_torch_openmp
 from tb_llm.backends import ReferenceBackend
 from tb_llm.errors import BackendError
 from tb_llm.kv_cache import KVCache
 from tb_llm.quant import GROUP_SIZES, QuantWeight
+
+
+# prefill GEMMs (called between PyTorch ops) run on PyTorch's OpenMP team, as the engine's kernels do
+use_torch_openmp()
 
 
 def _arg(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:

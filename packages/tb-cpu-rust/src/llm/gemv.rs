@@ -111,7 +111,7 @@ pub fn linear(p: &Packed, x: &[f32], m: usize, bias: Option<&[f32]>, y: &mut [f3
     unsafe { run(&[job], isa) };
 }
 
-/// Runs `jobs` over the rayon pool (or inline when they are small), split into chunks of
+/// Runs `jobs` over the kernel thread team (or inline when they are small), split into chunks of
 /// whole tiles sized so each thread gets a few: enough to balance two threads when one is
 /// preempted, few enough that scheduling costs little next to the chunk's weight bytes.
 ///
@@ -119,7 +119,11 @@ pub fn linear(p: &Packed, x: &[f32], m: usize, bias: Option<&[f32]>, y: &mut [f3
 /// Each job's `out` must be valid for writes at `i * ld + r` for every activation row `i`
 /// and weight row `r`, and no two jobs (nor anything else) may write the same element.
 pub unsafe fn run(jobs: &[Job], isa: Isa) {
-    let threads = rayon::current_num_threads();
+    // Called from Python between PyTorch ops (the per-kernel path: prefill), the chunks run on
+    // PyTorch's OpenMP team like the other kernels (`crate::par`: no second pool spinning against
+    // OpenMP's workers); inside rayon's pool (the fused step runs in `rayon::scope`) on rayon.
+    let on_omp = rayon::current_thread_index().is_none() && crate::par::pool() == "openmp";
+    let threads = if on_omp { crate::par::threads() } else { rayon::current_num_threads() };
     let weights: usize = jobs.iter().map(|j| j.p.shape().0 * j.p.shape().1).sum();
     if weights < PAR_MIN || threads == 1 {
         for j in jobs {
@@ -143,7 +147,14 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
             r += nr;
         }
     }
-    chunks.par_iter().for_each(|&(ji, r0, nr)| chunk(&jobs[ji], r0, nr, isa));
+    if on_omp {
+        crate::par::for_each(chunks.len(), |c| {
+            let (ji, r0, nr) = chunks[c];
+            chunk(&jobs[ji], r0, nr, isa)
+        });
+    } else {
+        chunks.par_iter().for_each(|&(ji, r0, nr)| chunk(&jobs[ji], r0, nr, isa));
+    }
 }
 
 /// Activation rows per pass over a chunk's weights: their quantized values (~1 KiB each for
