@@ -124,16 +124,9 @@ unsafe fn dots_avx2<const R: usize>(cols: usize, k: usize, a: *const f32, a_rs: 
         }
         t += 8;
     }
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
     for r in 0..R {
         for q in 0..4 {
-            let mut v = hsum(s[r][q]);
+            let mut v = crate::vmath::hsum256(s[r][q]);
             for u in k8..k {
                 v += *ar[r].add(u) * *bq[q].add(u);
             }

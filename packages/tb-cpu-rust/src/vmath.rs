@@ -395,8 +395,12 @@ mod imp2 {
         _mm_cvtss_f32(m)
     }
 
+    /// Sum of the eight lanes (the one horizontal sum the crate's AVX2 kernels share).
+    ///
+    /// # Safety
+    /// The CPU must have AVX; call it from AVX2 code (it is inlined into its caller).
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub unsafe fn hsum(v: __m256) -> f32 {
         let m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
         let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
@@ -546,7 +550,7 @@ mod imp2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use imp2::{exp_shift_sum_avx2, softmax_row_avx2, un_avx2};
+pub use imp2::{exp_shift_sum_avx2, hsum as hsum256, softmax_row_avx2, un_avx2};
 
 
 #[cfg(all(test, target_arch = "x86_64"))]
