@@ -278,6 +278,51 @@ impl Executor {
         Ok(ptrs)
     }
 
+    /// Checks bare data pointers for a call whose tensors the caller has already matched against
+    /// the plan (same dtypes, sizes and strides as the plan's buffers — the plan's own layouts are
+    /// what the extents below are computed from): counts, null and misaligned pointers, and
+    /// outputs overlapping each other or an input. Returns the buffer base pointers, like `bind`.
+    pub fn bind_ptrs(&self, inputs: &[usize], outputs: &[usize]) -> Result<Vec<*mut u8>> {
+        if inputs.len() != self.n_inputs || outputs.len() != self.n_outputs {
+            return Err(format!(
+                "expected {} inputs and {} outputs, got {} and {}",
+                self.n_inputs,
+                self.n_outputs,
+                inputs.len(),
+                outputs.len()
+            ));
+        }
+        let mut ptrs = Vec::with_capacity(self.buffers.len());
+        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(outputs.len());
+        for (i, (&ptr, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
+            let size = buf.dtype.size();
+            let bytes = buf.numel * size; // an input's numel is its extent
+            if ptr == 0 && bytes > 0 {
+                return Err(format!("tensor {i}: null data pointer"));
+            }
+            if !ptr.is_multiple_of(size) {
+                return Err(format!("tensor {i}: misaligned data pointer"));
+            }
+            if buf.kind == BufKind::Output {
+                ranges.push((ptr, bytes));
+            }
+            ptrs.push(ptr as *mut u8);
+        }
+        for (k, &(p, n)) in ranges.iter().enumerate() {
+            for &(q, m) in &ranges[k + 1..] {
+                if ranges_overlap(p, n, q, m) {
+                    return Err("output tensors overlap".into());
+                }
+            }
+            for (&q, buf) in inputs.iter().zip(&self.buffers) {
+                if ranges_overlap(p, n, q, buf.numel * buf.dtype.size()) {
+                    return Err("an output tensor overlaps an input".into());
+                }
+            }
+        }
+        Ok(ptrs)
+    }
+
     /// Runs the plan. `ptrs` comes from `bind` (inputs then outputs).
     ///
     /// # Safety

@@ -74,6 +74,21 @@ impl Executor {
         .map_err(err)
     }
 
+    /// Runs the plan on bare data pointers (inputs, then outputs): the fast entry for a caller that
+    /// has matched every tensor's dtype, sizes and strides against the plan itself (tb-cython-dispatch
+    /// compares them with the layouts it prepared the plan for). Pointers are still checked for
+    /// count, null, alignment and overlapping outputs; sizes and strides are not crossed at all.
+    fn run_ptrs(&self, py: Python<'_>, inputs: Vec<usize>, outputs: Vec<usize>) -> PyResult<()> {
+        let ptrs = Ptrs(self.inner.bind_ptrs(&inputs, &outputs).map_err(err)?);
+        let inner = &self.inner;
+        py.detach(move || {
+            let ptrs = ptrs;
+            // SAFETY: the caller vouches for the layouts; `bind_ptrs` checked the pointers.
+            unsafe { inner.run(ptrs.0) }
+        })
+        .map_err(err)
+    }
+
     #[getter]
     fn n_inputs(&self) -> usize {
         self.inner.n_inputs

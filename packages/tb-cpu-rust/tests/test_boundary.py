@@ -111,6 +111,50 @@ def test_mismatched_calls_raise(sizes: list[int], bad: str) -> None:
 
 
 @settings(max_examples=60, deadline=None)
+@given(shape=shapes, data=st.data())
+def test_run_ptrs_agrees_with_run(shape: list[int], data: st.DataObject) -> None:
+    """The pointer entry runs the same program as the descriptor entry, on the same memory."""
+    base = torch.randn(*[s + 2 for s in shape]) if shape else torch.randn(())
+    x = base[tuple(slice(1, 1 + s) for s in shape)] if shape else base
+    if data.draw(st.booleans()) and x.dim() >= 2:
+        x = x.transpose(0, 1)
+    sizes, strides = list(x.shape), list(x.stride())
+    ex = _native.Executor(_copy_spec(sizes, strides))
+    a, b = torch.full(x.shape, -1.0), torch.full(x.shape, -2.0)
+    ex.run([(x.data_ptr(), sizes, strides, "float32")], [(a.data_ptr(), sizes, list(a.stride()), "float32")])
+    ex.run_ptrs([x.data_ptr()], [b.data_ptr()])
+    assert torch.equal(a, x) and torch.equal(b, x)
+
+
+@pytest.mark.parametrize("bad", ["count_in", "count_out", "null", "misaligned", "overlap_in", "overlap_out"])
+def test_run_ptrs_checks_the_pointers(bad: str) -> None:
+    x = torch.randn(4, 5)
+    spec = json.loads(_copy_spec([4, 5], [5, 1]))
+    spec["buffers"].insert(2, dict(spec["buffers"][1]))  # a second output, the same copy
+    spec["values"].append({"buf": 2, "offset": 0, "sizes": [4, 5], "strides": [5, 1]})
+    spec["steps"].append({**spec["steps"][0], "outs": [2]})
+    ex = _native.Executor(json.dumps(spec))
+    o1, o2 = torch.empty(4, 5), torch.empty(4, 5)
+    ex.run_ptrs([x.data_ptr()], [o1.data_ptr(), o2.data_ptr()])
+    assert torch.equal(o1, x) and torch.equal(o2, x)
+    ins, outs = [x.data_ptr()], [o1.data_ptr(), o2.data_ptr()]
+    if bad == "count_in":
+        ins = ins * 2
+    elif bad == "count_out":
+        outs = outs[:1]
+    elif bad == "null":
+        ins = [0]
+    elif bad == "misaligned":
+        outs = [o1.data_ptr() + 2, o2.data_ptr()]
+    elif bad == "overlap_in":
+        outs = [x.data_ptr() + 4 * 7, o2.data_ptr()]
+    elif bad == "overlap_out":
+        outs = [o1.data_ptr(), o1.data_ptr() + 4 * 19]
+    with pytest.raises(ValueError):
+        ex.run_ptrs(ins, outs)
+
+
+@settings(max_examples=60, deadline=None)
 @given(
     offset=st.integers(0, 40),
     sizes=st.lists(st.integers(0, 6), min_size=1, max_size=3),

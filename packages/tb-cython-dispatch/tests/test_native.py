@@ -171,6 +171,26 @@ def test_replaced_parameter_layout_prepares_anew(always_native: ModuleType) -> N
 
 
 @needs_rust
+def test_parameter_data_swapped_in_place_is_noticed(always_native: ModuleType) -> None:
+    """``p.data = ...`` keeps the Parameter object but changes its layout: never read stale layouts."""
+    m, x = _mlp(), torch.randn(3, 20)
+    with torch.no_grad():
+        _run(m, x)
+        slot = _slot(m, x, always_native)
+        assert slot.state == native.NATIVE
+        m[0].weight.data = torch.randn(20, 16).t()  # same shape, transposed strides
+        torch.testing.assert_close(m(x), _eager(m, x), **TOL)
+        _run(m, x)
+        assert slot.state == native.NATIVE and slot.prepares == 2
+        torch.testing.assert_close(m(x), _eager(m, x), **TOL)
+        m[2].bias.data = torch.randn(3)  # a smaller bias: eager raises, and so must this path
+        with pytest.raises(RuntimeError):
+            _eager(m, x)
+        with pytest.raises(RuntimeError):
+            m(x)
+
+
+@needs_rust
 def test_autograd_is_never_skipped(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     outs = _run(m, x)  # grad mode on, parameters require grad: every call records a graph

@@ -15,6 +15,13 @@ class Executor:
         Raises ``ValueError`` for a wrong dtype, shape, stride, count or overlapping outputs,
         and for data errors found while running (an index out of range).
         """
+    def run_ptrs(self, inputs: list[int], outputs: list[int]) -> None:
+        """Run once on bare data pointers (inputs, then outputs), the GIL released.
+
+        The caller must have matched every tensor's dtype, sizes and strides against the plan's;
+        only the pointers are checked here (count, null, alignment, overlapping outputs), each
+        failure a ``ValueError``.
+        """
     @property
     def n_inputs(self) -> int: ...
     @property

@@ -336,22 +336,24 @@ cdef object _STALE = _native_mod.STALE
 
 cpdef object native_fast(tuple parts, object x):
     """One native call of a prepared Sequential entry; None when PyTorch would observe or record
-    something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
-    cdef object executor = parts[0]
-    cdef tuple linears = parts[1]
+    something (then the caller runs the ATen steps), STALE when the parameters no longer fit.
+
+    Only data pointers cross into Rust (``Executor.run_ptrs``): each parameter's dtype, device,
+    shape and strides are compared here with the ones the program was prepared for; x's layout is
+    part of the entry's key and the output is allocated to the prepared shape."""
+    cdef object run_ptrs = parts[0]
     cdef tuple lin
     cdef object child, t, out
     cdef dict params, d
     cdef bint grad = parts[6]
-    cdef list descs
-    cdef tuple out_shape = parts[3]
+    cdef list ptrs
     if _fn_mode() or _dispatch_depth() or _profiling():
         return None
     for child in <tuple>parts[2]:
         if not hooks_free(child):
             return None
-    descs = [(x.data_ptr(), parts[4], parts[5], "float32")]
-    for lin in linears:
+    ptrs = [x.data_ptr()]
+    for lin in <tuple>parts[1]:
         child = lin[0]
         d = child.__dict__
         if "weight" in d or "bias" in d:
@@ -360,7 +362,9 @@ cpdef object native_fast(tuple parts, object x):
         t = params.get("weight")
         if t is None or t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
             return None
-        descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+        if t.shape != lin[2] or t.stride() != lin[3]:
+            return _STALE
+        ptrs.append(t.data_ptr())
         t = params.get("bias")
         if t is None:
             if lin[1]:
@@ -370,10 +374,12 @@ cpdef object native_fast(tuple parts, object x):
                 return _STALE
             if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
                 return None
-            descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
-    out = _empty(*out_shape)  # contiguous, so its strides are the ones the program was prepared for
+            if t.shape != lin[4] or t.stride() != lin[5]:
+                return _STALE
+            ptrs.append(t.data_ptr())
+    out = _empty(*<tuple>parts[3])  # contiguous: the strides the program was prepared for
     try:
-        executor.run(descs, [(out.data_ptr(), out_shape, parts[7], "float32")])
+        run_ptrs(ptrs, [out.data_ptr()])
     except ValueError:
         return _STALE
     return out

@@ -274,14 +274,16 @@ _STALE = _native_mod.STALE
 def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
     """One native call of a prepared Sequential entry; None when PyTorch would observe or record
     something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
-    executor, linears, children, out_shape, x_shape, x_stride, grad, out_stride = parts
+    run_ptrs, linears, children, out_shape, x_shape, x_stride, grad, out_stride = parts
     if _fn_mode() or _dispatch_depth() or _profiling():
         return None
     for child in children:
         if not hooks_free(child):
             return None
-    descs = [(x.data_ptr(), x_shape, x_stride, "float32")]
-    for child, has_bias in linears:
+    # Only pointers cross into Rust: every parameter's layout is compared here with the one the
+    # program was prepared for (x's is part of the entry's key, the output is made to fit).
+    ptrs = [x.data_ptr()]
+    for child, has_bias, w_shape, w_stride, b_shape, b_stride in linears:
         d = child.__dict__
         if "weight" in d or "bias" in d:
             return None
@@ -289,17 +291,21 @@ def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
         t = params.get("weight")
         if t is None or t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
             return None
-        descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+        if t.shape != w_shape or t.stride() != w_stride:
+            return _STALE
+        ptrs.append(t.data_ptr())
         t = params.get("bias")
         if (t is None) == has_bias:
             return _STALE
         if t is not None:
             if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
                 return None
-            descs.append((t.data_ptr(), t.shape, t.stride(), "float32"))
+            if t.shape != b_shape or t.stride() != b_stride:
+                return _STALE
+            ptrs.append(t.data_ptr())
     out = _empty(*out_shape)
     try:
-        executor.run(descs, [(out.data_ptr(), out_shape, out_stride, "float32")])
+        run_ptrs(ptrs, [out.data_ptr()])
     except ValueError:
         return _STALE
     return out

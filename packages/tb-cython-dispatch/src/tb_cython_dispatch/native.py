@@ -154,7 +154,9 @@ class NativeSeq:
         self.t_torch: list[int] = []
         self.prepares = 0
         # Set while the decision is NATIVE: what the implementations' native_fast() needs, as one tuple
-        # (executor, ((linear, has_bias), ...), children, out_shape, x_shape, x_stride, grad, out_stride).
+        # (executor.run_ptrs, ((linear, has_bias, w_shape, w_stride, b_shape, b_stride), ...), children,
+        # out_shape, x_shape, x_stride, grad, out_stride). The layouts are the parameters' at prepare
+        # time: a call whose parameters differ from them is STALE and prepares anew.
         self.fast: tuple[Any, ...] | None = None
         self._fast_parts: tuple[Any, ...] = ()  # the same tuple, from prepare() on (the trial uses it)
         _live.add(self)
@@ -205,9 +207,13 @@ class NativeSeq:
         self.t_native, self.t_torch = [], []
         self.state = TRIAL
         self.fast = None
+        run_ptrs = getattr(self.executor, "run_ptrs", None)
+        if run_ptrs is None:  # a tb-cpu-rust older than the pointer entry
+            self.state = OFF
+            return False
         self._fast_parts = (
-            self.executor,
-            tuple((child, child._parameters.get("bias") is not None) for child in self.linears),
+            run_ptrs,
+            tuple(_layouts(child) for child in self.linears),
             self.children,
             out_shape,
             self.shape,
@@ -255,6 +261,15 @@ class NativeSeq:
             self.state = decide(min(self.t_native[WARMUP:]), min(self.t_torch[WARMUP:]))
             self.fast = self._fast_parts if self.state == NATIVE else None
         return y
+
+
+def _layouts(linear: Any) -> tuple[Any, ...]:
+    """(linear, has_bias, weight shape, weight strides, bias shape, bias strides) as prepared."""
+    w = linear._parameters["weight"]
+    b = linear._parameters.get("bias")
+    if b is None:
+        return (linear, False, w.shape, w.stride(), None, None)
+    return (linear, True, w.shape, w.stride(), b.shape, b.stride())
 
 
 def decide(native_ns: int, torch_ns: int) -> int:
