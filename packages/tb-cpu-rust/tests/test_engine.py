@@ -91,3 +91,42 @@ def test_masked_sdpa_matches_eager() -> None:
     fn, reports = compile_with("native_cpu", f)
     torch.testing.assert_close(fn(q, k, v, m), f(q, k, v, m), rtol=1e-4, atol=1e-4)
     assert not native_and_fallback(reports)[1]
+
+
+def test_program_checks_each_call_against_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matching inputs cross as bare pointers; anything else takes the validating entry and fails
+    with a clear error instead of reading memory the plan did not describe."""
+    from tb_cpu_rust import program
+
+    made: list[program.NativeProgram] = []
+    original = program.NativeProgram.__init__
+
+    def record(self: program.NativeProgram, plan: object) -> None:
+        original(self, plan)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(program.NativeProgram, "__init__", record)
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ y) + 1.0
+
+    x, y = torch.randn(8, 5), torch.randn(5, 3)
+    fn, _ = compile_with("native_cpu", f, cache=False)
+    torch.testing.assert_close(fn(x, y), f(x, y), rtol=1e-5, atol=1e-5)
+    prog = made[-1]
+    assert prog._input_ptrs([x, y]) is not None
+    torch.testing.assert_close(prog(x, y), f(x, y), rtol=1e-5, atol=1e-5)
+    # a size-1 dim's stride never matters; a transposed copy, another shape or dtype does
+    assert prog._input_ptrs([x, y.t().contiguous().t()]) is None
+    assert prog._input_ptrs([x[:4], y]) is None
+    assert prog._input_ptrs([x.double(), y]) is None
+    assert prog._input_ptrs([x]) is None and prog._input_ptrs([x, 1.0]) is None
+    with pytest.raises(ValueError, match="differ from the plan"):
+        prog(x[:4], y)
+    with pytest.raises(ValueError, match="dtype"):
+        prog(x.double(), y)
+    with pytest.raises(TypeError, match="expected a tensor"):
+        prog(x, 1.0)
+    # the transposed-strides input is validated in Rust and refused, never misread
+    with pytest.raises(ValueError):
+        prog(x, y.t().contiguous().t())

@@ -1,8 +1,11 @@
 """NativeProgram: the callable a compiled partition becomes.
 
-Per call: allocate the output buffers with ``torch.empty`` (only those whose values leave the
-partition), pass every tensor as (data pointer, sizes, strides, dtype), and make one call into
-Rust with the GIL released. Outputs that are views are made with ``as_strided``.
+Per call: check each input's dtype, sizes and strides against the plan's (one C call per tensor),
+allocate the output buffers with ``torch.empty`` (only those whose values leave the partition),
+and make one call into Rust with the GIL released, passing only data pointers
+(``Executor.run_ptrs``). An input that does not match takes the descriptor entry
+(``Executor.run``), which validates everything in Rust and raises the precise error. Outputs that
+are views are made with ``as_strided``.
 """
 
 from __future__ import annotations
@@ -56,24 +59,21 @@ class NativeProgram:
                 self._direct[spec[0]] = (spec[1], spec[2])
         self._alloc = [(spec, self._direct.get(i)) for i, spec in enumerate(self._out_bufs)]
         self.single = plan.single_output
+        # what run_ptrs relies on: each input tensor's dtype, sizes and strides, as the plan has them
+        self._layouts = [(_DT[b["dtype"]], tuple(b["sizes"]), tuple(b["strides"])) for b in buffers[:n_in]]
 
     def __call__(self, *inputs: Any) -> Any:
         tensors = [*inputs, *self._constants]
-        # torch.Size is a tuple: pyo3 reads it as the sizes list without a copy here
-        try:
-            args = [(t.data_ptr(), t.shape, t.stride(), _NAMES.get(t.dtype) or str(t.dtype)) for t in tensors]
-        except AttributeError:
-            bad = next((t for t in tensors if not isinstance(t, torch.Tensor)), None)
-            if bad is None:
-                raise
-            raise TypeError(f"native_cpu expected a tensor input, got {type(bad).__name__}") from None
+        ptrs = self._input_ptrs(tensors)
         bufs = [
             torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype)
             for (numel, dtype), direct in self._alloc
         ]
-        outs = [(b.data_ptr(), b.shape, b.stride(), _NAMES.get(b.dtype) or str(b.dtype)) for b in bufs]
         try:
-            self.executor.run(args, outs)
+            if ptrs is not None:
+                self.executor.run_ptrs(ptrs, [b.data_ptr() for b in bufs])
+            else:
+                self.executor.run(_descriptors(tensors), _descriptors(bufs))
         except BaseException as exc:
             # a Rust panic arrives as pyo3's PanicException, a BaseException that tb-core's eager
             # fallback (which catches Exception) would not see: make it an ordinary error
@@ -93,6 +93,52 @@ class NativeProgram:
                 buf = bufs[b]
                 result.append(buf if b in self._direct else buf.as_strided(shape, stride, off))
         return result[0] if self.single else tuple(result)
+
+
+    def _input_ptrs(self, tensors: list[Any]) -> list[int] | None:
+        """The inputs' data pointers when every input has the plan's dtype, sizes and strides; else
+        None (the caller then takes the descriptor entry, which names what is wrong)."""
+        if len(tensors) != len(self._layouts):
+            return None
+        ptrs = []
+        try:
+            for t, (dtype, sizes, strides) in zip(tensors, self._layouts):
+                if t.dtype is not dtype:
+                    return None
+                _same_layout(t, sizes, strides)
+                ptrs.append(t.data_ptr())
+        except (AttributeError, AssertionError, TypeError, RuntimeError):
+            return None
+        return ptrs
+
+
+def _descriptors(tensors: list[Any]) -> list[tuple[Any, ...]]:
+    """(data pointer, sizes, strides, dtype name) of each tensor, for ``Executor.run``."""
+    try:
+        # torch.Size is a tuple: pyo3 reads it as the sizes list without a copy here
+        return [(t.data_ptr(), t.shape, t.stride(), _NAMES.get(t.dtype) or str(t.dtype)) for t in tensors]
+    except AttributeError:
+        bad = next((t for t in tensors if not isinstance(t, torch.Tensor)), None)
+        if bad is None:
+            raise
+        raise TypeError(f"native_cpu expected a tensor input, got {type(bad).__name__}") from None
+
+
+def _same_layout_py(t: Any, sizes: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    """Raises AssertionError unless ``t`` has these sizes and (for dims longer than 1) strides."""
+    if t.dim() != len(sizes) or tuple(t.shape) != sizes:
+        raise AssertionError("sizes differ")
+    if any(n > 1 and a != b for n, a, b in zip(sizes, t.stride(), strides)):
+        raise AssertionError("strides differ")
+
+
+try:
+    # PyTorch's C check (what inductor's generated code calls on its inputs): sizes equal, and
+    # strides equal wherever the size is above 1 — a stride over a dim of size 0 or 1 never
+    # multiplies a nonzero index, so the executor reads the same memory either way.
+    from torch._C._dynamo.guards import assert_size_stride as _same_layout
+except ImportError:  # pragma: no cover - older PyTorch
+    _same_layout = _same_layout_py
 
 
 def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
