@@ -138,7 +138,7 @@ try:
     # multiplies a nonzero index, so the executor reads the same memory either way.
     from torch._C._dynamo.guards import assert_size_stride as _same_layout
 except ImportError:  # pragma: no cover - older PyTorch
-    _same_layout = _same_layout_py
+    _same_layout = _same_layout_py  # type: ignore[assignment]
 
 
 def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:

@@ -274,7 +274,7 @@ _STALE = _native_mod.STALE
 def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
     """One native call of a prepared Sequential entry; None when PyTorch would observe or record
     something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
-    run_ptrs, linears, children, out_shape, x_shape, x_stride, grad, out_stride = parts
+    run_ptrs, linears, children, out_shape, _x_shape, _x_stride, grad, _out_stride = parts
     if _fn_mode() or _dispatch_depth() or _profiling():
         return None
     for child in children:
