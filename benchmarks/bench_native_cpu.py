@@ -1,12 +1,15 @@
 """native_cpu benchmark rows (issue 3): interleaved A/B medians against torch eager.
 
-    python benchmarks/bench_native_cpu.py --threads 2 [--inductor] [--repeats 7]
+    python benchmarks/bench_native_cpu.py --threads 2 [--no-inductor] [--repeats 7]
 
 Each row compiles the function with ``torch.compile(backend="torchburn", options={"engine":
 "native_cpu"})``, checks the result against eager, then alternates blocks of eager and native
 calls and reports the medians, the ratio eager/native (higher is better), GFLOP/s and GB/s.
 Only ratios from the same run mean anything on a shared machine. GEMM rows also time both GEMM
-crates the engine carries, and numpy's OpenBLAS (in its own process) as the reference.
+crates the engine carries, and numpy's OpenBLAS (in its own process) as the reference. Inductor
+(``backend="inductor"``) is compiled and timed on every row in the same run (its own A/B against
+eager), with its first call, so the first-call target (native ≤ 25% of inductor's) is measured;
+``--no-inductor`` skips it (inductor needs a C++ compiler).
 """
 
 from __future__ import annotations
@@ -178,16 +181,22 @@ class _TrainMLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _train_row(threads: int, repeats: int) -> dict[str, Any]:
+def _train_row(threads: int, repeats: int, inductor: bool = True) -> dict[str, Any]:
     """One Adam step of MLP 784->512->10 on a batch of 64: eager vs the model compiled on native_cpu."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
 
-    def make(compiled: bool) -> Callable[[], Any]:
+    def make(compiled: bool, backend: str = "torchburn") -> Callable[[], Any]:
         torch.manual_seed(0)
         model = _TrainMLP()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        fwd = _compile(model) if compiled else model
+        if not compiled:
+            fwd: Callable[..., Any] = model
+        elif backend == "torchburn":
+            fwd = _compile(model)
+        else:
+            torch._dynamo.reset()
+            fwd = torch.compile(model, backend=backend, dynamic=False)
 
         def step() -> Any:
             opt.zero_grad(set_to_none=True)
@@ -205,7 +214,7 @@ def _train_row(threads: int, repeats: int) -> dict[str, Any]:
     first = time.perf_counter() - t0
     t_e, t_n = _interleaved(eager, native, repeats)
     flops = 3 * 2 * 64 * (784 * 512 + 512 * 10)
-    return {
+    row: dict[str, Any] = {
         "name": "train step MLP 784-512-10 b64 Adam",
         "eager_s": t_e,
         "torchburn_s": t_n,
@@ -213,9 +222,35 @@ def _train_row(threads: int, repeats: int) -> dict[str, Any]:
         "flops": flops,
         "bytes": 0,
     }
+    if inductor:
+        try:
+            t0 = time.perf_counter()
+            ind = make(True, "inductor")
+            ind()
+            row["inductor_first_s"] = time.perf_counter() - t0
+            _, row["inductor_s"] = _interleaved(eager, ind, repeats)
+        except Exception as exc:
+            row["notes"] = f"inductor failed: {type(exc).__name__}"
+    return row
 
 
-def run(threads: int, repeats: int = 5, inductor: bool = False, gemm_backends: bool = True) -> list[dict[str, Any]]:
+def _inductor_times(
+    row: dict[str, Any], eager: Callable[[], Any], fn: Callable[..., Any], args: tuple[Any, ...], repeats: int
+) -> None:
+    """inductor_first_s (compile + first call) and inductor_s (A/B against eager) into ``row``."""
+    torch._dynamo.reset()
+    try:
+        t0 = time.perf_counter()
+        ind = torch.compile(fn, backend="inductor", dynamic=False)
+        ind(*args)
+        row["inductor_first_s"] = time.perf_counter() - t0
+    except Exception as exc:  # no C++ compiler, or an inductor bug: the row says so
+        row["notes"] = (row.get("notes", "") + f"; inductor failed: {type(exc).__name__}").lstrip("; ")
+        return
+    _, row["inductor_s"] = _interleaved(eager, lambda: ind(*args), repeats)
+
+
+def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bool = True) -> list[dict[str, Any]]:
     """Measure every row; one dict per row in the shared harness format (times in seconds):
     suite, name, threads, eager_s, torchburn_s, torchburn_first_s, optional inductor_s /
     inductor_first_s, notes; plus ratio, gflops, gbps and peak fractions for this suite's table."""
@@ -271,16 +306,9 @@ def run(threads: int, repeats: int = 5, inductor: bool = False, gemm_backends: b
                 notes.insert(0, f"default={before}")
             row["notes"] = "; ".join(notes)
             if inductor:
-                torch._dynamo.reset()
-                t0 = time.perf_counter()
-                ind = torch.compile(fn, backend="inductor", dynamic=False)
-                ind(*args)
-                row["inductor_first_s"] = time.perf_counter() - t0
-                _, row["inductor_s"] = _interleaved(
-                    lambda fn=fn, args=args: fn(*args), lambda ind=ind, args=args: ind(*args), repeats
-                )
+                _inductor_times(row, lambda fn=fn, args=args: fn(*args), fn, args, repeats)
         results.append(row)
-    results.append(_train_row(threads, repeats))
+    results.append(_train_row(threads, repeats, inductor))
     for row in results:
         row["suite"] = "native_cpu"
         row["threads"] = threads
@@ -304,8 +332,8 @@ def run(threads: int, repeats: int = 5, inductor: bool = False, gemm_backends: b
 
 def _fmt(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| row | threads | eager | native | eager/native | GFLOP/s | GB/s | of peak | first call | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| row | threads | eager | native | eager/native | inductor | eager/inductor | GFLOP/s | GB/s | of peak | first call native / inductor | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         gf = f"{r['gflops']:.1f}" if "gflops" in r else ""
@@ -315,9 +343,12 @@ def _fmt(results: list[dict[str, Any]]) -> str:
             if "peak_fraction" in r
             else (f"{r['stream_fraction']:.0%} copy" if "stream_fraction" in r else "")
         )
+        ind = f"{r['inductor_s'] * 1e6:.0f} µs" if "inductor_s" in r else "-"
+        ind_ratio = f"{r['eager_s'] / r['inductor_s']:.2f}×" if "inductor_s" in r else "-"
+        ind_first = f"{r['inductor_first_s'] * 1e3:.0f} ms" if "inductor_first_s" in r else "-"
         lines.append(
-            f"| {r['name']} | {r['threads']} | {r['eager_s'] * 1e6:.0f} µs | {r['torchburn_s'] * 1e6:.0f} µs | {r['ratio']:.2f}× | {gf} | "
-            f"{gb} | {frac} | {r['torchburn_first_s'] * 1e3:.0f} ms | {r.get('notes', '')} |"
+            f"| {r['name']} | {r['threads']} | {r['eager_s'] * 1e6:.0f} µs | {r['torchburn_s'] * 1e6:.0f} µs | {r['ratio']:.2f}× | "
+            f"{ind} | {ind_ratio} | {gf} | {gb} | {frac} | {r['torchburn_first_s'] * 1e3:.0f} ms / {ind_first} | {r.get('notes', '')} |"
         )
     return "\n".join(lines)
 
@@ -326,7 +357,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--inductor", action="store_true")
+    parser.add_argument(
+        "--no-inductor", dest="inductor", action="store_false", help="skip inductor (needs a C++ compiler)"
+    )
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args()
     results = run(ns.threads, ns.repeats, ns.inductor)
