@@ -1,69 +1,59 @@
 //! sin and cos for AVX2+FMA CPUs, eight lanes at a time.
 //!
-//! Range reduction: k = round(x·2/π), r = x − k·π/2 with π/2 split into three float32 parts
-//! (Cody–Waite); the first part has 8 significant bits, so k·C1 is exact for |k| < 2^16, and the
-//! two later subtractions are fused multiply-adds (one rounding each). That keeps |error of r|
-//! near 1e-7 for |x| ≤ `REDUCE_MAX`; lanes beyond it (±inf included) take the scalar libm
-//! function, so large arguments keep full accuracy, and NaN stays NaN. On |r| ≤ π/4 the Taylor series to r^9 (sin) and r^10 (cos) are
-//! below 2e-9 in error; the quadrant (k mod 4) picks sin or cos of r and the sign.
+//! Range reduction by π: sin(x) = (−1)^k · sin(x − kπ) with k = round(x/π), and
+//! cos(x) = sin(x + π/2) = (−1)^m · sin(x − (m − ½)π) with m = round(x/π + ½), so one odd
+//! polynomial on |r| ≤ π/2 serves both (no second polynomial, no quadrant blend). π is split into
+//! three float32 parts (Cody–Waite); the first has 8 significant bits, so h·P1 is exact for the
+//! |h| < 2^15 that |x| ≤ `REDUCE_MAX` gives (h = k, or m − ½ with one fraction bit), and the two
+//! later subtractions are fused multiply-adds (one rounding each): |error of r| stays near 1e-7.
+//! Lanes beyond `REDUCE_MAX` (±inf included) take the scalar libm function, so large arguments keep
+//! full accuracy, and NaN stays NaN. On |r| ≤ π/2 the Taylor series to r^11 is within 6e-8 of
+//! sin r.
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
 
-    /// Beyond this |x| a vector takes the scalar path (k·C1 must stay exact: |k| < 2^16).
+    /// Beyond this |x| a vector takes the scalar path (h·P1 must stay exact: |h| < 2^15).
     pub const REDUCE_MAX: f32 = 65536.0;
 
-    const C1: f32 = 1.570_312_5; // 201/128: 8 significant bits
-    const C2: f32 = (std::f64::consts::FRAC_PI_2 - 1.570_312_5) as f32;
-    const C3: f32 = (std::f64::consts::FRAC_PI_2 - 1.570_312_5 - C2 as f64) as f32;
+    const P1: f32 = 3.140_625; // 201/64: 8 significant bits
+    const P2: f32 = (std::f64::consts::PI - 3.140_625) as f32;
+    const P3: f32 = (std::f64::consts::PI - 3.140_625 - P2 as f64) as f32;
 
     #[inline(always)]
     unsafe fn set(v: f32) -> __m256 {
         _mm256_set1_ps(v)
     }
 
-    /// sin(r) for |r| ≤ π/4: r + r³(−1/3! + r²(1/5! + r²(−1/7! + r²/9!))).
+    /// sin(r) for |r| ≤ π/2: r + r³(−1/3! + r²(1/5! + r²(−1/7! + r²(1/9! − r²/11!)))).
     #[inline(always)]
-    unsafe fn sin_poly(r: __m256, r2: __m256) -> __m256 {
-        let mut p = set(1.0 / 362_880.0);
-        for c in [-1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0] {
+    unsafe fn sin_poly(r: __m256) -> __m256 {
+        let r2 = _mm256_mul_ps(r, r);
+        let mut p = set(-1.0 / 39_916_800.0);
+        for c in [1.0 / 362_880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0] {
             p = _mm256_fmadd_ps(p, r2, set(c));
         }
         _mm256_fmadd_ps(_mm256_mul_ps(p, r2), r, r)
     }
 
-    /// cos(r) for |r| ≤ π/4: 1 − r²/2 + r⁴(1/4! + r²(−1/6! + r²(1/8! − r²/10!))).
-    #[inline(always)]
-    unsafe fn cos_poly(r2: __m256) -> __m256 {
-        let mut p = set(-1.0 / 3_628_800.0);
-        for c in [1.0 / 40_320.0, -1.0 / 720.0, 1.0 / 24.0] {
-            p = _mm256_fmadd_ps(p, r2, set(c));
-        }
-        let r4 = _mm256_mul_ps(r2, r2);
-        _mm256_fmadd_ps(p, r4, _mm256_fnmadd_ps(set(0.5), r2, set(1.0)))
-    }
-
-    /// sin (cos when `cosine`) of eight lanes whose |x| ≤ REDUCE_MAX or NaN/inf.
+    /// sin (cos when `cosine`) of eight lanes whose |x| ≤ REDUCE_MAX or NaN.
     #[inline(always)]
     unsafe fn sincos(x: __m256, cosine: bool) -> __m256 {
-        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, set(std::f32::consts::FRAC_2_PI)));
-        let r = _mm256_fnmadd_ps(k, set(C1), x);
-        let r = _mm256_fnmadd_ps(k, set(C2), r);
-        let r = _mm256_fnmadd_ps(k, set(C3), r);
-        let r2 = _mm256_mul_ps(r, r);
-        let s = sin_poly(r, r2);
-        let c = cos_poly(r2);
-        // sin(x) = [s, c, −s, −c][q]; cos(x) = sin(x + π/2), i.e. quadrant q + 1
-        let mut q = _mm256_cvtps_epi32(k);
-        if cosine {
-            q = _mm256_add_epi32(q, _mm256_set1_epi32(1));
-        }
-        let odd = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(q)); // sign bit set when q is odd
-        let y = _mm256_blendv_ps(s, c, odd);
-        let neg = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(_mm256_srli_epi32::<1>(q)));
-        // NaN/inf inputs: r is already NaN (inf − inf), and an xor of the sign keeps it NaN
-        _mm256_xor_ps(y, _mm256_and_ps(neg, set(-0.0)))
+        let t = _mm256_mul_ps(x, set(std::f32::consts::FRAC_1_PI));
+        let (n, h) = if cosine {
+            let m = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_add_ps(t, set(0.5)));
+            (m, _mm256_sub_ps(m, set(0.5)))
+        } else {
+            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            (k, k)
+        };
+        let r = _mm256_fnmadd_ps(h, set(P1), x);
+        let r = _mm256_fnmadd_ps(h, set(P2), r);
+        let r = _mm256_fnmadd_ps(h, set(P3), r);
+        // (−1)^n: n's lowest bit into the sign bit (a NaN lane converts to 0x80000000: even)
+        let odd = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(_mm256_cvtps_epi32(n)));
+        _mm256_xor_ps(sin_poly(r), odd)
     }
 
     /// Eight lanes, any value: lanes beyond REDUCE_MAX take the scalar libm function.
