@@ -14,7 +14,7 @@ use super::packed::Packed;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const NR: usize = 16;
-const MR: usize = 6;
+pub const MR: usize = 6;
 /// From this many activation rows on, prefill takes this path.
 pub const MIN_ROWS: usize = 16;
 /// K values per pass. Measured single-threaded at 512 rows (int8, best of 6, interleaved):
@@ -35,11 +35,22 @@ thread_local! {
 
 /// Where a kernel call leaves its `R x NR` tile: row `i` at `ptr + i * ld`, added to what is
 /// there when `add` (a later K slice), plus `bias[0 .. NR]` when given (the last K slice).
-struct Out {
-    ptr: *mut f32,
-    ld: usize,
-    add: bool,
-    bias: Option<*const f32>,
+pub struct Out {
+    pub ptr: *mut f32,
+    pub ld: usize,
+    pub add: bool,
+    pub bias: Option<*const f32>,
+}
+
+/// One register tile (up to `MR` rows `xs`, `k` values each) times a `[k, NR]` panel, into `out`.
+///
+/// # Safety
+/// AVX2 and FMA (`takes`); `panel` holds `k * NR` floats, each `xs` row `k`; `out` is valid for
+/// `xs.len()` rows of `NR` at stride `ld` (and `bias` for `NR`).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn kernel(xs: &[*const f32], panel: *const f32, k: usize, out: &Out) {
+    debug_assert!(!xs.is_empty() && xs.len() <= MR);
+    x86::kernel(xs, panel, k, out)
 }
 
 /// On unless a benchmark turns it off (`set_enabled`: old / new paths interleaved in one run).
@@ -137,7 +148,7 @@ fn dequant_row(p: &Packed, r: usize, row: &mut [f32]) {
 }
 
 /// `buf[c * NR + j] = rows[j * k + c]` (`NR` rows of `k`).
-fn transpose_into(rows: &[f32], k: usize, buf: &mut [f32]) {
+pub fn transpose_into(rows: &[f32], k: usize, buf: &mut [f32]) {
     assert!(rows.len() >= NR * k && buf.len() >= k * NR);
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
