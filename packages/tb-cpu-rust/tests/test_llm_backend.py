@@ -223,6 +223,27 @@ def test_attention_over_cache_views(b: int, h: int, kv: int, t: int, s: int, d: 
     torch.testing.assert_close(got, REF.attention(q, k, v, mask, d**-0.5, softcap), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("t", [1, 8, 9, 16, 17, 100, 512])
+@pytest.mark.parametrize(("past", "d", "padded"), [(0, 64, False), (7, 40, True), (3, 72, False)])
+def test_prefill_attention_query_counts(t: int, past: int, d: int, padded: bool) -> None:
+    """Causal prefill after `past` cached positions (from 16 queries on: Rust ``llm/attn.rs``,
+    below: the per-row kernel; head dims that are not multiples of 16 pad the value panels),
+    against SDPA; with ``padded`` a batch row that cannot see its first two keys, as a
+    left-padded batch."""
+    torch.manual_seed(t + past + d)
+    b, h, kv = (2 if padded else 1), 14, 2
+    s = past + t
+    kc, vc = torch.randn(b, kv, s + 4, d), torch.randn(b, kv, s + 4, d)
+    k, v = kc[:, :, :s], vc[:, :, :s]
+    q = torch.randn(b, h, t, d) * 2
+    qpos = torch.arange(past, s)
+    mask = (torch.arange(s)[None, :] <= qpos[:, None]).expand(b, 1, t, s).clone()
+    if padded:
+        mask[1, :, :, :2] = False
+    got = BE.attention(q, k, v, mask, d**-0.5, None)
+    torch.testing.assert_close(got, REF.attention(q, k, v, mask, d**-0.5, None), rtol=1e-4, atol=1e-5)
+
+
 # -- whole models ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]

@@ -10,8 +10,10 @@ tb-llm's PyTorch ``ReferenceBackend``.
   GEMVs quantize them to int8 per block of 32 values and use integer dot products
   (AVX-512 VNNI where the CPU has it), multithreaded over output rows.
 * RMSNorm, the gated MLP activation, RoPE and attention of a few query positions over the KV
-  cache are one native call each. Prefill-sized attention (more than ``SMALL_M`` queries) goes
-  to PyTorch's SDPA. Prefill linears (16 rows or more) of every weight kind run a blocked f32
+  cache are one native call each. Prefill-sized attention (16 queries or more) runs Rust
+  ``llm/attn.rs``: keys and values laid out once per KV head as GEMM panels, each block of
+  query rows (a KV head's query heads x 4 positions) only over the keys it can see (causal),
+  over PyTorch's OpenMP team; with a softcap or a head dim not a multiple of 8, SDPA. Prefill linears (16 rows or more) of every weight kind run a blocked f32
   GEMM over the packed weights (Rust ``llm/panel.rs``: 16 weight rows dequantized at a time,
   6 x 16 FMA register tile), so fp32 / bf16 models keep one copy of their weights.
 * ``compile_model`` hands tb-llm a step that runs a whole decode forward pass (every layer,
@@ -167,7 +169,7 @@ class NativeLLMBackend(ReferenceBackend):
     def attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None
     ) -> torch.Tensor:
-        if q.shape[2] > self.SMALL_M or q.dtype != torch.float32:
+        if q.dtype != torch.float32 or (q.shape[2] > self.SMALL_M and (softcap is not None or q.shape[3] % 8 != 0)):
             return super().attention(q, k, v, mask, scale, softcap)
         out = torch.empty(q.shape, dtype=torch.float32)
         _native.llm_attention(

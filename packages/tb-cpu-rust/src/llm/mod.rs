@@ -7,6 +7,7 @@
 //! SiLU-gate, RoPE, attention over the KV cache); `py` is the thin pyo3 layer.
 
 pub mod act_quant;
+pub mod attn;
 pub mod qgemm;
 pub mod gemv;
 pub mod model;

@@ -49,7 +49,24 @@ impl Act {
 }
 
 /// `out = act(gate) * up`.
+///
+/// SiLU takes the crate's AVX2 sigmoid (`vmath`, within a few ulp of `1 / (1 + e^-x)`) where the
+/// CPU has it: the scalar loop calls libm's `expf` per value (~4 ns; a 512-token prefill of
+/// the 0.5B benchmark model spends 0.25 s of CPU here).
 pub fn gated_act(gate: &[f32], up: &[f32], act: Act, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if act == Act::Silu && matches!(super::gemv::detect(), super::gemv::Isa::Avx2 | super::gemv::Isa::Avx512 | super::gemv::Isa::Vnni) {
+        let n = out.len();
+        assert!(gate.len() >= n && up.len() >= n);
+        for ((o, g), u) in out.chunks_mut(1024).zip(gate.chunks(1024)).zip(up.chunks(1024)) {
+            // SAFETY: `detect` saw AVX2 and FMA.
+            unsafe { crate::vmath::un_avx2(crate::ew::Un::Silu, o, &g[..o.len()]) };
+            for (v, &w) in o.iter_mut().zip(u) {
+                *v *= w;
+            }
+        }
+        return;
+    }
     for i in 0..out.len() {
         let g = gate[i];
         let a = match act {
@@ -75,7 +92,7 @@ unsafe impl Sync for V4 {}
 impl V4 {
     /// # Safety
     /// The view must be valid for reads at every index within `sizes`.
-    unsafe fn row(&self, a: usize, b: usize, c: usize) -> &[f32] {
+    pub unsafe fn row(&self, a: usize, b: usize, c: usize) -> &[f32] {
         let off = a * self.strides[0] + b * self.strides[1] + c * self.strides[2];
         debug_assert_eq!(self.strides[3], 1);
         std::slice::from_raw_parts(self.ptr.add(off), self.sizes[3])

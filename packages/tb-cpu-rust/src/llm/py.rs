@@ -2,6 +2,7 @@
 //! dtype) and the shapes between them, then calls the plain-Rust kernels. A bad argument is a
 //! `ValueError`, never undefined behaviour. Weights are copied into Rust-owned `LLMWeight`s.
 
+use super::attn;
 use super::gemv::{self, detect};
 use super::model::{self, AsPacked, Lin, Model};
 use super::ops::{self, V4};
@@ -565,7 +566,7 @@ fn llm_rms_norm(x: TensorArg, weight: TensorArg, out: TensorArg, eps: f32, offse
 
 /// `out = act(gate) * up`, three contiguous float32 tensors of one shape `[R, C]`.
 #[pyfunction]
-fn llm_gated_act(gate: TensorArg, up: TensorArg, out: TensorArg, act: &str) -> PyResult<()> {
+fn llm_gated_act(py: Python<'_>, gate: TensorArg, up: TensorArg, out: TensorArg, act: &str) -> PyResult<()> {
     let act = ops::Act::parse(act).map_err(err)?;
     let g = arg(gate, "gate", "float32", 2, true)?;
     let u = arg(up, "up", "float32", 2, true)?;
@@ -574,7 +575,24 @@ fn llm_gated_act(gate: TensorArg, up: TensorArg, out: TensorArg, act: &str) -> P
     same("out", &out.sizes, &g.sizes)?;
     disjoint(&out, &[&g, &u])?;
     // SAFETY: validated above.
-    unsafe { ops::gated_act(g.slice(), u.slice(), act, out.slice_mut()) };
+    let (gs, us, os) = unsafe { (g.slice::<f32>(), u.slice::<f32>(), out.slice_mut::<f32>()) };
+    let (rows, cols) = (g.sizes[0], g.sizes[1]);
+    if rows < 2 || rows * cols < 1 << 16 {
+        ops::gated_act(gs, us, act, os);
+        return Ok(());
+    }
+    // prefill: rows split over the kernel thread team (PyTorch's OpenMP team, as `gemv::run`)
+    let parts = (crate::par::threads() * 4).min(rows);
+    let per = rows.div_ceil(parts);
+    let optr = os.as_mut_ptr() as usize;
+    py.detach(|| {
+        crate::par::for_each(rows.div_ceil(per), |t| {
+            let (a, b) = (t * per * cols, ((t + 1) * per).min(rows) * cols);
+            // SAFETY: parts write disjoint row ranges of `out`, which outlives the call.
+            let o = unsafe { std::slice::from_raw_parts_mut((optr as *mut f32).add(a), b - a) };
+            ops::gated_act(&gs[a..b], &us[a..b], act, o);
+        })
+    });
     Ok(())
 }
 
@@ -634,6 +652,11 @@ fn llm_attention(
     // SAFETY: validated above; bool tensors hold 0 or 1 bytes.
     let (ms, os) = unsafe { (m.slice::<u8>(), out.slice_mut::<f32>()) };
     let (qv, kv, vv) = (q.v4(), k.v4(), v.v4());
+    if t >= attn::MIN_QUERIES && attn::takes(d, softcap) {
+        // SAFETY: validated above; `takes` holds.
+        py.detach(move || unsafe { attn::prefill(qv, kv, vv, ms, scale, os) });
+        return Ok(());
+    }
     py.detach(move || unsafe { ops::attention(qv, kv, vv, ms, scale, softcap, os) });
     Ok(())
 }

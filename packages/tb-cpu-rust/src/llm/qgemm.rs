@@ -407,6 +407,7 @@ mod bench {
                 };
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
                 let mut y = vec![0f32; m * n];
+                // (qgemm, panel)
                 let modes = [(false, false), (true, false), (true, true)];
                 let mut best = [f64::MAX; 3];
                 for _ in 0..3 {
