@@ -182,7 +182,7 @@ pub unsafe fn scatter(mem: &Mem, base: &View, idx: &View, src: &View, out: &View
     match out.dtype {
         DType::F32 => scatter_t::<f32>(mem, base, idx, src, out, dim, how, include_self),
         DType::I64 => scatter_t::<i64>(mem, base, idx, src, out, dim, how, include_self),
-        DType::Bool => scatter_t::<u8>(mem, base, idx, src, out, dim, how, include_self),
+        _ => scatter_t::<u8>(mem, base, idx, src, out, dim, how, include_self),
     }
 }
 
@@ -274,7 +274,7 @@ pub unsafe fn index_put(mem: &Mem, base: &View, values: &View, idx: &[View], out
     match out.dtype {
         DType::F32 => index_put_t::<f32>(mem, base, values, idx, out, accumulate),
         DType::I64 => index_put_t::<i64>(mem, base, values, idx, out, accumulate),
-        DType::Bool => index_put_t::<u8>(mem, base, values, idx, out, accumulate),
+        _ => index_put_t::<u8>(mem, base, values, idx, out, accumulate),
     }
 }
 
@@ -347,7 +347,7 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
             let v = match x.dtype {
                 DType::F32 => f32::get(px, o[0] + i * sx) as f64,
                 DType::I64 => i64::get(px, o[0] + i * sx) as f64,
-                DType::Bool => u8::get(px, o[0] + i * sx) as f64,
+                _ => u8::get(px, o[0] + i * sx) as f64,
             };
             row.push((v, i));
         }
@@ -361,7 +361,7 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
                 // re-read the element: an int64 above 2^53 does not survive the f64 key
                 DType::F32 => f32::get(px, o[0] + i * sx).put(pv, o[1] + j * sv),
                 DType::I64 => i64::get(px, o[0] + i * sx).put(pv, o[1] + j * sv),
-                DType::Bool => ((v != 0.0) as u8).put(pv, o[1] + j * sv),
+                _ => ((v != 0.0) as u8).put(pv, o[1] + j * sv),
             }
             *pp.add(o[2] + j * sp) = i as i64;
         }

@@ -9,6 +9,7 @@
 
 pub mod adaptive_pool;
 pub mod attention;
+pub mod cast;
 pub mod conv;
 pub mod conv3d;
 pub mod conv_transpose;
@@ -20,6 +21,7 @@ pub mod gemm_own;
 pub mod gemv;
 pub mod indexing;
 pub mod isa;
+pub mod linalg;
 pub mod llm;
 pub mod mathfn;
 pub mod ops;

@@ -54,6 +54,10 @@ pub enum Kernel {
     AvgPool3d { x: View, y: View, p: crate::pool3d::AvgParams, include_pad: bool, divisor: usize },
     Nll { x: View, t: View, w: Option<View>, out: View, total: View, reduction: i64, ignore: i64 },
     NllBwd { g: View, x: View, t: View, w: Option<View>, total: View, gi: View, reduction: i64, ignore: i64 },
+    Linalg(Box<crate::linalg::Linalg>),
+    /// a copy that converts between any two dtypes the executor carries
+    Cast { x: View, y: View },
+    Fill { y: View, value: f64, int: Option<i64> },
 }
 
 fn need(cond: bool, what: &str) -> Result<()> {
@@ -97,7 +101,7 @@ fn dim(ints: &[i64], i: usize, rank: usize) -> Result<usize> {
 }
 
 /// Iterates every multi-index of `sizes`, passing the offsets of each operand.
-fn for_each<const K: usize>(sizes: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
+pub(crate) fn for_each<const K: usize>(sizes: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
     if sizes.contains(&0) {
         return;
     }
@@ -145,7 +149,33 @@ fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
 impl Kernel {
     pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
         let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
+        // only these kernels read or write the storage-only dtypes (float64, int32, ...)
+        let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve");
+        if !wide && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
+            return Err(format!("kernel {op} takes float32, int64 and bool only"));
+        }
         let k = match op {
+            "cast" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                crate::cast::check_cast(&x, &y)?;
+                Kernel::Cast { x, y }
+            }
+            "fill" => {
+                let y = out(&outs, 0)?;
+                // mode 0: the float, 1: the integer (exact for any int64), 2..4: NaN, +inf, -inf
+                let (value, int) = match int(ints, 0)? {
+                    0 => (fl(0, 0.0), None),
+                    1 => (0.0, Some(int(ints, 1)?)),
+                    2 => (f64::NAN, None),
+                    3 => (f64::INFINITY, None),
+                    4 => (f64::NEG_INFINITY, None),
+                    m => return Err(format!("unknown fill mode {m}")),
+                };
+                Kernel::Fill { y, value, int }
+            }
+            "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" => {
+                Kernel::Linalg(Box::new(crate::linalg::Linalg::new(op, ins, outs, ints)?))
+            }
             "gemm" => {
                 let (a, b, c) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let bias = opt(&ins, 2);
@@ -299,7 +329,8 @@ impl Kernel {
             "gather" | "index_select" => {
                 let (x, idx, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let d = dim(ints, 0, x.rank())?;
-                need(idx.dtype == DType::I64 && o.dtype == x.dtype && o.rank() == x.rank().max(1), "gather dtypes/rank")?;
+                need(matches!(idx.dtype, DType::I64 | DType::I32) && o.dtype == x.dtype && o.rank() == x.rank().max(1), "gather dtypes/rank")?;
+                need(x.dtype.is_core() && (op == "gather" || idx.dtype == DType::I64), "gather dtypes")?;
                 if op == "gather" {
                     need(idx.sizes == o.sizes && idx.rank() == x.rank(), "gather shapes")?;
                     for i in 0..x.rank() {
@@ -709,7 +740,8 @@ impl Kernel {
             Kernel::Gather { x, idx, out, dim } | Kernel::IndexSelect { x, idx, out, dim } => {
                 let gather = matches!(self, Kernel::Gather { .. });
                 let es = x.dtype.size();
-                let (px, pi, po) = (mem.byte_ptr(x), mem.ptr::<i64>(idx), mem.byte_ptr(out));
+                let (px, pi, po) = (mem.byte_ptr(x), mem.byte_ptr(idx), mem.byte_ptr(out));
+                let idt = idx.dtype;
                 let dsz = *x.sizes.get(*dim).unwrap_or(&1) as i64;
                 let mut xs = x.strides.clone();
                 let xd = xs.get(*dim).copied().unwrap_or(0);
@@ -723,7 +755,7 @@ impl Kernel {
                 };
                 let mut bad = None;
                 for_each(&out.sizes, [&xs, &istr, &out.strides], |[a, ii, b]| {
-                    let raw = *pi.add(ii);
+                    let raw = crate::cast::load_i64(pi, idt, ii);
                     let i = if raw < 0 { raw + dsz } else { raw };
                     if i < 0 || i >= dsz {
                         bad = Some(raw);
@@ -747,7 +779,7 @@ impl Kernel {
                         match x.dtype {
                             DType::F32 => fa += *(px as *const f32).add(xi) as f64,
                             DType::I64 => ia = ia.wrapping_add(*(px as *const i64).add(xi)),
-                            DType::Bool => ia += (*px.add(xi) != 0) as i64,
+                            _ => ia += (*px.add(xi) != 0) as i64,
                         }
                         let yi = b + i * sy;
                         match y.dtype {
@@ -809,6 +841,9 @@ impl Kernel {
             Kernel::IndexPut { base, values, idx, out, accumulate } => {
                 crate::indexing::index_put(mem, base, values, idx, out, *accumulate)?;
             }
+            Kernel::Linalg(l) => l.run(mem)?,
+            Kernel::Cast { x, y } => crate::cast::cast(mem, x, y),
+            Kernel::Fill { y, value, int } => crate::cast::fill(mem, y, *value, *int),
             Kernel::Sort { x, vals, pos, dim, descending } => {
                 crate::indexing::sort(mem, x, vals, pos, *dim, *descending);
             }
@@ -816,9 +851,10 @@ impl Kernel {
                 let p = mem.byte_ptr(y);
                 for i in 0..y.sizes[0] {
                     let v = start + step * i as f64;
-                    match y.dtype {
-                        DType::F32 => *(p as *mut f32).add(i * y.strides[0]) = v as f32,
-                        _ => *(p as *mut i64).add(i * y.strides[0]) = v as i64,
+                    if y.dtype.is_float() {
+                        crate::cast::store_f64(p, y.dtype, i * y.strides[0], v);
+                    } else {
+                        crate::cast::store_i64(p, y.dtype, i * y.strides[0], v as i64);
                     }
                 }
             }

@@ -19,7 +19,12 @@ from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 from tb_cpu_rust import ops_table as T
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
-DT_NAME = {F32: "float32", I64: "int64", BOOL: "bool"}
+DT_NAME = {
+    F32: "float32", I64: "int64", BOOL: "bool", torch.float64: "float64", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
+}
+DT_OF_NAME = {v: k for k, v in DT_NAME.items()}
+I32 = torch.int32
 
 
 # unary ops a GEMM applies to its output tiles (names as the executor's epilogue knows them)
@@ -115,7 +120,7 @@ class Lowerer:
         return self.new_value(buf, 0, list(meta.shape), list(meta.stride))
 
     def dtype_of(self, v: int) -> torch.dtype:
-        return {"float32": F32, "int64": I64, "bool": BOOL}[self.buffers[self.values[v]["buf"]]["dtype"]]
+        return DT_OF_NAME[self.buffers[self.values[v]["buf"]]["dtype"]]
 
     def meta_tensor(self, v: int) -> torch.Tensor:
         val = self.values[v]
@@ -308,6 +313,10 @@ class Lowerer:
             return self.lower_copy_view(node)
         if op in T.SCATTER_VIEWS:
             return self.lower_scatter_view(node)
+        if op in T.WIDE_COPIES | T.WIDE_FILLS and self.touches_wide(node):
+            return self.lower_wide(node)
+        if op in T.LINALG:
+            return self.lower_linalg(node)
         if T.ew_instruction(op) is not None or op in T.SPECIAL_EW:
             return self.lower_ew(node, slot)
         if op in T.REDUCTIONS:
@@ -315,6 +324,185 @@ class Lowerer:
         if op in T.KERNELS:
             return self.lower_kernel(node)
         raise LoweringError(f"no lowering for {op}")
+
+    # storage-only dtypes ---------------------------------------------------------------------
+    def touches_wide(self, node: Any) -> bool:
+        metas = [node.out] if isinstance(node.out, TensorMeta) else []
+        dts = [self.dtype_of_arg(a) for a in node.args if isinstance(a, Ref)] + [m.dtype for m in metas]
+        return any(d in T.WIDE_DTYPES for d in dts)
+
+    def lower_wide(self, node: Any) -> Any:
+        """A copy or fill that reads or writes float64, float16, int32, ...: one ``cast`` or ``fill`` step."""
+        op, a = node.op, list(node.args)
+        o = self.fresh(node.out)
+        if op in T.WIDE_COPIES:
+            src = a[1] if op == "aten.copy.default" else a[0]
+            self.copy_into(self.broadcast(self.value(src), tuple(node.out.shape)), o)
+            return o
+        if op in ("aten.full.default", "aten.full_like.default", "aten.fill.Scalar"):
+            value = a[1]
+        elif op == "aten.scalar_tensor.default":
+            value = a[0]
+        elif op == "aten.ones_like.default":
+            value = 1
+        else:
+            value = 0  # zeros_like, and empty memory is zero-filled: never leak stale values
+        if isinstance(value, Ref):
+            raise LoweringError("fill with a tensor value")
+        self.fill_any(o, value)
+        return o
+
+    def fill_any(self, v: int, value: Any) -> None:
+        """A ``fill`` step: integers exactly, floats in f64 (NaN and infinities by mode)."""
+        if isinstance(value, (bool, int)):
+            ints, floats = [1, int(value)], [0.0]
+        elif math.isnan(value):
+            ints, floats = [2, 0], [0.0]
+        elif math.isinf(value):
+            ints, floats = [3 if value > 0 else 4, 0], [0.0]
+        else:
+            ints, floats = [0, 0], [float(value)]
+        self.steps.append({"op": "fill", "outs": [v], "ints": ints, "floats": floats})
+
+    # linear algebra ---------------------------------------------------------------------------
+    def mT(self, v: int) -> int:
+        val = self.values[v]
+        sz, st = list(val["sizes"]), list(val["strides"])
+        sz[-2], sz[-1], st[-2], st[-1] = sz[-1], sz[-2], st[-1], st[-2]
+        return self.new_value(val["buf"], val["offset"], sz, st)
+
+    def unsq(self, v: int, dim: int) -> int:
+        return self.view_of(v, self.meta_tensor(v).unsqueeze(dim))
+
+    def temp(self, shape: list[int], dtype: torch.dtype = F32) -> int:
+        return self.fresh(TensorMeta(tuple(shape), tuple(_contig(shape)), dtype, "cpu"))
+
+    def lu_factor(self, a: int, check: bool, outs: list[int] | None = None) -> list[int]:
+        """LU, pivots, info of value ``a`` (fresh contiguous temporaries unless ``outs`` is given)."""
+        sz = self.values[a]["sizes"]
+        batch, k = list(sz[:-2]), min(sz[-2], sz[-1])
+        if outs is None:
+            outs = [self.temp(list(sz)), self.temp([*batch, k], I32), self.temp(batch, I32)]
+        self.steps.append({"op": "lu_factor", "ins": [a], "outs": outs, "ints": [int(check)]})
+        return outs
+
+    def lower_linalg(self, node: Any) -> Any:
+        op, a, kw = node.op, list(node.args), dict(node.kwargs)
+        out = node.out
+        step = self.steps.append
+        if op == "aten.linalg_lu_factor_ex.default":
+            outs = [self.fresh(m) for m in out]
+            self.lu_factor(self.value(a[0]), bool(kw.get("check_errors", False)), outs)
+            return tuple(outs)
+        if op == "aten.linalg_lu.default":
+            outs = [self.fresh(m) for m in out]
+            step({"op": "lu", "ins": [self.value(a[0])], "outs": outs})
+            return tuple(outs)
+        if op == "aten.lu_unpack.default":
+            unpack_data = bool(a[2] if len(a) > 2 else kw.get("unpack_data", True))
+            unpack_piv = bool(a[3] if len(a) > 3 else kw.get("unpack_pivots", True))
+            outs = [self.fresh(m) for m in out]
+            ints = [int(unpack_data), int(unpack_piv)]
+            step({"op": "lu_unpack", "ins": [self.value(a[0]), self.value(a[1])], "outs": outs, "ints": ints})
+            return tuple(outs)
+        if op == "aten.linalg_lu_solve.default":
+            left = bool(kw.get("left", True))
+            adjoint = bool(kw.get("adjoint", False))
+            x = self.fresh(out)
+            self.lu_solve(self.value(a[0]), self.value(a[1]), self.value(a[2]), x, left, adjoint)
+            return x
+        if op == "aten._linalg_solve_ex.default":
+            left = bool(kw.get("left", a[2] if len(a) > 2 else True))
+            check = bool(kw.get("check_errors", False))
+            av, bv = self.value(a[0]), self.value(a[1])
+            res, lu, piv, info = (self.fresh(m) for m in out)
+            asz, bsz = self.values[av]["sizes"], self.values[bv]["sizes"]
+            vector = len(bsz) == 1 or (len(bsz) == len(asz) - 1 and list(bsz) == list(asz[:-1]))
+            # as ATen: factor A^T when A is contiguous and solve with the adjoint
+            use_t = _contig(list(asz)) == list(self.values[av]["strides"])
+            self.lu_factor(self.mT(av) if use_t else av, check, [lu, piv, info])
+            if vector:
+                bv, rv = self.unsq(bv, -1 if left else -2), self.unsq(res, -1 if left else -2)
+            else:
+                rv = res
+            self.lu_solve(lu, piv, bv, rv, left, use_t)
+            return res, lu, piv, info
+        if op == "aten.linalg_inv_ex.default":
+            check = bool(kw.get("check_errors", False))
+            inv, info = (self.fresh(m) for m in out)
+            av = self.value(a[0])
+            lu, piv, _ = self.lu_factor(av, check, [*self.lu_factor_temps(av), info])
+            step({"op": "lu_solve", "ins": [lu, piv, None], "outs": [inv], "ints": [0]})
+            return inv, info
+        if op in ("aten._linalg_det.default", "aten._linalg_slogdet.default"):
+            outs = [self.fresh(m) for m in out]
+            name = "det" if op == "aten._linalg_det.default" else "slogdet"
+            step({"op": name, "ins": [self.value(a[0])], "outs": outs})
+            return tuple(outs)
+        if op == "aten.linalg_cholesky_ex.default":
+            upper = bool(kw.get("upper", False))
+            check = bool(kw.get("check_errors", False))
+            lv, info = (self.fresh(m) for m in out)
+            av = self.value(a[0])
+            ins, kout = ([self.mT(av)], self.mT(lv)) if upper else ([av], lv)
+            step({"op": "cholesky", "ins": ins, "outs": [kout, info], "ints": [int(check)]})
+            return lv, info
+        if op in ("aten.cholesky_solve.default", "aten.cholesky_inverse.default"):
+            inverse = op == "aten.cholesky_inverse.default"
+            upper = bool(a[1] if inverse and len(a) > 1 else a[2] if len(a) > 2 else kw.get("upper", False))
+            x = self.fresh(out)
+            xs = list(out.shape)
+            fac = self.value(a[0] if inverse else a[1])
+            fac = self.broadcast(fac, (*xs[:-2], xs[-2], xs[-2]))
+            b = None if inverse else self.broadcast(self.value(a[0]), tuple(xs))
+            y = self.temp(xs)
+            # A = L L^T: L y = b, L^T x = y;  A = U^T U: U^T y = b, U x = y
+            first, second = (self.mT(fac), fac) if upper else (fac, self.mT(fac))
+            step({"op": "tri_solve", "ins": [first, b], "outs": [y], "ints": [0, 0]})
+            step({"op": "tri_solve", "ins": [second, y], "outs": [x], "ints": [1, 0]})
+            return x
+        if op == "aten.linalg_solve_triangular.default":
+            upper = bool(kw.get("upper", a[2] if len(a) > 2 else False))
+            left = bool(kw.get("left", True))
+            unit = bool(kw.get("unitriangular", False))
+            x = self.fresh(out)
+            xs = list(out.shape)
+            n = xs[-2] if left else xs[-1]
+            t = self.broadcast(self.value(a[0]), (*xs[:-2], n, n))
+            b = self.broadcast(self.value(a[1]), tuple(xs))
+            if left:
+                step({"op": "tri_solve", "ins": [t, b], "outs": [x], "ints": [int(upper), int(unit)]})
+            else:  # X A = B  <=>  A^T X^T = B^T
+                step({"op": "tri_solve", "ins": [self.mT(t), self.mT(b)], "outs": [self.mT(x)], "ints": [int(not upper), int(unit)]})
+            return x
+        if op == "aten.triangular_solve.default":
+            upper = bool(a[2] if len(a) > 2 else kw.get("upper", True))
+            trans = bool(a[3] if len(a) > 3 else kw.get("transpose", False))
+            unit = bool(a[4] if len(a) > 4 else kw.get("unitriangular", False))
+            sol, coef = (self.fresh(m) for m in out)
+            xs = list(out[0].shape)
+            t = self.broadcast(self.value(a[1]), (*xs[:-2], xs[-2], xs[-2]))
+            b = self.broadcast(self.value(a[0]), tuple(xs))
+            step({"op": "tri_solve", "ins": [self.mT(t) if trans else t, b], "outs": [sol], "ints": [int(upper != trans), int(unit)]})
+            self.copy_into(self.broadcast(self.value(a[1]), tuple(out[1].shape)), coef)
+            return sol, coef
+        raise LoweringError(f"no lowering for {op}")
+
+    def lu_factor_temps(self, a: int) -> list[int]:
+        sz = self.values[a]["sizes"]
+        return [self.temp(list(sz)), self.temp([*sz[:-2], min(sz[-2], sz[-1])], I32)]
+
+    def lu_solve(self, lu: int, piv: int, b: int, x: int, left: bool, adjoint: bool) -> None:
+        """X from the LU of A: A X = B (left) or X A = B, with A^T when ``adjoint``; broadcasts the batch."""
+        xs = self.values[x]["sizes"]
+        n = xs[-2] if left else xs[-1]
+        lu = self.broadcast(lu, (*xs[:-2], n, n))
+        piv = self.broadcast(piv, (*xs[:-2], n))
+        b = self.broadcast(b, tuple(xs))
+        if left:
+            self.steps.append({"op": "lu_solve", "ins": [lu, piv, b], "outs": [x], "ints": [int(adjoint)]})
+        else:  # X A = B  <=>  A^T X^T = B^T
+            self.steps.append({"op": "lu_solve", "ins": [lu, piv, self.mT(b)], "outs": [self.mT(x)], "ints": [int(not adjoint)]})
 
     def lower_view(self, node: Any) -> Any:
         args = list(node.args)
@@ -737,6 +925,9 @@ class Lowerer:
         self.steps.append({"op": "ew", "compute": compute, "ins": [], "outs": [v], "prog": prog})
 
     def copy_into(self, src: int, dst: int) -> None:
+        if not {self.dtype_of(src), self.dtype_of(dst)} <= T.DTYPES:
+            self.steps.append({"op": "cast", "ins": [src], "outs": [dst]})
+            return
         compute = "f32" if F32 in (self.dtype_of(src), self.dtype_of(dst)) else "i64"
         prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "store", "dst": 0, "a": [0], "f": []}]
         self.steps.append({"op": "ew", "compute": compute, "ins": [src], "outs": [dst], "prog": prog})

@@ -13,6 +13,8 @@ import torch
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DTYPES = frozenset({F32, I64, BOOL})
+#: storage-only dtypes: only the ops of WIDE_OPS read or write them (no arithmetic in them)
+WIDE_DTYPES = frozenset({torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 # elementwise unary: op -> instruction name
 UNARY: dict[str, str] = {
@@ -164,6 +166,26 @@ KERNELS = KERNELS | {"aten.scatter.reduce", "aten.scatter.value_reduce", "aten.m
                      "aten.native_group_norm.default"} | INDEX_PADS | BATCH_NORMS
 FLOAT_ONLY_KERNELS = FLOAT_ONLY_KERNELS | {"aten.median.default", "aten.native_group_norm.default"} | BATCH_NORMS
 
+#: dense linear algebra (float32 matrices, int32 pivots and info): lowered to the ``linalg`` kernels
+LINALG = frozenset({
+    "aten.linalg_lu_factor_ex.default", "aten.linalg_lu.default", "aten.lu_unpack.default",
+    "aten.linalg_lu_solve.default", "aten._linalg_solve_ex.default", "aten.linalg_inv_ex.default",
+    "aten._linalg_det.default", "aten._linalg_slogdet.default", "aten.linalg_cholesky_ex.default",
+    "aten.cholesky_solve.default", "aten.cholesky_inverse.default", "aten.linalg_solve_triangular.default",
+    "aten.triangular_solve.default",
+})
+KERNELS = KERNELS | LINALG
+#: copies and fills that convert to or from the storage-only dtypes (one ``cast`` or ``fill`` step)
+WIDE_COPIES = frozenset({
+    "aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default", "aten.copy.default",
+})
+WIDE_FILLS = frozenset({
+    "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.empty.memory_format", "aten.empty_permuted.default",
+    "aten.empty_strided.default",
+})
+WIDE_OPS = WIDE_COPIES | WIDE_FILLS | {"aten.arange.start_step", "aten.arange.default", "aten.arange.start"}
+
 SUPPORTED = (
     frozenset(UNARY) | frozenset(BINARY) | SPECIAL_EW | VIEWS | frozenset(REDUCTIONS) | KERNELS | frozenset(COPY_VIEWS)
     | frozenset(SCATTER_VIEWS)
@@ -183,13 +205,21 @@ def check(info: Any) -> str | None:
         return "symbolic shape"
     metas = [*info.inputs, *info.out_metas]
     for m in metas:
-        if m.dtype not in DTYPES:
-            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool)"
         if m.device != "cpu":
             return f"device {m.device}"
     kwargs = info.kwargs
     if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
         return "not a cpu tensor"
+    if op in LINALG:
+        return _check_linalg(info)
+    wide_ok = op in WIDE_OPS or (op == "aten.gather.default" and info.inputs[0].dtype in DTYPES)
+    for m in metas:
+        if m.dtype not in DTYPES and not (wide_ok and m.dtype in WIDE_DTYPES):
+            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool; {_WIDE_NOTE})"
+    if op in WIDE_OPS and any(m.dtype in WIDE_DTYPES for m in metas):
+        if op == "aten._to_copy.default" and kwargs.get("layout", torch.strided) not in (None, torch.strided):
+            return "layout"
+        return None
     if op in REDUCTIONS and info.inputs:
         x = info.inputs[0]
         if x.dtype == BOOL and x.numel >= 1 << 24:
@@ -246,4 +276,26 @@ def check(info: Any) -> str | None:
     if op in ("aten.bmm.default", "aten.baddbmm.default", "aten.mm.default", "aten.addmm.default", "aten.addmv.default"):
         if any(m.dtype != F32 for m in metas):
             return "float32 only"
+    return None
+
+
+_WIDE_NOTE = "float64, float16, bfloat16 and int8..int32 in copies, fills and arange only"
+#: linalg ops: (index of the flag that asks for pivoting, which must be true) for the LU family
+_NEEDS_PIVOT = {"aten.linalg_lu_factor_ex.default", "aten.linalg_lu.default"}
+
+
+def _check_linalg(info: Any) -> str | None:
+    op = info.op
+    for m in info.inputs:
+        if m.dtype not in (F32, torch.int32):
+            return f"dtype {m.dtype} (linalg takes float32 matrices and int32 pivots)"
+    for m in info.out_metas:
+        if m.dtype not in (F32, torch.int32):
+            return f"dtype {m.dtype} (linalg gives float32 and int32)"
+    if not info.inputs or info.inputs[0].dtype != F32 or len(info.inputs[0].shape) < 2:
+        return "linalg needs a float32 matrix (or a batch of them) first"
+    if op in _NEEDS_PIVOT and not info.kwargs.get("pivot", True):
+        return "LU without pivoting"
+    if op == "aten.lu_unpack.default" and info.inputs[0].shape[:-2] != info.inputs[1].shape[:-1]:
+        return "lu_unpack with broadcast batch dims"
     return None
