@@ -13,6 +13,7 @@ pub mod cast;
 pub mod conv;
 pub mod conv3d;
 pub mod conv_transpose;
+pub mod dist;
 pub mod eager;
 pub mod ew;
 pub mod exec;
@@ -27,7 +28,10 @@ pub mod mathfn;
 pub mod ops;
 pub mod par;
 pub mod pool3d;
+pub mod search;
+pub mod select;
 pub mod tensor;
+pub mod upsample;
 pub mod vmath;
 pub mod vtrig;
 

@@ -58,6 +58,14 @@ pub enum Kernel {
     /// a copy that converts between any two dtypes the executor carries
     Cast { x: View, y: View },
     Fill { y: View, value: f64, int: Option<i64> },
+    Search(Box<crate::search::Search>),
+    Dist(Box<crate::dist::Dist>),
+    Select(Box<crate::select::Select>),
+    Resample(Box<crate::upsample::Resample>),
+    /// fails the call when any int32 `info` is non-zero (ATen's _linalg_check_errors)
+    CheckInfo { info: View, api: String },
+    /// out = base, then the positions where `mask` is set take the next values of `src` (flat)
+    MaskedScatter { base: View, mask: View, src: View, out: View },
 }
 
 fn need(cond: bool, what: &str) -> Result<()> {
@@ -142,7 +150,7 @@ fn offset_of(linear: usize, sizes: &[usize], strides: &[usize]) -> usize {
     o
 }
 
-fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
+pub(crate) fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
     v.iter().enumerate().filter(|&(i, _)| i != d).map(|(_, &x)| x).collect()
 }
 
@@ -150,7 +158,7 @@ impl Kernel {
     pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
         let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
         // only these kernels read or write the storage-only dtypes (float64, int32, ...)
-        let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve");
+        let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" | "searchsorted" | "frexp" | "check_info");
         if !wide && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
             return Err(format!("kernel {op} takes float32, int64 and bool only"));
         }
@@ -172,6 +180,27 @@ impl Kernel {
                     m => return Err(format!("unknown fill mode {m}")),
                 };
                 Kernel::Fill { y, value, int }
+            }
+            "searchsorted" | "histc" | "frexp" => Kernel::Search(Box::new(crate::search::Search::new(op, &ins, &outs, ints, floats)?)),
+            "cdist" | "pdist" | "dist" => Kernel::Dist(Box::new(crate::dist::Dist::new(op, &ins, &outs, floats)?)),
+            "median_dim" | "nanmedian_dim" | "mode" => {
+                let (x, v, i) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
+                let d = dim(ints, 0, x.rank())?;
+                Kernel::Select(Box::new(crate::select::Select::new(op, x, v, i, d)?))
+            }
+            "upsample_linear" | "upsample_cubic" | "grid_sampler_2d" => {
+                Kernel::Resample(Box::new(crate::upsample::Resample::new(op, &ins, &outs, ints, floats)?))
+            }
+            "check_info" => {
+                let info = take(&ins, 0)?;
+                need(info.dtype == DType::I32, "linalg info is int32")?;
+                Kernel::CheckInfo { info, api: "linalg".into() }
+            }
+            "masked_scatter" => {
+                let (base, mask, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
+                need(mask.dtype == DType::Bool && base.dtype == o.dtype && src.dtype == o.dtype, "masked_scatter dtypes")?;
+                need(mask.sizes == o.sizes && base.sizes == o.sizes && src.rank() == 1, "masked_scatter shapes")?;
+                Kernel::MaskedScatter { base, mask, src, out: o }
             }
             "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" => {
                 Kernel::Linalg(Box::new(crate::linalg::Linalg::new(op, ins, outs, ints)?))
@@ -842,6 +871,43 @@ impl Kernel {
                 crate::indexing::index_put(mem, base, values, idx, out, *accumulate)?;
             }
             Kernel::Linalg(l) => l.run(mem)?,
+            Kernel::Search(k) => k.run(mem)?,
+            Kernel::Dist(k) => k.run(mem),
+            Kernel::Select(k) => k.run(mem)?,
+            Kernel::Resample(k) => k.run(mem),
+            Kernel::CheckInfo { info, api } => {
+                let p = mem.ptr::<i32>(info);
+                let mut bad = 0;
+                for_each(&info.sizes, [&info.strides[..]], |[a]| {
+                    if bad == 0 {
+                        bad = *p.add(a);
+                    }
+                });
+                if bad != 0 {
+                    return Err(format!("{api}: the factorization failed (info = {bad}): the input is singular or not positive-definite"));
+                }
+            }
+            Kernel::MaskedScatter { base, mask, src, out } => {
+                let es = out.dtype.size();
+                let (pb, pm, ps, po) = (mem.byte_ptr(base), mem.byte_ptr(mask), mem.byte_ptr(src), mem.byte_ptr(out));
+                let (n, ss) = (src.sizes[0], src.strides[0]);
+                let mut k = 0usize;
+                for_each(&out.sizes, [&base.strides[..], &mask.strides[..], &out.strides[..]], |[a, m, o]| {
+                    let from = if *pm.add(m) != 0 && k < n {
+                        k += 1;
+                        ps.add((k - 1) * ss * es)
+                    } else if *pm.add(m) != 0 {
+                        k += 1; // counted: reported below
+                        pb.add(a * es)
+                    } else {
+                        pb.add(a * es)
+                    };
+                    std::ptr::copy_nonoverlapping(from, po.add(o * es), es);
+                });
+                if k > n {
+                    return Err(format!("masked_scatter: the mask selects {k} elements but source has only {n}"));
+                }
+            }
             Kernel::Cast { x, y } => crate::cast::cast(mem, x, y),
             Kernel::Fill { y, value, int } => crate::cast::fill(mem, y, *value, *int),
             Kernel::Sort { x, vals, pos, dim, descending } => {

@@ -317,6 +317,8 @@ class Lowerer:
             return self.lower_wide(node)
         if op in T.LINALG:
             return self.lower_linalg(node)
+        if op in T.MORE:
+            return self.lower_more(node)
         if T.ew_instruction(op) is not None or op in T.SPECIAL_EW:
             return self.lower_ew(node, slot)
         if op in T.REDUCTIONS:
@@ -486,6 +488,165 @@ class Lowerer:
             step({"op": "tri_solve", "ins": [self.mT(t) if trans else t, b], "outs": [sol], "ints": [int(upper != trans), int(unit)]})
             self.copy_into(self.broadcast(self.value(a[1]), tuple(out[1].shape)), coef)
             return sol, coef
+        raise LoweringError(f"no lowering for {op}")
+
+    # search, distances, order statistics, resampling, scatter-like copies ------------------------
+    def flat(self, v: int) -> int:
+        """Value ``v`` as a 1-d row-major view (copied into a contiguous temporary when it is not one)."""
+        val = self.values[v]
+        sizes = list(val["sizes"])
+        n = math.prod(sizes)
+        if list(val["strides"]) != _contig(sizes):
+            t = self.temp(sizes, self.dtype_of(v))
+            self.copy_into(v, t)
+            val = self.values[t]
+        return self.new_value(val["buf"], val["offset"], [n], [1])
+
+    def lower_more(self, node: Any) -> Any:
+        op, a, kw = node.op, list(node.args), dict(node.kwargs)
+        out = node.out
+        step = self.steps.append
+
+        def arg(i: int, name: str, default: Any) -> Any:
+            return a[i] if len(a) > i else kw.get(name, default)
+
+        if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor"):
+            seq, vals = (a[0], a[1]) if op == "aten.searchsorted.Tensor" else (a[1], a[0])
+            right = bool(kw.get("right", False)) or kw.get("side") == "right"
+            sv, vv = self.value(seq), self.value(vals)
+            o = self.fresh(out)
+            if not self.values[vv]["sizes"]:
+                vv, ko = self.as_1d(vv), self.as_1d(o)
+            else:
+                ko = o
+            step({"op": "searchsorted", "ins": [sv, vv], "outs": [ko], "ints": [int(right)]})
+            return o
+        if op == "aten.histc.default":
+            o = self.fresh(out)
+            lo, hi = float(arg(2, "min", 0)), float(arg(3, "max", 0))
+            step({"op": "histc", "ins": [self.value(a[0])], "outs": [o], "floats": [lo, hi]})
+            return o
+        if op == "aten.frexp.Tensor":
+            outs = [self.fresh(m) for m in out]
+            step({"op": "frexp", "ins": [self.as_1d(self.value(a[0]))], "outs": [self.as_1d(v) for v in outs]})
+            return tuple(outs)
+        if op == "aten._cdist_forward.default":
+            x1, x2, p = self.value(a[0]), self.value(a[1]), float(a[2])
+            o = self.fresh(out)
+            (pn, r) = out.shape[-2:]
+            m = self.values[x1]["sizes"][-1]
+            batch = list(out.shape[:-2])
+            b = math.prod(batch)
+            t1, t2 = self.temp([*batch, pn, m]), self.temp([*batch, r, m])
+            self.copy_into(self.broadcast(x1, (*batch, pn, m)), t1)
+            self.copy_into(self.broadcast(x2, (*batch, r, m)), t2)
+            as3 = lambda v, s: self.view_of(v, self.meta_tensor(v).view(b, *s))  # noqa: E731
+            if list(self.values[o]["strides"]) != _contig(list(out.shape)):
+                raise LoweringError("cdist into a non-contiguous result")
+            step({"op": "cdist", "ins": [as3(t1, (pn, m)), as3(t2, (r, m))], "outs": [as3(o, (pn, r))], "floats": [p]})
+            return o
+        if op == "aten._pdist_forward.default":
+            o = self.fresh(out)
+            step({"op": "pdist", "ins": [self.value(a[0])], "outs": [o], "floats": [float(arg(1, "p", 2.0))]})
+            return o
+        if op == "aten.dist.default":
+            x, y = self.value(a[0]), self.value(a[1])
+            shape = tuple(torch.broadcast_shapes(tuple(self.values[x]["sizes"]), tuple(self.values[y]["sizes"])))
+            o = self.fresh(out)
+            ins = [self.broadcast(x, shape), self.broadcast(y, shape)]
+            step({"op": "dist", "ins": ins, "outs": [o], "floats": [float(arg(2, "p", 2.0))]})
+            return o
+        if op in ("aten.median.dim", "aten.nanmedian.dim", "aten.mode.default"):
+            x = self.value(a[0])
+            rank = len(self.values[x]["sizes"])
+            d = arg(1, "dim", -1) % max(rank, 1)
+            keep = bool(arg(2, "keepdim", False))
+            outs = [self.fresh(mm) for mm in out]
+            if rank == 0:
+                x, kouts = self.as_1d(x), [self.as_1d(v) for v in outs]
+            elif keep:
+                kouts = outs
+            else:
+                kouts = [self.view_of(v, self.meta_tensor(v).unsqueeze(d)) for v in outs]
+            name = {"aten.median.dim": "median_dim", "aten.nanmedian.dim": "nanmedian_dim", "aten.mode.default": "mode"}[op]
+            step({"op": name, "ins": [x], "outs": kouts, "ints": [d]})
+            return tuple(outs)
+        if op == "aten.nanmedian.default":
+            x = self.value(a[0])
+            n = math.prod(self.values[x]["sizes"])
+            if n == 0:
+                raise LoweringError("nanmedian of an empty tensor")
+            o = self.fresh(out)
+            idx = self.temp([1], I64)
+            step({"op": "nanmedian_dim", "ins": [self.flat(x)], "outs": [self.as_1d(o), idx], "ints": [0]})
+            return o
+        if op in ("aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.upsample_trilinear3d.default"):
+            nd = 3 if "3d" in op else 2
+            align = bool(arg(2, "align_corners", False))
+            names = ["scales_d", "scales_h", "scales_w"][3 - nd:]
+            scales = [arg(3 + i, nm, None) for i, nm in enumerate(names)]
+            o = self.fresh(out)
+            name = "upsample_cubic" if "bicubic" in op else "upsample_linear"
+            floats = [0.0 if sc is None else float(sc) for sc in scales]
+            step({"op": name, "ins": [self.value(a[0])], "outs": [o], "ints": [int(align)], "floats": floats})
+            return o
+        if op == "aten.grid_sampler_2d.default":
+            o = self.fresh(out)
+            ints = [int(bool(a[4])), int(a[2]), int(a[3])]
+            step({"op": "grid_sampler_2d", "ins": [self.value(a[0]), self.value(a[1])], "outs": [o], "ints": ints})
+            return o
+        if op == "aten._linalg_check_errors.default":
+            step({"op": "check_info", "ins": [self.value(a[0])], "outs": []})
+            return None
+        if op == "aten.masked_scatter.default":
+            o = self.fresh(out)
+            shape = tuple(out.shape)
+            base, mask = self.broadcast(self.value(a[0]), shape), self.broadcast(self.value(a[1]), shape)
+            step({"op": "masked_scatter", "ins": [base, mask, self.flat(self.value(a[2]))], "outs": [o]})
+            return o
+        if op == "aten.put.default":
+            accumulate = bool(arg(3, "accumulate", False))
+            o = self.fresh(out)
+            if list(self.values[o]["strides"]) != _contig(list(out.shape)):
+                raise LoweringError("put into a non-contiguous result")
+            idx, src = self.flat(self.value(a[1])), self.flat(self.value(a[2]))
+            if self.values[idx]["sizes"] != self.values[src]["sizes"]:
+                raise LoweringError("put: index and source differ in size")
+            step({"op": "index_put", "ins": [self.flat(self.value(a[0])), src, idx], "outs": [self.flat(o)],
+                  "ints": [int(accumulate)]})
+            return o
+        if op in ("aten.as_strided_copy.default", "aten.as_strided_scatter.default"):
+            scatter = op == "aten.as_strided_scatter.default"
+            rest = a[2:] if scatter else a[1:]
+            size, stride = rest[0], rest[1]
+            offset = rest[2] if len(rest) > 2 else kw.get("storage_offset")
+            if offset is not None:
+                # the offset counts from the start of eager's storage, which a plan does not see
+                raise LoweringError("as_strided with an explicit storage offset")
+            x = self.value(a[0])
+            o = self.fresh(out)
+            if scatter:
+                self.copy_into(x, o)
+                self.copy_into(self.value(a[1]), self.view_of(o, self.meta_tensor(o).as_strided(size, stride)))
+            else:
+                self.copy_into(self.view_of(x, self.meta_tensor(x).as_strided(size, stride)), o)
+            return o
+        if op == "aten.addbmm.default":
+            bias, b1, b2 = self.value(a[0]), self.value(a[1]), self.value(a[2])
+            beta, alpha = float(kw.get("beta", 1)), float(kw.get("alpha", 1))
+            bsz, n, m = self.values[b1]["sizes"]
+            p = self.values[b2]["sizes"][2]
+            # sum over the batch of b1[i] @ b2[i] == (n, B*m) @ (B*m, p)
+            t1 = self.temp([n, bsz, m])
+            self.copy_into(self.view_of(b1, self.meta_tensor(b1).permute(1, 0, 2)), t1)
+            t2 = self.temp([bsz, m, p])
+            self.copy_into(b2, t2)
+            lhs = self.view_of(t1, self.meta_tensor(t1).view(n, bsz * m))
+            rhs = self.view_of(t2, self.meta_tensor(t2).view(bsz * m, p))
+            c = self.fresh(out)
+            bb = self.broadcast(bias, tuple(out.shape)) if beta != 0 else None
+            step({"op": "gemm", "ins": [lhs, rhs, bb], "outs": [c], "floats": [alpha, beta], "epilogue": []})
+            return c
         raise LoweringError(f"no lowering for {op}")
 
     def lu_factor_temps(self, a: int) -> list[int]:

@@ -175,6 +175,16 @@ LINALG = frozenset({
     "aten.triangular_solve.default",
 })
 KERNELS = KERNELS | LINALG
+#: search, distances, order statistics, resampling, scatter-like copies: one kernel step each
+MORE = frozenset({
+    "aten.searchsorted.Tensor", "aten.bucketize.Tensor", "aten.histc.default", "aten.frexp.Tensor",
+    "aten._cdist_forward.default", "aten._pdist_forward.default", "aten.dist.default",
+    "aten.median.dim", "aten.nanmedian.dim", "aten.nanmedian.default", "aten.mode.default",
+    "aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.upsample_trilinear3d.default",
+    "aten.grid_sampler_2d.default", "aten._linalg_check_errors.default", "aten.masked_scatter.default",
+    "aten.addbmm.default", "aten.put.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
+})
+KERNELS = KERNELS | MORE
 #: copies and fills that convert to or from the storage-only dtypes (one ``cast`` or ``fill`` step)
 WIDE_COPIES = frozenset({
     "aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default", "aten.copy.default",
@@ -212,7 +222,9 @@ def check(info: Any) -> str | None:
         return "not a cpu tensor"
     if op in LINALG:
         return _check_linalg(info)
-    wide_ok = op in WIDE_OPS or (op == "aten.gather.default" and info.inputs[0].dtype in DTYPES)
+    if op in MORE:
+        return _check_more(info)
+    wide_ok = op in WIDE_OPS or op in VIEWS or (op == "aten.gather.default" and info.inputs[0].dtype in DTYPES)
     for m in metas:
         if m.dtype not in DTYPES and not (wide_ok and m.dtype in WIDE_DTYPES):
             return f"dtype {m.dtype} (native_cpu takes float32, int64, bool; {_WIDE_NOTE})"
@@ -298,4 +310,45 @@ def _check_linalg(info: Any) -> str | None:
         return "LU without pivoting"
     if op == "aten.lu_unpack.default" and info.inputs[0].shape[:-2] != info.inputs[1].shape[:-1]:
         return "lu_unpack with broadcast batch dims"
+    return None
+
+
+#: ops of MORE that compute in float32 (their first input and every output but indices are float32)
+_FLOAT_MORE = MORE - {
+    "aten._linalg_check_errors.default", "aten.masked_scatter.default", "aten.put.default",
+    "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
+}
+
+
+def _check_more(info: Any) -> str | None:
+    op, kw = info.op, info.kwargs
+    if op == "aten._linalg_check_errors.default":
+        return None if [m.dtype for m in info.inputs] == [torch.int32] else "info must be int32"
+    for m in [*info.inputs, *info.out_metas]:
+        if m.dtype not in DTYPES and m.dtype != torch.int32:
+            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool)"
+    if op in _FLOAT_MORE:
+        if info.inputs[0].dtype != F32 or any(m.dtype == BOOL for m in info.inputs):
+            return "float32 input only"
+        if op != "aten.frexp.Tensor" and any(m.dtype == torch.int32 for m in info.out_metas) and not kw.get("out_int32"):
+            return "int32 result"
+    if op == "aten.searchsorted.Tensor" and (kw.get("sorter") is not None or kw.get("side") not in (None, "left", "right")):
+        return "searchsorted with a sorter"
+    if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor") and any(m.dtype != F32 for m in info.inputs):
+        return "float32 boundaries and values only"
+    four_d = ("aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.grid_sampler_2d.default")
+    if op in four_d and len(info.inputs[0].shape) != 4:
+        return "4-d input only"
+    if op == "aten.upsample_trilinear3d.default" and len(info.inputs[0].shape) != 5:
+        return "5-d input only"
+    if op in ("aten.masked_scatter.default", "aten.put.default"):
+        base = info.inputs[0].dtype
+        if op == "aten.put.default" and info.inputs[1].dtype != I64:
+            return "int64 indices only"
+        if info.inputs[-1].dtype != base or base not in DTYPES:
+            return "source and self differ in dtype"
+    if op in ("aten.as_strided_copy.default", "aten.as_strided_scatter.default") and any(
+        m.dtype not in DTYPES for m in info.inputs
+    ):
+        return "dtype"
     return None
