@@ -193,7 +193,8 @@ unsafe fn copy_view<T: Elem>(mem: &Mem, from: &View, to: &View) {
 
 unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out: &View, dim: usize, how: Combine, include_self: bool) -> Result<()> {
     copy_view::<T>(mem, base, out);
-    let (pi, ps, po) = (mem.byte_ptr(idx) as *const i64, mem.byte_ptr(src), mem.byte_ptr(out));
+    let (pi, ps, po) = (mem.byte_ptr(idx), mem.byte_ptr(src), mem.byte_ptr(out));
+    let idt = idx.dtype; // int64, or int32
     let size = *out.sizes.get(dim).unwrap_or(&1) as i64;
     let dstride = *out.strides.get(dim).unwrap_or(&0);
     let mut ostr = out.strides.clone();
@@ -205,7 +206,7 @@ unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out
     let mut srcs: Vec<usize> = Vec::with_capacity(idx.numel());
     let mut bad = None;
     walk(&idx.sizes, &[&idx.strides, &src.strides, &ostr], |_, o| {
-        let raw = *pi.add(o[0]);
+        let raw = crate::cast::load_i64(pi, idt, o[0]);
         let i = if raw < 0 { raw + size } else { raw };
         if i < 0 || i >= size {
             bad = Some(raw);
@@ -283,7 +284,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
     let k = idx.len();
     let bshape = &idx[0].sizes;
     let nb = bshape.len();
-    let ptrs: Vec<*const i64> = idx.iter().map(|v| mem.byte_ptr(v) as *const i64).collect();
+    let ptrs: Vec<(*const u8, crate::tensor::DType)> = idx.iter().map(|v| (mem.byte_ptr(v) as *const u8, v.dtype)).collect();
     let (pv, po) = (mem.byte_ptr(values), mem.byte_ptr(out));
     let rest = &out.sizes[k..];
     let (ro, rv) = (&out.strides[k..], &values.strides[nb..]);
@@ -298,7 +299,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
         }
         let mut ob = 0usize;
         for j in 0..k {
-            let raw = *ptrs[j].add(offs[j]);
+            let raw = crate::cast::load_i64(ptrs[j].0, ptrs[j].1, offs[j]);
             let size = out.sizes[j] as i64;
             let i = if raw < 0 { raw + size } else { raw };
             if i < 0 || i >= size {

@@ -29,6 +29,7 @@ pub mod ops;
 pub mod par;
 pub mod pool3d;
 pub mod search;
+pub mod segment;
 pub mod select;
 pub mod tensor;
 pub mod upsample;

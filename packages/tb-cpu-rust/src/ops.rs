@@ -62,6 +62,8 @@ pub enum Kernel {
     Dist(Box<crate::dist::Dist>),
     Select(Box<crate::select::Select>),
     Resample(Box<crate::upsample::Resample>),
+    PoolBwd(Box<crate::segment::PoolBwd>),
+    Segment(Box<crate::segment::Segment>),
     /// fails the call when any int32 `info` is non-zero (ATen's _linalg_check_errors)
     CheckInfo { info: View, api: String },
     /// out = base, then the positions where `mask` is set take the next values of `src` (flat)
@@ -158,7 +160,7 @@ impl Kernel {
     pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
         let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
         // only these kernels read or write the storage-only dtypes (float64, int32, ...)
-        let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" | "searchsorted" | "frexp" | "check_info");
+        let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" | "searchsorted" | "frexp" | "check_info" | "scatter" | "index_put" | "segment_reduce");
         if !wide && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
             return Err(format!("kernel {op} takes float32, int64 and bool only"));
         }
@@ -188,9 +190,11 @@ impl Kernel {
                 let d = dim(ints, 0, x.rank())?;
                 Kernel::Select(Box::new(crate::select::Select::new(op, x, v, i, d)?))
             }
-            "upsample_linear" | "upsample_cubic" | "grid_sampler_2d" => {
+            "upsample_linear" | "upsample_cubic" | "grid_sampler_2d" | "grid_sampler_3d" => {
                 Kernel::Resample(Box::new(crate::upsample::Resample::new(op, &ins, &outs, ints, floats)?))
             }
+            "max_pool2d_bwd" => Kernel::PoolBwd(Box::new(crate::segment::PoolBwd::new(&ins, &outs)?)),
+            "segment_reduce" => Kernel::Segment(Box::new(crate::segment::Segment::new(&ins, &outs, ints, floats)?)),
             "check_info" => {
                 let info = take(&ins, 0)?;
                 need(info.dtype == DType::I32, "linalg info is int32")?;
@@ -399,7 +403,8 @@ impl Kernel {
             "scatter" => {
                 let (base, idx, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
                 need(o.sizes == base.sizes && o.dtype == base.dtype && src.dtype == o.dtype, "scatter output")?;
-                need(idx.dtype == DType::I64 && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
+                need(matches!(idx.dtype, DType::I64 | DType::I32) && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
+                need(base.dtype.is_core() && src.dtype.is_core() && o.dtype.is_core(), "scatter takes float32, int64 and bool")?;
                 let d = dim(ints, 0, o.rank())?;
                 for i in 0..o.rank() {
                     need(idx.sizes[i] <= src.sizes[i], "scatter index larger than src")?;
@@ -415,7 +420,8 @@ impl Kernel {
                 need(!idx.is_empty() && idx.len() <= o.rank(), "index_put needs 1..rank index tensors")?;
                 need(o.sizes == base.sizes && o.dtype == base.dtype && values.dtype == o.dtype, "index_put output")?;
                 let bshape = idx[0].sizes.clone();
-                need(idx.iter().all(|i| i.dtype == DType::I64 && i.sizes == bshape), "index_put indices must be int64 and broadcast")?;
+                need(idx.iter().all(|i| matches!(i.dtype, DType::I64 | DType::I32) && i.sizes == bshape), "index_put indices must be int64 or int32 and broadcast")?;
+                need(base.dtype.is_core() && values.dtype.is_core() && o.dtype.is_core(), "index_put takes float32, int64 and bool")?;
                 let mut expect = bshape;
                 expect.extend_from_slice(&o.sizes[idx.len()..]);
                 need(values.sizes == expect, "index_put values shape")?;
@@ -875,6 +881,8 @@ impl Kernel {
             Kernel::Dist(k) => k.run(mem),
             Kernel::Select(k) => k.run(mem)?,
             Kernel::Resample(k) => k.run(mem),
+            Kernel::PoolBwd(k) => k.run(mem)?,
+            Kernel::Segment(k) => k.run(mem)?,
             Kernel::CheckInfo { info, api } => {
                 let p = mem.ptr::<i32>(info);
                 let mut bad = 0;

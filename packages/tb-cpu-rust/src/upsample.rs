@@ -16,6 +16,8 @@ pub enum Resample {
     Up { x: View, y: View, kind: Kind, align: bool, scales: Vec<f64> },
     /// x (N, C, H, W), grid (N, OH, OW, 2) -> y (N, C, OH, OW)
     Grid { x: View, grid: View, y: View, mode: i64, padding: i64, align: bool },
+    /// x (N, C, D, H, W), grid (N, OD, OH, OW, 3) -> y (N, C, OD, OH, OW); trilinear or nearest
+    Grid3 { x: View, grid: View, y: View, mode: i64, padding: i64, align: bool },
 }
 
 fn need(cond: bool, what: &str) -> Result<()> {
@@ -156,6 +158,14 @@ impl Resample {
                 need((0..=2).contains(&mode) && (0..=2).contains(&padding), "grid_sampler_2d mode or padding")?;
                 Ok(Resample::Grid { x, grid, y, mode, padding, align })
             }
+            "grid_sampler_3d" => {
+                let grid = get(1)?;
+                need(grid.dtype == DType::F32 && x.rank() == 5 && grid.rank() == 5 && grid.sizes[4] == 3, "grid_sampler_3d shapes")?;
+                need(grid.sizes[0] == x.sizes[0] && y.sizes == [x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2], grid.sizes[3]], "grid_sampler_3d output shape")?;
+                let (mode, padding) = (ints.get(1).copied().unwrap_or(0), ints.get(2).copied().unwrap_or(0));
+                need((0..=1).contains(&mode) && (0..=2).contains(&padding), "grid_sampler_3d mode or padding")?;
+                Ok(Resample::Grid3 { x, grid, y, mode, padding, align })
+            }
             other => Err(format!("unknown resampling kernel {other:?}")),
         }
     }
@@ -189,6 +199,23 @@ impl Resample {
                                 yo += at[d] * y.strides[2 + d];
                             }
                             *py.add(yo) = v;
+                        }
+                    }
+                }
+            }
+            Resample::Grid3 { x, grid, y, mode, padding, align } => {
+                let (px, pg, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(grid), mem.ptr::<f32>(y));
+                let (d, h, w) = (x.sizes[2], x.sizes[3], x.sizes[4]);
+                let gs = &grid.strides;
+                for n in 0..y.sizes[0] {
+                    for od in 0..y.sizes[2] {
+                        for oh in 0..y.sizes[3] {
+                            for ow in 0..y.sizes[4] {
+                                let g = n * gs[0] + od * gs[1] + oh * gs[2] + ow * gs[3];
+                                let (gx, gy, gz) = (*pg.add(g), *pg.add(g + gs[4]), *pg.add(g + 2 * gs[4]));
+                                let u = [unnormalize(gx, w, *align), unnormalize(gy, h, *align), unnormalize(gz, d, *align)];
+                                grid3_point(x, px.get(), y, py.get(), n, [od, oh, ow], u, *mode, *padding, *align);
+                            }
                         }
                     }
                 }
@@ -248,6 +275,39 @@ impl Resample {
                 }
             }
         }
+    }
+}
+
+/// One output point of a 3-d grid sample for every channel.
+#[allow(clippy::too_many_arguments)]
+unsafe fn grid3_point(x: &View, px: *mut f32, y: &View, py: *mut f32, n: usize, o: [usize; 3], u: [f32; 3], mode: i64, padding: i64, align: bool) {
+    let (d, h, w) = (x.sizes[2], x.sizes[3], x.sizes[4]);
+    let get = |c: usize, zz: i64, yy: i64, xx: i64| -> f32 {
+        if zz >= 0 && yy >= 0 && xx >= 0 && (zz as usize) < d && (yy as usize) < h && (xx as usize) < w {
+            *px.add(n * x.strides[0] + c * x.strides[1] + zz as usize * x.strides[2] + yy as usize * x.strides[3] + xx as usize * x.strides[4])
+        } else {
+            0.0
+        }
+    };
+    let (ix, iy, iz) = (pad_coord(u[0], w, padding, align), pad_coord(u[1], h, padding, align), pad_coord(u[2], d, padding, align));
+    for c in 0..x.sizes[1] {
+        let v = if mode == 1 {
+            get(c, iz.round_ties_even() as i64, iy.round_ties_even() as i64, ix.round_ties_even() as i64)
+        } else {
+            let (x0, y0, z0) = (ix.floor(), iy.floor(), iz.floor());
+            let (wx, wy, wz) = ([x0 + 1.0 - ix, ix - x0], [y0 + 1.0 - iy, iy - y0], [z0 + 1.0 - iz, iz - z0]);
+            let (x0, y0, z0) = (x0 as i64, y0 as i64, z0 as i64);
+            let mut acc = 0f32;
+            for (k, &fz) in wz.iter().enumerate() {
+                for (j, &fy) in wy.iter().enumerate() {
+                    for (i, &fx) in wx.iter().enumerate() {
+                        acc += get(c, z0 + k as i64, y0 + j as i64, x0 + i as i64) * (fx * fy * fz);
+                    }
+                }
+            }
+            acc
+        };
+        *py.add(n * y.strides[0] + c * y.strides[1] + o[0] * y.strides[2] + o[1] * y.strides[3] + o[2] * y.strides[4]) = v;
     }
 }
 

@@ -472,3 +472,67 @@ def test_linalg_check_errors_runs_native_and_raises_on_singular_input() -> None:
     compiled, _ = compile_with("native_cpu", torch.linalg.inv, cache=False)
     with pytest.raises(Exception):  # noqa: B017 - eager's LinAlgError or ours
         compiled(torch.zeros(3, 3))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+@pytest.mark.parametrize("by", ["lengths", "offsets"])
+def test_segment_reduce_matches_torch(reduce: str, initial: float | None, by: str) -> None:
+    g = torch.Generator().manual_seed(18)
+    data = torch.randn(3, 7, 2, generator=g)
+    data[0, 1, 0] = float("nan")
+    lengths = torch.tensor([[2, 0, 5], [1, 3, 3], [7, 0, 0]])
+    bounds = lengths if by == "lengths" else torch.cat([torch.zeros(3, 1, dtype=torch.long), lengths.cumsum(1)], 1)
+
+    def fn(d: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.segment_reduce(d, reduce, axis=1, initial=initial, **{by: b})  # type: ignore[arg-type]
+
+    torch.testing.assert_close(_run_native(fn, data, bounds), fn(data, bounds), equal_nan=True)
+
+
+def test_segment_lengths_that_do_not_cover_the_axis_raise() -> None:
+    compiled, _ = compile_with("native_cpu", lambda d, n: torch.segment_reduce(d, "sum", lengths=n), cache=False)
+    with pytest.raises(Exception):  # noqa: B017 - ours or eager's message
+        compiled(torch.randn(5), torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 9), (3, 7, 6)])
+def test_max_pool2d_backward_matches_torch(shape: tuple[int, ...]) -> None:
+    x = torch.randn(*shape)
+    y, idx = torch.nn.functional.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+    gy = torch.randn_like(y)
+
+    def fn(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i)
+
+    _close(_run_native(fn, gy, x, idx), fn(gy, x, idx))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sample_3d_matches_torch(mode: str, padding: str, align: bool) -> None:
+    g = torch.Generator().manual_seed(19)
+    x = torch.randn(2, 3, 4, 5, 6, generator=g)
+    grid = torch.rand(2, 3, 4, 2, 3, generator=g) * 2.6 - 1.3
+    fn = lambda a, b: torch.nn.functional.grid_sample(a, b, mode=mode, padding_mode=padding, align_corners=align)  # noqa: E731
+    _close(_run_native(fn, x, grid), fn(x, grid))
+
+
+def test_int32_indices_for_scatter_and_index_put() -> None:
+    x, src = torch.randn(3, 4), torch.randn(3, 4)
+    idx = torch.tensor([[0, 2, 1, 0], [2, 2, 0, 1]], dtype=torch.int32)
+    fn = lambda x, i, s: torch.scatter_add(x, 0, i, s[:2])  # noqa: E731
+    _close(_run_native(fn, x, idx, src), fn(x, idx.long(), src))
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    put = lambda x, r, s: torch.index_put(x, (r,), s[:2], accumulate=True)  # noqa: E731
+    _close(_run_native(put, x, rows, src), put(x, rows.long(), src))
+
+
+def test_searchsorted_with_a_sorter_matches_torch() -> None:
+    g = torch.Generator().manual_seed(20)
+    seq = torch.randn(2, 6, generator=g)
+    sorter = torch.argsort(seq, dim=-1)
+    vals = torch.randn(2, 3, generator=g)
+    fn = lambda s, v, o: torch.searchsorted(s, v, sorter=o)  # noqa: E731
+    torch.testing.assert_close(_run_native(fn, seq, vals, sorter), fn(seq, vals, sorter))

@@ -514,6 +514,12 @@ class Lowerer:
             seq, vals = (a[0], a[1]) if op == "aten.searchsorted.Tensor" else (a[1], a[0])
             right = bool(kw.get("right", False)) or kw.get("side") == "right"
             sv, vv = self.value(seq), self.value(vals)
+            if kw.get("sorter") is not None:  # search the sorted copy: positions in sorted order
+                srt = self.value(kw["sorter"])
+                ssz = list(self.values[sv]["sizes"])
+                t = self.temp(ssz)
+                step({"op": "gather", "ins": [sv, srt], "outs": [t], "ints": [len(ssz) - 1]})
+                sv = t
             o = self.fresh(out)
             if not self.values[vv]["sizes"]:
                 vv, ko = self.as_1d(vv), self.as_1d(o)
@@ -590,11 +596,46 @@ class Lowerer:
             floats = [0.0 if sc is None else float(sc) for sc in scales]
             step({"op": name, "ins": [self.value(a[0])], "outs": [o], "ints": [int(align)], "floats": floats})
             return o
-        if op == "aten.grid_sampler_2d.default":
+        if op in ("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default"):
             o = self.fresh(out)
             ints = [int(bool(a[4])), int(a[2]), int(a[3])]
-            step({"op": "grid_sampler_2d", "ins": [self.value(a[0]), self.value(a[1])], "outs": [o], "ints": ints})
+            step({"op": op[5:-8], "ins": [self.value(a[0]), self.value(a[1])], "outs": [o], "ints": ints})
             return o
+        if op == "aten.segment_reduce.default":
+            data = self.value(a[0])
+            axis = kw.get("axis", 0) % max(len(self.values[data]["sizes"]), 1)
+            offsets = kw.get("offsets") is not None
+            bounds = self.value(kw["offsets"] if offsets else kw["lengths"])
+            dsz = list(self.values[data]["sizes"])
+            outer, n, inner = math.prod(dsz[:axis]), dsz[axis], math.prod(dsz[axis + 1 :])
+            bsz = list(self.values[bounds]["sizes"])
+            o = self.fresh(out)
+            if list(self.values[o]["strides"]) != _contig(list(out.shape)):
+                raise LoweringError("segment_reduce into a non-contiguous result")
+            segs = bsz[-1] - int(offsets)
+
+            def as_(v: int, shape: list[int]) -> int:
+                f = self.flat(v)
+                return self.view_of(f, self.meta_tensor(f).view(shape))
+
+            red = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}[a[1]]
+            initial = kw.get("initial")
+            if initial is not None and not math.isfinite(float(initial)):
+                raise LoweringError("non-finite initial value")
+            ins = [as_(data, [outer, n, inner]), as_(bounds, [outer, bsz[-1]])]
+            ints = [red, int(offsets), int(initial is not None)]
+            floats = [float(initial) if initial is not None else 0.0]
+            step({"op": "segment_reduce", "ins": ins, "outs": [as_(o, [outer, segs, inner])], "ints": ints, "floats": floats})
+            return o
+        if op == "aten.max_pool2d_with_indices_backward.default":
+            g, idx = self.value(a[0]), self.value(a[7])
+            gi = self.fresh(out)
+            if len(out.shape) == 3:
+                g, idx, kgi = self.unbatched(g), self.unbatched(idx), self.unbatched(gi)
+            else:
+                kgi = gi
+            step({"op": "max_pool2d_bwd", "ins": [g, idx], "outs": [kgi]})
+            return gi
         if op == "aten._linalg_check_errors.default":
             step({"op": "check_info", "ins": [self.value(a[0])], "outs": []})
             return None

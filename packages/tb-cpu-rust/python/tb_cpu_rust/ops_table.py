@@ -183,6 +183,12 @@ MORE = frozenset({
     "aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.upsample_trilinear3d.default",
     "aten.grid_sampler_2d.default", "aten._linalg_check_errors.default", "aten.masked_scatter.default",
     "aten.addbmm.default", "aten.put.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
+    "aten.segment_reduce.default", "aten.max_pool2d_with_indices_backward.default", "aten.grid_sampler_3d.default",
+})
+#: indexing ops that also take int32 indices
+INT32_INDEX_OPS = frozenset({
+    "aten.gather.default", "aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
+    "aten.scatter_reduce.two", "aten.scatter.reduce", "aten.scatter.value_reduce", "aten.index_put.default",
 })
 KERNELS = KERNELS | MORE
 #: copies and fills that convert to or from the storage-only dtypes (one ``cast`` or ``fill`` step)
@@ -224,8 +230,11 @@ def check(info: Any) -> str | None:
         return _check_linalg(info)
     if op in MORE:
         return _check_more(info)
-    wide_ok = op in WIDE_OPS or op in VIEWS or (op == "aten.gather.default" and info.inputs[0].dtype in DTYPES)
+    wide_ok = op in WIDE_OPS or op in VIEWS
+    int32_idx = op in INT32_INDEX_OPS and info.inputs[0].dtype in DTYPES and all(m.dtype in DTYPES for m in info.out_metas)
     for m in metas:
+        if m.dtype == torch.int32 and int32_idx:
+            continue
         if m.dtype not in DTYPES and not (wide_ok and m.dtype in WIDE_DTYPES):
             return f"dtype {m.dtype} (native_cpu takes float32, int64, bool; {_WIDE_NOTE})"
     if op in WIDE_OPS and any(m.dtype in WIDE_DTYPES for m in metas):
@@ -276,8 +285,8 @@ def check(info: Any) -> str | None:
     if op == "aten.index_put.default":
         if any(i is None for i in info.args[1]):
             return "index with None"
-        if any(m.dtype != I64 for m in info.inputs[1:-1]):
-            return "only int64 indices"
+        if any(m.dtype not in (I64, torch.int32) for m in info.inputs[1:-1]):
+            return "only int64 or int32 indices"
     if op in ("aten.scatter_reduce.two", "aten.index_reduce.default") and info.out_metas[0].dtype != F32:
         return "float32 only"
     if op == "aten.index.Tensor":
@@ -332,10 +341,19 @@ def _check_more(info: Any) -> str | None:
             return "float32 input only"
         if op != "aten.frexp.Tensor" and any(m.dtype == torch.int32 for m in info.out_metas) and not kw.get("out_int32"):
             return "int32 result"
-    if op == "aten.searchsorted.Tensor" and (kw.get("sorter") is not None or kw.get("side") not in (None, "left", "right")):
-        return "searchsorted with a sorter"
-    if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor") and any(m.dtype != F32 for m in info.inputs):
+    if op == "aten.searchsorted.Tensor" and kw.get("side") not in (None, "left", "right"):
+        return "searchsorted side"
+    if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor") and any(m.dtype != F32 for m in info.inputs[:2]):
         return "float32 boundaries and values only"
+    if op == "aten.segment_reduce.default":
+        if kw.get("indices") is not None or (kw.get("lengths") is None) == (kw.get("offsets") is None):
+            return "segment_reduce by lengths or offsets only"
+        if info.args[1] not in ("sum", "mean", "max", "min", "prod"):
+            return "segment_reduce reduction"
+    if op == "aten.grid_sampler_3d.default" and (len(info.inputs[0].shape) != 5 or info.args[2] not in (0, 1)):
+        return "5-d trilinear or nearest grid sampling only"
+    if op == "aten.max_pool2d_with_indices_backward.default" and len(info.inputs[0].shape) not in (3, 4):
+        return "3-d or 4-d pooling only"
     four_d = ("aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.grid_sampler_2d.default")
     if op in four_d and len(info.inputs[0].shape) != 4:
         return "4-d input only"
