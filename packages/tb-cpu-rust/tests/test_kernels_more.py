@@ -536,3 +536,15 @@ def test_searchsorted_with_a_sorter_matches_torch() -> None:
     vals = torch.randn(2, 3, generator=g)
     fn = lambda s, v, o: torch.searchsorted(s, v, sorter=o)  # noqa: E731
     torch.testing.assert_close(_run_native(fn, seq, vals, sorter), fn(seq, vals, sorter))
+
+
+def test_comparisons_of_narrow_integers_and_eye() -> None:
+    x = torch.randn(3, 4)
+
+    def fn(t: torch.Tensor) -> Any:
+        u = torch.arange(4, dtype=torch.uint8)
+        i = torch.arange(3, dtype=torch.int32)
+        return u.unsqueeze(0) == i.unsqueeze(1), u >= 2, torch.eye(3, 4) * t, t > 0
+
+    torch.testing.assert_close(_run_native(fn, x), fn(x))
+    _close(_run_native(lambda t: torch.linalg.matrix_power(t, 0), x[:, :3]), torch.linalg.matrix_power(x[:, :3], 0))

@@ -52,7 +52,7 @@ RTOL, ATOL = 1e-4, 1e-5
 #: the issue's target for pass / judged; not reached yet (see test_opinfo_float32_pass_rate_target)
 PASS_RATE_TARGET = 0.95
 #: the measured rate, minus a margin for sample noise: a regression below it fails CI
-PASS_RATE_FLOOR = 0.7743
+PASS_RATE_FLOOR = 0.7766
 
 #: OpInfo names whose results are random or uninitialised memory: not comparable with eager
 NOT_COMPARABLE = frozenset(

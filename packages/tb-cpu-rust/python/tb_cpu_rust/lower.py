@@ -95,6 +95,8 @@ class Lowerer:
         self.gemm_open: dict[int, dict[str, Any]] = {}
         self.uses: dict[int, int] = {}
         self.used: dict[int, int] = {}
+        # slot -> an int64 copy of a narrow-integer value, for the comparisons that read it
+        self.widened: dict[int, int] = {}
         for node in plan.nodes:
             for r in _refs((node.args, node.kwargs)):
                 self.uses[r] = self.uses.get(r, 0) + 1
@@ -190,7 +192,11 @@ class Lowerer:
             if isinstance(v, Lazy) and v.group is g:
                 self.used[arg.slot] = self.used.get(arg.slot, 0) + 1
                 return v.reg
-            vid = self.value(arg)
+            if arg.slot in self.widened:
+                self.used[arg.slot] = self.used.get(arg.slot, 0) + 1
+                vid = self.widened[arg.slot]
+            else:
+                vid = self.value(arg)
             bv = self.broadcast(vid, g.shape)
             if bv not in g.loads:
                 g.ins.append(bv)
@@ -759,7 +765,16 @@ class Lowerer:
         if meta is None:
             raise LoweringError("elementwise op without a tensor result")
         name = T.ew_instruction(op) or op.split(".")[1]
-        in_dtypes = [self.dtype_of_arg(a) for a in args if isinstance(a, Ref)]
+        for a in args:
+            if isinstance(a, Ref) and a.slot not in self.widened and self.dtype_of_arg(a) in T.NARROW_INTS:
+                if name not in T.COMPARE:
+                    raise LoweringError(f"{name} of a narrow integer")
+                v = self.value(a)
+                self.used[a.slot] -= 1  # counted again when the program reads the copy
+                wide = self.temp(list(self.values[v]["sizes"]), I64)
+                self.copy_into(v, wide)
+                self.widened[a.slot] = wide
+        in_dtypes = [I64 if isinstance(a, Ref) and a.slot in self.widened else self.dtype_of_arg(a) for a in args if isinstance(a, Ref)]
         if name in T.COMPARE:
             compute = "f32" if F32 in in_dtypes or any(isinstance(a, float) for a in args) else "i64"
         elif name == "copy" and F32 in in_dtypes:

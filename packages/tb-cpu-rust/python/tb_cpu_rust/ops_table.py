@@ -15,6 +15,7 @@ F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DTYPES = frozenset({F32, I64, BOOL})
 #: storage-only dtypes: only the ops of WIDE_OPS read or write them (no arithmetic in them)
 WIDE_DTYPES = frozenset({torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8})
+NARROW_INTS = frozenset({torch.int32, torch.int16, torch.int8, torch.uint8})
 
 # elementwise unary: op -> instruction name
 UNARY: dict[str, str] = {
@@ -232,8 +233,10 @@ def check(info: Any) -> str | None:
         return _check_more(info)
     wide_ok = op in WIDE_OPS or op in VIEWS
     int32_idx = op in INT32_INDEX_OPS and info.inputs[0].dtype in DTYPES and all(m.dtype in DTYPES for m in info.out_metas)
+    # comparisons of narrow integers: the lowering widens them to int64 first (exact)
+    int_cmp = ew_instruction(op) in COMPARE and all(m.dtype == BOOL for m in info.out_metas)
     for m in metas:
-        if m.dtype == torch.int32 and int32_idx:
+        if (m.dtype == torch.int32 and int32_idx) or (int_cmp and m.dtype in NARROW_INTS):
             continue
         if m.dtype not in DTYPES and not (wide_ok and m.dtype in WIDE_DTYPES):
             return f"dtype {m.dtype} (native_cpu takes float32, int64, bool; {_WIDE_NOTE})"
