@@ -368,3 +368,60 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
         }
     });
 }
+
+/// `embedding_bag` forward: bag b of `out` reduces the weight rows `idx[offsets[b]..offsets[b+1]]`
+/// (the last bag runs to the end of `idx`, unless `include_last` says `offsets` has its end too);
+/// mode 0 sum (times `psw`, if given), 1 mean, 2 max; rows equal to `padding` are skipped; an
+/// empty bag gives zeros.
+/// # Safety
+/// The views must have been validated by `Kernel::new`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn embedding_bag(mem: &Mem, w: &View, idx: &View, offsets: &View, psw: Option<&View>, out: &View, mode: i64, include_last: bool, padding: i64) -> Result<()> {
+    let (pw, pi, po, py) = (mem.ptr::<f32>(w), mem.ptr::<i64>(idx), mem.ptr::<i64>(offsets), mem.ptr::<f32>(out));
+    let (rows, d, n) = (w.sizes[0] as i64, w.sizes[1], idx.sizes[0]);
+    let nb = out.sizes[0];
+    let off = |b: usize| -> i64 { *po.add(b * offsets.strides[0]) };
+    let mut acc = vec![0f32; d];
+    for b in 0..nb {
+        let start = off(b);
+        let end = if b + 1 < offsets.sizes[0] { off(b + 1) } else if include_last { off(b) } else { n as i64 };
+        if start < 0 || end < start || end as usize > n {
+            return Err(format!("embedding_bag: offsets {start}..{end} outside 0..{n}"));
+        }
+        acc.iter_mut().for_each(|a| *a = if mode == 2 { f32::NEG_INFINITY } else { 0.0 });
+        let mut count = 0usize;
+        for k in start as usize..end as usize {
+            let r = *pi.add(k * idx.strides[0]);
+            if r < 0 || r >= rows {
+                return Err(format!("embedding_bag: index {r} out of range for {rows} rows"));
+            }
+            if r == padding {
+                continue;
+            }
+            count += 1;
+            let scale = psw.map(|p| *mem.ptr::<f32>(p).add(k * p.strides[0])).unwrap_or(1.0);
+            for (j, a) in acc.iter_mut().enumerate() {
+                let v = *pw.add(r as usize * w.strides[0] + j * w.strides[1]);
+                if mode == 2 {
+                    // as ATen: the bag's first row, then any larger value
+                    if count == 1 || v > *a {
+                        *a = v;
+                    }
+                } else {
+                    *a += v * scale;
+                }
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let v = if count == 0 {
+                0.0
+            } else if mode == 1 {
+                *a / count as f32
+            } else {
+                *a
+            };
+            *py.add(b * out.strides[0] + j * out.strides[1]) = v;
+        }
+    }
+    Ok(())
+}

@@ -63,6 +63,7 @@ pub enum Kernel {
     Select(Box<crate::select::Select>),
     Resample(Box<crate::upsample::Resample>),
     PoolBwd(Box<crate::segment::PoolBwd>),
+    EmbeddingBag { w: View, idx: View, offsets: View, psw: Option<View>, out: View, mode: i64, include_last: bool, padding: i64 },
     Segment(Box<crate::segment::Segment>),
     /// fails the call when any int32 `info` is non-zero (ATen's _linalg_check_errors)
     CheckInfo { info: View, api: String },
@@ -192,6 +193,20 @@ impl Kernel {
             }
             "upsample_linear" | "upsample_cubic" | "grid_sampler_2d" | "grid_sampler_3d" => {
                 Kernel::Resample(Box::new(crate::upsample::Resample::new(op, &ins, &outs, ints, floats)?))
+            }
+            "embedding_bag" => {
+                let (w, idx, offsets, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
+                let psw = opt(&ins, 3);
+                f32s(&[&w, &o])?;
+                need(w.rank() == 2 && o.rank() == 2 && o.sizes[1] == w.sizes[1], "embedding_bag: 2-d weight and output")?;
+                need(idx.dtype == DType::I64 && offsets.dtype == DType::I64 && idx.rank() == 1 && offsets.rank() == 1, "embedding_bag: 1-d int64 indices and offsets")?;
+                let (mode, include_last, padding) = (int(ints, 0)?, int(ints, 1)? != 0, int(ints, 2)?);
+                need((0..=2).contains(&mode), "embedding_bag mode")?;
+                need(o.sizes[0] == offsets.sizes[0] - (include_last && offsets.sizes[0] > 0) as usize, "embedding_bag: number of bags")?;
+                if let Some(p) = &psw {
+                    need(p.dtype == DType::F32 && p.sizes == idx.sizes && mode == 0, "embedding_bag per-sample weights (sum mode only)")?;
+                }
+                Kernel::EmbeddingBag { w, idx, offsets, psw, out: o, mode, include_last, padding }
             }
             "max_pool2d_bwd" => Kernel::PoolBwd(Box::new(crate::segment::PoolBwd::new(&ins, &outs)?)),
             "segment_reduce" => Kernel::Segment(Box::new(crate::segment::Segment::new(&ins, &outs, ints, floats)?)),
@@ -882,6 +897,9 @@ impl Kernel {
             Kernel::Select(k) => k.run(mem)?,
             Kernel::Resample(k) => k.run(mem),
             Kernel::PoolBwd(k) => k.run(mem)?,
+            Kernel::EmbeddingBag { w, idx, offsets, psw, out, mode, include_last, padding } => {
+                crate::indexing::embedding_bag(mem, w, idx, offsets, psw.as_ref(), out, *mode, *include_last, *padding)?
+            }
             Kernel::Segment(k) => k.run(mem)?,
             Kernel::CheckInfo { info, api } => {
                 let p = mem.ptr::<i32>(info);

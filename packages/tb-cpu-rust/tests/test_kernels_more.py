@@ -5,6 +5,7 @@ int32, int16, int8, uint8)."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -548,3 +549,44 @@ def test_comparisons_of_narrow_integers_and_eye() -> None:
 
     torch.testing.assert_close(_run_native(fn, x), fn(x))
     _close(_run_native(lambda t: torch.linalg.matrix_power(t, 0), x[:, :3]), torch.linalg.matrix_power(x[:, :3], 0))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last", [False, True])
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_embedding_bag_matches_torch(mode: str, include_last: bool, padding_idx: int | None) -> None:
+    g = torch.Generator().manual_seed(21)
+    w = torch.randn(10, 3, generator=g)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 2, 2, 5, 8]) if include_last else torch.tensor([0, 2, 2, 5])
+
+    def fn(w: torch.Tensor, i: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding_bag(
+            i, w, o, mode=mode, include_last_offset=include_last, padding_idx=padding_idx
+        )
+
+    _close(_run_native(fn, w, idx, offsets), fn(w, idx, offsets))
+    psw = torch.rand(8, generator=g)
+    if mode == "sum":
+        fw = lambda w, i, o, p: torch.nn.functional.embedding_bag(i, w, o, mode="sum", per_sample_weights=p)  # noqa: E731
+        _close(_run_native(fw, w.t().contiguous().t(), idx, offsets, psw), fw(w, idx, offsets, psw))
+    two_d = lambda w, i: torch.nn.functional.embedding_bag(i, w, mode=mode)  # noqa: E731
+    _close(_run_native(two_d, w, idx.view(2, 4)), two_d(w, idx.view(2, 4)))
+
+
+def test_embedding_bag_out_of_range_index_raises() -> None:
+    compiled, _ = compile_with("native_cpu", lambda w, i, o: torch.nn.functional.embedding_bag(i, w, o), cache=False)
+    with pytest.raises(Exception):  # noqa: B017 - ours or eager's message
+        compiled(torch.randn(4, 2), torch.tensor([0, 7]), torch.tensor([0]))
+
+
+def test_embedding_bag_auxiliary_outputs_stay_eager() -> None:
+    def fn(w: torch.Tensor, i: torch.Tensor, o: torch.Tensor) -> Any:
+        return torch.ops.aten._embedding_bag_forward_only(w, i, o, mode=2)
+
+    args = (torch.randn(5, 2), torch.tensor([0, 3, 4]), torch.tensor([0, 1]))
+    compiled = torch.compile(fn, backend="torchburn", options={"engine": "native_cpu"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = compiled(*args)
+    torch.testing.assert_close(got, fn(*args))  # offset2bag, bag_size, max_indices as eager's

@@ -323,6 +323,13 @@ class Lowerer:
             return self.lower_wide(node)
         if op in T.LINALG:
             return self.lower_linalg(node)
+        base = len(self.plan.inputs)
+        if op == "aten._embedding_bag_forward_only.default" and any(
+            n.op == GETITEM and n.args[0].slot == slot and n.args[1] > 0 and self.uses.get(base + k, 0) > 0
+            for k, n in enumerate(self.plan.nodes)
+        ):
+            # offset2bag, bag_size and max_indices are left as zeros: only the bags themselves are computed
+            raise LoweringError("embedding_bag's auxiliary outputs are read")
         if op in T.MORE:
             return self.lower_more(node)
         if T.ew_instruction(op) is not None or op in T.SPECIAL_EW:
@@ -633,6 +640,18 @@ class Lowerer:
             floats = [float(initial) if initial is not None else 0.0]
             step({"op": "segment_reduce", "ins": ins, "outs": [as_(o, [outer, segs, inner])], "ints": ints, "floats": floats})
             return o
+        if op == "aten._embedding_bag_forward_only.default":
+            w, idx, offs = self.value(a[0]), self.value(a[1]), self.value(a[2])
+            mode = int(arg(4, "mode", 0))
+            psw = arg(6, "per_sample_weights", None)
+            include_last = bool(arg(7, "include_last_offset", False))
+            padding = int(arg(8, "padding_idx", -1))
+            outs = [self.fresh(m) for m in out]
+            ins = [w, idx, offs, self.value(psw) if psw is not None else None]
+            step({"op": "embedding_bag", "ins": ins, "outs": [outs[0]], "ints": [mode, int(include_last), padding]})
+            for v in outs[1:]:
+                self.fill_any(v, 0)
+            return tuple(outs)
         if op == "aten.max_pool2d_with_indices_backward.default":
             g, idx = self.value(a[0]), self.value(a[7])
             gi = self.fresh(out)

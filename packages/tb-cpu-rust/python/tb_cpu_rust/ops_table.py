@@ -185,6 +185,7 @@ MORE = frozenset({
     "aten.grid_sampler_2d.default", "aten._linalg_check_errors.default", "aten.masked_scatter.default",
     "aten.addbmm.default", "aten.put.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
     "aten.segment_reduce.default", "aten.max_pool2d_with_indices_backward.default", "aten.grid_sampler_3d.default",
+    "aten._embedding_bag_forward_only.default",
 })
 #: indexing ops that also take int32 indices
 INT32_INDEX_OPS = frozenset({
@@ -353,6 +354,10 @@ def _check_more(info: Any) -> str | None:
             return "segment_reduce by lengths or offsets only"
         if info.args[1] not in ("sum", "mean", "max", "min", "prod"):
             return "segment_reduce reduction"
+    if op == "aten._embedding_bag_forward_only.default" and (
+        info.inputs[1].dtype != I64 or info.inputs[2].dtype != I64 or len(info.inputs[1].shape) != 1
+    ):
+        return "1-d int64 indices and offsets only"
     if op == "aten.grid_sampler_3d.default" and (len(info.inputs[0].shape) != 5 or info.args[2] not in (0, 1)):
         return "5-d trilinear or nearest grid sampling only"
     if op == "aten.max_pool2d_with_indices_backward.default" and len(info.inputs[0].shape) not in (3, 4):
