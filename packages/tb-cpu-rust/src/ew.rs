@@ -215,6 +215,9 @@ impl EwStep {
             if v.sizes != shape {
                 return Err(format!("elementwise operand of shape {:?} where {:?} was expected", v.sizes, shape));
             }
+            if !v.dtype.is_core() {
+                return Err(format!("elementwise operand of dtype {}: float32, int64 and bool only", v.dtype.name()));
+            }
             if compute == Compute::I64 && v.dtype == DType::F32 && ins.contains(v) {
                 return Err("integer elementwise program cannot read float32".into());
             }
@@ -458,6 +461,7 @@ impl Scalar for f32 {
                 DType::F32 => *(p as *const f32).add(i),
                 DType::I64 => *(p as *const i64).add(i) as f32,
                 DType::Bool => (*p.add(i) != 0) as u8 as f32,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
             }
         }
     }
@@ -468,6 +472,7 @@ impl Scalar for f32 {
                 DType::F32 => *(p as *mut f32).add(i) = self,
                 DType::I64 => *(p as *mut i64).add(i) = self as i64,
                 DType::Bool => *p.add(i) = (self != 0.0) as u8,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
             }
         }
     }
@@ -662,6 +667,7 @@ impl Scalar for i64 {
                 DType::F32 => *(p as *const f32).add(i) as i64,
                 DType::I64 => *(p as *const i64).add(i),
                 DType::Bool => (*p.add(i) != 0) as i64,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
             }
         }
     }
@@ -672,6 +678,7 @@ impl Scalar for i64 {
                 DType::F32 => *(p as *mut f32).add(i) = self as f32,
                 DType::I64 => *(p as *mut i64).add(i) = self,
                 DType::Bool => *p.add(i) = (self != 0) as u8,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
             }
         }
     }
@@ -770,6 +777,7 @@ macro_rules! with_dtype {
                 let $d = DType::Bool;
                 $body
             }
+            _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
         }
     };
 }

@@ -182,7 +182,7 @@ pub unsafe fn scatter(mem: &Mem, base: &View, idx: &View, src: &View, out: &View
     match out.dtype {
         DType::F32 => scatter_t::<f32>(mem, base, idx, src, out, dim, how, include_self),
         DType::I64 => scatter_t::<i64>(mem, base, idx, src, out, dim, how, include_self),
-        DType::Bool => scatter_t::<u8>(mem, base, idx, src, out, dim, how, include_self),
+        _ => scatter_t::<u8>(mem, base, idx, src, out, dim, how, include_self),
     }
 }
 
@@ -193,7 +193,8 @@ unsafe fn copy_view<T: Elem>(mem: &Mem, from: &View, to: &View) {
 
 unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out: &View, dim: usize, how: Combine, include_self: bool) -> Result<()> {
     copy_view::<T>(mem, base, out);
-    let (pi, ps, po) = (mem.byte_ptr(idx) as *const i64, mem.byte_ptr(src), mem.byte_ptr(out));
+    let (pi, ps, po) = (mem.byte_ptr(idx), mem.byte_ptr(src), mem.byte_ptr(out));
+    let idt = idx.dtype; // int64, or int32
     let size = *out.sizes.get(dim).unwrap_or(&1) as i64;
     let dstride = *out.strides.get(dim).unwrap_or(&0);
     let mut ostr = out.strides.clone();
@@ -205,7 +206,7 @@ unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out
     let mut srcs: Vec<usize> = Vec::with_capacity(idx.numel());
     let mut bad = None;
     walk(&idx.sizes, &[&idx.strides, &src.strides, &ostr], |_, o| {
-        let raw = *pi.add(o[0]);
+        let raw = crate::cast::load_i64(pi, idt, o[0]);
         let i = if raw < 0 { raw + size } else { raw };
         if i < 0 || i >= size {
             bad = Some(raw);
@@ -274,7 +275,7 @@ pub unsafe fn index_put(mem: &Mem, base: &View, values: &View, idx: &[View], out
     match out.dtype {
         DType::F32 => index_put_t::<f32>(mem, base, values, idx, out, accumulate),
         DType::I64 => index_put_t::<i64>(mem, base, values, idx, out, accumulate),
-        DType::Bool => index_put_t::<u8>(mem, base, values, idx, out, accumulate),
+        _ => index_put_t::<u8>(mem, base, values, idx, out, accumulate),
     }
 }
 
@@ -283,7 +284,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
     let k = idx.len();
     let bshape = &idx[0].sizes;
     let nb = bshape.len();
-    let ptrs: Vec<*const i64> = idx.iter().map(|v| mem.byte_ptr(v) as *const i64).collect();
+    let ptrs: Vec<(*const u8, crate::tensor::DType)> = idx.iter().map(|v| (mem.byte_ptr(v) as *const u8, v.dtype)).collect();
     let (pv, po) = (mem.byte_ptr(values), mem.byte_ptr(out));
     let rest = &out.sizes[k..];
     let (ro, rv) = (&out.strides[k..], &values.strides[nb..]);
@@ -298,7 +299,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
         }
         let mut ob = 0usize;
         for j in 0..k {
-            let raw = *ptrs[j].add(offs[j]);
+            let raw = crate::cast::load_i64(ptrs[j].0, ptrs[j].1, offs[j]);
             let size = out.sizes[j] as i64;
             let i = if raw < 0 { raw + size } else { raw };
             if i < 0 || i >= size {
@@ -347,7 +348,7 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
             let v = match x.dtype {
                 DType::F32 => f32::get(px, o[0] + i * sx) as f64,
                 DType::I64 => i64::get(px, o[0] + i * sx) as f64,
-                DType::Bool => u8::get(px, o[0] + i * sx) as f64,
+                _ => u8::get(px, o[0] + i * sx) as f64,
             };
             row.push((v, i));
         }
@@ -361,9 +362,66 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
                 // re-read the element: an int64 above 2^53 does not survive the f64 key
                 DType::F32 => f32::get(px, o[0] + i * sx).put(pv, o[1] + j * sv),
                 DType::I64 => i64::get(px, o[0] + i * sx).put(pv, o[1] + j * sv),
-                DType::Bool => ((v != 0.0) as u8).put(pv, o[1] + j * sv),
+                _ => ((v != 0.0) as u8).put(pv, o[1] + j * sv),
             }
             *pp.add(o[2] + j * sp) = i as i64;
         }
     });
+}
+
+/// `embedding_bag` forward: bag b of `out` reduces the weight rows `idx[offsets[b]..offsets[b+1]]`
+/// (the last bag runs to the end of `idx`, unless `include_last` says `offsets` has its end too);
+/// mode 0 sum (times `psw`, if given), 1 mean, 2 max; rows equal to `padding` are skipped; an
+/// empty bag gives zeros.
+/// # Safety
+/// The views must have been validated by `Kernel::new`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn embedding_bag(mem: &Mem, w: &View, idx: &View, offsets: &View, psw: Option<&View>, out: &View, mode: i64, include_last: bool, padding: i64) -> Result<()> {
+    let (pw, pi, po, py) = (mem.ptr::<f32>(w), mem.ptr::<i64>(idx), mem.ptr::<i64>(offsets), mem.ptr::<f32>(out));
+    let (rows, d, n) = (w.sizes[0] as i64, w.sizes[1], idx.sizes[0]);
+    let nb = out.sizes[0];
+    let off = |b: usize| -> i64 { *po.add(b * offsets.strides[0]) };
+    let mut acc = vec![0f32; d];
+    for b in 0..nb {
+        let start = off(b);
+        let end = if b + 1 < offsets.sizes[0] { off(b + 1) } else if include_last { off(b) } else { n as i64 };
+        if start < 0 || end < start || end as usize > n {
+            return Err(format!("embedding_bag: offsets {start}..{end} outside 0..{n}"));
+        }
+        acc.iter_mut().for_each(|a| *a = if mode == 2 { f32::NEG_INFINITY } else { 0.0 });
+        let mut count = 0usize;
+        for k in start as usize..end as usize {
+            let r = *pi.add(k * idx.strides[0]);
+            if r < 0 || r >= rows {
+                return Err(format!("embedding_bag: index {r} out of range for {rows} rows"));
+            }
+            if r == padding {
+                continue;
+            }
+            count += 1;
+            let scale = psw.map(|p| *mem.ptr::<f32>(p).add(k * p.strides[0])).unwrap_or(1.0);
+            for (j, a) in acc.iter_mut().enumerate() {
+                let v = *pw.add(r as usize * w.strides[0] + j * w.strides[1]);
+                if mode == 2 {
+                    // as ATen: the bag's first row, then any larger value
+                    if count == 1 || v > *a {
+                        *a = v;
+                    }
+                } else {
+                    *a += v * scale;
+                }
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let v = if count == 0 {
+                0.0
+            } else if mode == 1 {
+                *a / count as f32
+            } else {
+                *a
+            };
+            *py.add(b * out.strides[0] + j * out.strides[1]) = v;
+        }
+    }
+    Ok(())
 }

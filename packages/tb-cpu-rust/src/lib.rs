@@ -9,9 +9,11 @@
 
 pub mod adaptive_pool;
 pub mod attention;
+pub mod cast;
 pub mod conv;
 pub mod conv3d;
 pub mod conv_transpose;
+pub mod dist;
 pub mod eager;
 pub mod ew;
 pub mod exec;
@@ -20,12 +22,17 @@ pub mod gemm_own;
 pub mod gemv;
 pub mod indexing;
 pub mod isa;
+pub mod linalg;
 pub mod llm;
 pub mod mathfn;
 pub mod ops;
 pub mod par;
 pub mod pool3d;
+pub mod search;
+pub mod segment;
+pub mod select;
 pub mod tensor;
+pub mod upsample;
 pub mod vmath;
 pub mod vtrig;
 

@@ -54,6 +54,21 @@ pub enum Kernel {
     AvgPool3d { x: View, y: View, p: crate::pool3d::AvgParams, include_pad: bool, divisor: usize },
     Nll { x: View, t: View, w: Option<View>, out: View, total: View, reduction: i64, ignore: i64 },
     NllBwd { g: View, x: View, t: View, w: Option<View>, total: View, gi: View, reduction: i64, ignore: i64 },
+    Linalg(Box<crate::linalg::Linalg>),
+    /// a copy that converts between any two dtypes the executor carries
+    Cast { x: View, y: View },
+    Fill { y: View, value: f64, int: Option<i64> },
+    Search(Box<crate::search::Search>),
+    Dist(Box<crate::dist::Dist>),
+    Select(Box<crate::select::Select>),
+    Resample(Box<crate::upsample::Resample>),
+    PoolBwd(Box<crate::segment::PoolBwd>),
+    EmbeddingBag { w: View, idx: View, offsets: View, psw: Option<View>, out: View, mode: i64, include_last: bool, padding: i64 },
+    Segment(Box<crate::segment::Segment>),
+    /// fails the call when any int32 `info` is non-zero (ATen's _linalg_check_errors)
+    CheckInfo { info: View, api: String },
+    /// out = base, then the positions where `mask` is set take the next values of `src` (flat)
+    MaskedScatter { base: View, mask: View, src: View, out: View },
 }
 
 fn need(cond: bool, what: &str) -> Result<()> {
@@ -97,7 +112,7 @@ fn dim(ints: &[i64], i: usize, rank: usize) -> Result<usize> {
 }
 
 /// Iterates every multi-index of `sizes`, passing the offsets of each operand.
-fn for_each<const K: usize>(sizes: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
+pub(crate) fn for_each<const K: usize>(sizes: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
     if sizes.contains(&0) {
         return;
     }
@@ -138,14 +153,77 @@ fn offset_of(linear: usize, sizes: &[usize], strides: &[usize]) -> usize {
     o
 }
 
-fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
+pub(crate) fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
     v.iter().enumerate().filter(|&(i, _)| i != d).map(|(_, &x)| x).collect()
 }
 
 impl Kernel {
     pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
         let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
+        // only these kernels read or write the storage-only dtypes (float64, int32, ...)
+        let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" | "searchsorted" | "frexp" | "check_info" | "scatter" | "index_put" | "segment_reduce");
+        if !wide && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
+            return Err(format!("kernel {op} takes float32, int64 and bool only"));
+        }
         let k = match op {
+            "cast" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                crate::cast::check_cast(&x, &y)?;
+                Kernel::Cast { x, y }
+            }
+            "fill" => {
+                let y = out(&outs, 0)?;
+                // mode 0: the float, 1: the integer (exact for any int64), 2..4: NaN, +inf, -inf
+                let (value, int) = match int(ints, 0)? {
+                    0 => (fl(0, 0.0), None),
+                    1 => (0.0, Some(int(ints, 1)?)),
+                    2 => (f64::NAN, None),
+                    3 => (f64::INFINITY, None),
+                    4 => (f64::NEG_INFINITY, None),
+                    m => return Err(format!("unknown fill mode {m}")),
+                };
+                Kernel::Fill { y, value, int }
+            }
+            "searchsorted" | "histc" | "frexp" => Kernel::Search(Box::new(crate::search::Search::new(op, &ins, &outs, ints, floats)?)),
+            "cdist" | "pdist" | "dist" => Kernel::Dist(Box::new(crate::dist::Dist::new(op, &ins, &outs, floats)?)),
+            "median_dim" | "nanmedian_dim" | "mode" => {
+                let (x, v, i) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
+                let d = dim(ints, 0, x.rank())?;
+                Kernel::Select(Box::new(crate::select::Select::new(op, x, v, i, d)?))
+            }
+            "upsample_linear" | "upsample_cubic" | "grid_sampler_2d" | "grid_sampler_3d" => {
+                Kernel::Resample(Box::new(crate::upsample::Resample::new(op, &ins, &outs, ints, floats)?))
+            }
+            "embedding_bag" => {
+                let (w, idx, offsets, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
+                let psw = opt(&ins, 3);
+                f32s(&[&w, &o])?;
+                need(w.rank() == 2 && o.rank() == 2 && o.sizes[1] == w.sizes[1], "embedding_bag: 2-d weight and output")?;
+                need(idx.dtype == DType::I64 && offsets.dtype == DType::I64 && idx.rank() == 1 && offsets.rank() == 1, "embedding_bag: 1-d int64 indices and offsets")?;
+                let (mode, include_last, padding) = (int(ints, 0)?, int(ints, 1)? != 0, int(ints, 2)?);
+                need((0..=2).contains(&mode), "embedding_bag mode")?;
+                need(o.sizes[0] == offsets.sizes[0] - (include_last && offsets.sizes[0] > 0) as usize, "embedding_bag: number of bags")?;
+                if let Some(p) = &psw {
+                    need(p.dtype == DType::F32 && p.sizes == idx.sizes && mode == 0, "embedding_bag per-sample weights (sum mode only)")?;
+                }
+                Kernel::EmbeddingBag { w, idx, offsets, psw, out: o, mode, include_last, padding }
+            }
+            "max_pool2d_bwd" => Kernel::PoolBwd(Box::new(crate::segment::PoolBwd::new(&ins, &outs)?)),
+            "segment_reduce" => Kernel::Segment(Box::new(crate::segment::Segment::new(&ins, &outs, ints, floats)?)),
+            "check_info" => {
+                let info = take(&ins, 0)?;
+                need(info.dtype == DType::I32, "linalg info is int32")?;
+                Kernel::CheckInfo { info, api: "linalg".into() }
+            }
+            "masked_scatter" => {
+                let (base, mask, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
+                need(mask.dtype == DType::Bool && base.dtype == o.dtype && src.dtype == o.dtype, "masked_scatter dtypes")?;
+                need(mask.sizes == o.sizes && base.sizes == o.sizes && src.rank() == 1, "masked_scatter shapes")?;
+                Kernel::MaskedScatter { base, mask, src, out: o }
+            }
+            "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" => {
+                Kernel::Linalg(Box::new(crate::linalg::Linalg::new(op, ins, outs, ints)?))
+            }
             "gemm" => {
                 let (a, b, c) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let bias = opt(&ins, 2);
@@ -299,7 +377,8 @@ impl Kernel {
             "gather" | "index_select" => {
                 let (x, idx, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let d = dim(ints, 0, x.rank())?;
-                need(idx.dtype == DType::I64 && o.dtype == x.dtype && o.rank() == x.rank().max(1), "gather dtypes/rank")?;
+                need(matches!(idx.dtype, DType::I64 | DType::I32) && o.dtype == x.dtype && o.rank() == x.rank().max(1), "gather dtypes/rank")?;
+                need(x.dtype.is_core() && (op == "gather" || idx.dtype == DType::I64), "gather dtypes")?;
                 if op == "gather" {
                     need(idx.sizes == o.sizes && idx.rank() == x.rank(), "gather shapes")?;
                     for i in 0..x.rank() {
@@ -339,7 +418,8 @@ impl Kernel {
             "scatter" => {
                 let (base, idx, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
                 need(o.sizes == base.sizes && o.dtype == base.dtype && src.dtype == o.dtype, "scatter output")?;
-                need(idx.dtype == DType::I64 && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
+                need(matches!(idx.dtype, DType::I64 | DType::I32) && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
+                need(base.dtype.is_core() && src.dtype.is_core() && o.dtype.is_core(), "scatter takes float32, int64 and bool")?;
                 let d = dim(ints, 0, o.rank())?;
                 for i in 0..o.rank() {
                     need(idx.sizes[i] <= src.sizes[i], "scatter index larger than src")?;
@@ -355,7 +435,8 @@ impl Kernel {
                 need(!idx.is_empty() && idx.len() <= o.rank(), "index_put needs 1..rank index tensors")?;
                 need(o.sizes == base.sizes && o.dtype == base.dtype && values.dtype == o.dtype, "index_put output")?;
                 let bshape = idx[0].sizes.clone();
-                need(idx.iter().all(|i| i.dtype == DType::I64 && i.sizes == bshape), "index_put indices must be int64 and broadcast")?;
+                need(idx.iter().all(|i| matches!(i.dtype, DType::I64 | DType::I32) && i.sizes == bshape), "index_put indices must be int64 or int32 and broadcast")?;
+                need(base.dtype.is_core() && values.dtype.is_core() && o.dtype.is_core(), "index_put takes float32, int64 and bool")?;
                 let mut expect = bshape;
                 expect.extend_from_slice(&o.sizes[idx.len()..]);
                 need(values.sizes == expect, "index_put values shape")?;
@@ -709,7 +790,8 @@ impl Kernel {
             Kernel::Gather { x, idx, out, dim } | Kernel::IndexSelect { x, idx, out, dim } => {
                 let gather = matches!(self, Kernel::Gather { .. });
                 let es = x.dtype.size();
-                let (px, pi, po) = (mem.byte_ptr(x), mem.ptr::<i64>(idx), mem.byte_ptr(out));
+                let (px, pi, po) = (mem.byte_ptr(x), mem.byte_ptr(idx), mem.byte_ptr(out));
+                let idt = idx.dtype;
                 let dsz = *x.sizes.get(*dim).unwrap_or(&1) as i64;
                 let mut xs = x.strides.clone();
                 let xd = xs.get(*dim).copied().unwrap_or(0);
@@ -723,7 +805,7 @@ impl Kernel {
                 };
                 let mut bad = None;
                 for_each(&out.sizes, [&xs, &istr, &out.strides], |[a, ii, b]| {
-                    let raw = *pi.add(ii);
+                    let raw = crate::cast::load_i64(pi, idt, ii);
                     let i = if raw < 0 { raw + dsz } else { raw };
                     if i < 0 || i >= dsz {
                         bad = Some(raw);
@@ -747,7 +829,7 @@ impl Kernel {
                         match x.dtype {
                             DType::F32 => fa += *(px as *const f32).add(xi) as f64,
                             DType::I64 => ia = ia.wrapping_add(*(px as *const i64).add(xi)),
-                            DType::Bool => ia += (*px.add(xi) != 0) as i64,
+                            _ => ia += (*px.add(xi) != 0) as i64,
                         }
                         let yi = b + i * sy;
                         match y.dtype {
@@ -809,6 +891,51 @@ impl Kernel {
             Kernel::IndexPut { base, values, idx, out, accumulate } => {
                 crate::indexing::index_put(mem, base, values, idx, out, *accumulate)?;
             }
+            Kernel::Linalg(l) => l.run(mem)?,
+            Kernel::Search(k) => k.run(mem)?,
+            Kernel::Dist(k) => k.run(mem),
+            Kernel::Select(k) => k.run(mem)?,
+            Kernel::Resample(k) => k.run(mem),
+            Kernel::PoolBwd(k) => k.run(mem)?,
+            Kernel::EmbeddingBag { w, idx, offsets, psw, out, mode, include_last, padding } => {
+                crate::indexing::embedding_bag(mem, w, idx, offsets, psw.as_ref(), out, *mode, *include_last, *padding)?
+            }
+            Kernel::Segment(k) => k.run(mem)?,
+            Kernel::CheckInfo { info, api } => {
+                let p = mem.ptr::<i32>(info);
+                let mut bad = 0;
+                for_each(&info.sizes, [&info.strides[..]], |[a]| {
+                    if bad == 0 {
+                        bad = *p.add(a);
+                    }
+                });
+                if bad != 0 {
+                    return Err(format!("{api}: the factorization failed (info = {bad}): the input is singular or not positive-definite"));
+                }
+            }
+            Kernel::MaskedScatter { base, mask, src, out } => {
+                let es = out.dtype.size();
+                let (pb, pm, ps, po) = (mem.byte_ptr(base), mem.byte_ptr(mask), mem.byte_ptr(src), mem.byte_ptr(out));
+                let (n, ss) = (src.sizes[0], src.strides[0]);
+                let mut k = 0usize;
+                for_each(&out.sizes, [&base.strides[..], &mask.strides[..], &out.strides[..]], |[a, m, o]| {
+                    let from = if *pm.add(m) != 0 && k < n {
+                        k += 1;
+                        ps.add((k - 1) * ss * es)
+                    } else if *pm.add(m) != 0 {
+                        k += 1; // counted: reported below
+                        pb.add(a * es)
+                    } else {
+                        pb.add(a * es)
+                    };
+                    std::ptr::copy_nonoverlapping(from, po.add(o * es), es);
+                });
+                if k > n {
+                    return Err(format!("masked_scatter: the mask selects {k} elements but source has only {n}"));
+                }
+            }
+            Kernel::Cast { x, y } => crate::cast::cast(mem, x, y),
+            Kernel::Fill { y, value, int } => crate::cast::fill(mem, y, *value, *int),
             Kernel::Sort { x, vals, pos, dim, descending } => {
                 crate::indexing::sort(mem, x, vals, pos, *dim, *descending);
             }
@@ -816,9 +943,10 @@ impl Kernel {
                 let p = mem.byte_ptr(y);
                 for i in 0..y.sizes[0] {
                     let v = start + step * i as f64;
-                    match y.dtype {
-                        DType::F32 => *(p as *mut f32).add(i * y.strides[0]) = v as f32,
-                        _ => *(p as *mut i64).add(i * y.strides[0]) = v as i64,
+                    if y.dtype.is_float() {
+                        crate::cast::store_f64(p, y.dtype, i * y.strides[0], v);
+                    } else {
+                        crate::cast::store_i64(p, y.dtype, i * y.strides[0], v as i64);
                     }
                 }
             }

@@ -11,6 +11,14 @@ pub enum DType {
     F32,
     I64,
     Bool,
+    // storage-only dtypes: copies, fills and the kernels that say so (linalg pivots, indices)
+    F64,
+    F16,
+    BF16,
+    I32,
+    I16,
+    I8,
+    U8,
 }
 
 impl DType {
@@ -19,6 +27,13 @@ impl DType {
             "float32" | "f32" => Ok(DType::F32),
             "int64" | "i64" => Ok(DType::I64),
             "bool" => Ok(DType::Bool),
+            "float64" | "f64" => Ok(DType::F64),
+            "float16" | "f16" => Ok(DType::F16),
+            "bfloat16" | "bf16" => Ok(DType::BF16),
+            "int32" | "i32" => Ok(DType::I32),
+            "int16" | "i16" => Ok(DType::I16),
+            "int8" | "i8" => Ok(DType::I8),
+            "uint8" | "u8" => Ok(DType::U8),
             other => Err(format!("unsupported dtype {other:?}: native_cpu takes float32, int64 and bool")),
         }
     }
@@ -27,7 +42,10 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::I64 => 8,
-            DType::Bool => 1,
+            DType::Bool | DType::I8 | DType::U8 => 1,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::I32 => 4,
+            DType::F64 => 8,
         }
     }
 
@@ -36,7 +54,23 @@ impl DType {
             DType::F32 => "float32",
             DType::I64 => "int64",
             DType::Bool => "bool",
+            DType::F64 => "float64",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I32 => "int32",
+            DType::I16 => "int16",
+            DType::I8 => "int8",
+            DType::U8 => "uint8",
         }
+    }
+
+    /// float32, int64 and bool: the dtypes every kernel and the elementwise engine compute in.
+    pub fn is_core(self) -> bool {
+        matches!(self, DType::F32 | DType::I64 | DType::Bool)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 }
 

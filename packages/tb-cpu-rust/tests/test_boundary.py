@@ -76,7 +76,7 @@ def test_validate_tensor_never_crashes(sizes: list[int], strides: list[int], dty
         return
     assert ext >= 0
     assert all(s >= 0 for s in sizes) and all(s >= 0 for s in strides) and len(sizes) == len(strides)
-    assert dtype in DTYPES
+    assert dtype in [*DTYPES, "float16"]  # float16 is a storage-only dtype (copies and fills)
 
 
 @settings(max_examples=60, deadline=None)

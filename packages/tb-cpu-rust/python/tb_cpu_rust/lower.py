@@ -19,7 +19,12 @@ from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 from tb_cpu_rust import ops_table as T
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
-DT_NAME = {F32: "float32", I64: "int64", BOOL: "bool"}
+DT_NAME = {
+    F32: "float32", I64: "int64", BOOL: "bool", torch.float64: "float64", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
+}
+DT_OF_NAME = {v: k for k, v in DT_NAME.items()}
+I32 = torch.int32
 
 
 # unary ops a GEMM applies to its output tiles (names as the executor's epilogue knows them)
@@ -90,6 +95,8 @@ class Lowerer:
         self.gemm_open: dict[int, dict[str, Any]] = {}
         self.uses: dict[int, int] = {}
         self.used: dict[int, int] = {}
+        # slot -> an int64 copy of a narrow-integer value, for the comparisons that read it
+        self.widened: dict[int, int] = {}
         for node in plan.nodes:
             for r in _refs((node.args, node.kwargs)):
                 self.uses[r] = self.uses.get(r, 0) + 1
@@ -115,7 +122,7 @@ class Lowerer:
         return self.new_value(buf, 0, list(meta.shape), list(meta.stride))
 
     def dtype_of(self, v: int) -> torch.dtype:
-        return {"float32": F32, "int64": I64, "bool": BOOL}[self.buffers[self.values[v]["buf"]]["dtype"]]
+        return DT_OF_NAME[self.buffers[self.values[v]["buf"]]["dtype"]]
 
     def meta_tensor(self, v: int) -> torch.Tensor:
         val = self.values[v]
@@ -185,7 +192,11 @@ class Lowerer:
             if isinstance(v, Lazy) and v.group is g:
                 self.used[arg.slot] = self.used.get(arg.slot, 0) + 1
                 return v.reg
-            vid = self.value(arg)
+            if arg.slot in self.widened:
+                self.used[arg.slot] = self.used.get(arg.slot, 0) + 1
+                vid = self.widened[arg.slot]
+            else:
+                vid = self.value(arg)
             bv = self.broadcast(vid, g.shape)
             if bv not in g.loads:
                 g.ins.append(bv)
@@ -308,6 +319,19 @@ class Lowerer:
             return self.lower_copy_view(node)
         if op in T.SCATTER_VIEWS:
             return self.lower_scatter_view(node)
+        if op in T.WIDE_COPIES | T.WIDE_FILLS and self.touches_wide(node):
+            return self.lower_wide(node)
+        if op in T.LINALG:
+            return self.lower_linalg(node)
+        base = len(self.plan.inputs)
+        if op == "aten._embedding_bag_forward_only.default" and any(
+            n.op == GETITEM and n.args[0].slot == slot and n.args[1] > 0 and self.uses.get(base + k, 0) > 0
+            for k, n in enumerate(self.plan.nodes)
+        ):
+            # offset2bag, bag_size and max_indices are left as zeros: only the bags themselves are computed
+            raise LoweringError("embedding_bag's auxiliary outputs are read")
+        if op in T.MORE:
+            return self.lower_more(node)
         if T.ew_instruction(op) is not None or op in T.SPECIAL_EW:
             return self.lower_ew(node, slot)
         if op in T.REDUCTIONS:
@@ -315,6 +339,397 @@ class Lowerer:
         if op in T.KERNELS:
             return self.lower_kernel(node)
         raise LoweringError(f"no lowering for {op}")
+
+    # storage-only dtypes ---------------------------------------------------------------------
+    def touches_wide(self, node: Any) -> bool:
+        metas = [node.out] if isinstance(node.out, TensorMeta) else []
+        dts = [self.dtype_of_arg(a) for a in node.args if isinstance(a, Ref)] + [m.dtype for m in metas]
+        return any(d in T.WIDE_DTYPES for d in dts)
+
+    def lower_wide(self, node: Any) -> Any:
+        """A copy or fill that reads or writes float64, float16, int32, ...: one ``cast`` or ``fill`` step."""
+        op, a = node.op, list(node.args)
+        o = self.fresh(node.out)
+        if op in T.WIDE_COPIES:
+            src = a[1] if op == "aten.copy.default" else a[0]
+            self.copy_into(self.broadcast(self.value(src), tuple(node.out.shape)), o)
+            return o
+        if op in ("aten.full.default", "aten.full_like.default", "aten.fill.Scalar"):
+            value = a[1]
+        elif op == "aten.scalar_tensor.default":
+            value = a[0]
+        elif op == "aten.ones_like.default":
+            value = 1
+        else:
+            value = 0  # zeros_like, and empty memory is zero-filled: never leak stale values
+        if isinstance(value, Ref):
+            raise LoweringError("fill with a tensor value")
+        self.fill_any(o, value)
+        return o
+
+    def fill_any(self, v: int, value: Any) -> None:
+        """A ``fill`` step: integers exactly, floats in f64 (NaN and infinities by mode)."""
+        if isinstance(value, (bool, int)):
+            ints, floats = [1, int(value)], [0.0]
+        elif math.isnan(value):
+            ints, floats = [2, 0], [0.0]
+        elif math.isinf(value):
+            ints, floats = [3 if value > 0 else 4, 0], [0.0]
+        else:
+            ints, floats = [0, 0], [float(value)]
+        self.steps.append({"op": "fill", "outs": [v], "ints": ints, "floats": floats})
+
+    # linear algebra ---------------------------------------------------------------------------
+    def mT(self, v: int) -> int:
+        val = self.values[v]
+        sz, st = list(val["sizes"]), list(val["strides"])
+        sz[-2], sz[-1], st[-2], st[-1] = sz[-1], sz[-2], st[-1], st[-2]
+        return self.new_value(val["buf"], val["offset"], sz, st)
+
+    def unsq(self, v: int, dim: int) -> int:
+        return self.view_of(v, self.meta_tensor(v).unsqueeze(dim))
+
+    def temp(self, shape: list[int], dtype: torch.dtype = F32) -> int:
+        return self.fresh(TensorMeta(tuple(shape), tuple(_contig(shape)), dtype, "cpu"))
+
+    def lu_factor(self, a: int, check: bool, outs: list[int] | None = None) -> list[int]:
+        """LU, pivots, info of value ``a`` (fresh contiguous temporaries unless ``outs`` is given)."""
+        sz = self.values[a]["sizes"]
+        batch, k = list(sz[:-2]), min(sz[-2], sz[-1])
+        if outs is None:
+            outs = [self.temp(list(sz)), self.temp([*batch, k], I32), self.temp(batch, I32)]
+        self.steps.append({"op": "lu_factor", "ins": [a], "outs": outs, "ints": [int(check)]})
+        return outs
+
+    def lower_linalg(self, node: Any) -> Any:
+        op, a, kw = node.op, list(node.args), dict(node.kwargs)
+        out = node.out
+        step = self.steps.append
+        if op == "aten.linalg_lu_factor_ex.default":
+            outs = [self.fresh(m) for m in out]
+            self.lu_factor(self.value(a[0]), bool(kw.get("check_errors", False)), outs)
+            return tuple(outs)
+        if op == "aten.linalg_lu.default":
+            outs = [self.fresh(m) for m in out]
+            step({"op": "lu", "ins": [self.value(a[0])], "outs": outs})
+            return tuple(outs)
+        if op == "aten.lu_unpack.default":
+            unpack_data = bool(a[2] if len(a) > 2 else kw.get("unpack_data", True))
+            unpack_piv = bool(a[3] if len(a) > 3 else kw.get("unpack_pivots", True))
+            outs = [self.fresh(m) for m in out]
+            ints = [int(unpack_data), int(unpack_piv)]
+            step({"op": "lu_unpack", "ins": [self.value(a[0]), self.value(a[1])], "outs": outs, "ints": ints})
+            return tuple(outs)
+        if op == "aten.linalg_lu_solve.default":
+            left = bool(kw.get("left", True))
+            adjoint = bool(kw.get("adjoint", False))
+            x = self.fresh(out)
+            self.lu_solve(self.value(a[0]), self.value(a[1]), self.value(a[2]), x, left, adjoint)
+            return x
+        if op == "aten._linalg_solve_ex.default":
+            left = bool(kw.get("left", a[2] if len(a) > 2 else True))
+            check = bool(kw.get("check_errors", False))
+            av, bv = self.value(a[0]), self.value(a[1])
+            res, lu, piv, info = (self.fresh(m) for m in out)
+            asz, bsz = self.values[av]["sizes"], self.values[bv]["sizes"]
+            vector = len(bsz) == 1 or (len(bsz) == len(asz) - 1 and list(bsz) == list(asz[:-1]))
+            # as ATen: factor A^T when A is contiguous and solve with the adjoint
+            use_t = _contig(list(asz)) == list(self.values[av]["strides"])
+            self.lu_factor(self.mT(av) if use_t else av, check, [lu, piv, info])
+            if vector:
+                bv, rv = self.unsq(bv, -1 if left else -2), self.unsq(res, -1 if left else -2)
+            else:
+                rv = res
+            self.lu_solve(lu, piv, bv, rv, left, use_t)
+            return res, lu, piv, info
+        if op == "aten.linalg_inv_ex.default":
+            check = bool(kw.get("check_errors", False))
+            inv, info = (self.fresh(m) for m in out)
+            av = self.value(a[0])
+            lu, piv, _ = self.lu_factor(av, check, [*self.lu_factor_temps(av), info])
+            step({"op": "lu_solve", "ins": [lu, piv, None], "outs": [inv], "ints": [0]})
+            return inv, info
+        if op in ("aten._linalg_det.default", "aten._linalg_slogdet.default"):
+            outs = [self.fresh(m) for m in out]
+            name = "det" if op == "aten._linalg_det.default" else "slogdet"
+            step({"op": name, "ins": [self.value(a[0])], "outs": outs})
+            return tuple(outs)
+        if op == "aten.linalg_cholesky_ex.default":
+            upper = bool(kw.get("upper", False))
+            check = bool(kw.get("check_errors", False))
+            lv, info = (self.fresh(m) for m in out)
+            av = self.value(a[0])
+            ins, kout = ([self.mT(av)], self.mT(lv)) if upper else ([av], lv)
+            step({"op": "cholesky", "ins": ins, "outs": [kout, info], "ints": [int(check)]})
+            return lv, info
+        if op in ("aten.cholesky_solve.default", "aten.cholesky_inverse.default"):
+            inverse = op == "aten.cholesky_inverse.default"
+            upper = bool(a[1] if inverse and len(a) > 1 else a[2] if len(a) > 2 else kw.get("upper", False))
+            x = self.fresh(out)
+            xs = list(out.shape)
+            fac = self.value(a[0] if inverse else a[1])
+            fac = self.broadcast(fac, (*xs[:-2], xs[-2], xs[-2]))
+            b = None if inverse else self.broadcast(self.value(a[0]), tuple(xs))
+            y = self.temp(xs)
+            # A = L L^T: L y = b, L^T x = y;  A = U^T U: U^T y = b, U x = y
+            first, second = (self.mT(fac), fac) if upper else (fac, self.mT(fac))
+            step({"op": "tri_solve", "ins": [first, b], "outs": [y], "ints": [0, 0]})
+            step({"op": "tri_solve", "ins": [second, y], "outs": [x], "ints": [1, 0]})
+            return x
+        if op == "aten.linalg_solve_triangular.default":
+            upper = bool(kw.get("upper", a[2] if len(a) > 2 else False))
+            left = bool(kw.get("left", True))
+            unit = bool(kw.get("unitriangular", False))
+            x = self.fresh(out)
+            xs = list(out.shape)
+            n = xs[-2] if left else xs[-1]
+            t = self.broadcast(self.value(a[0]), (*xs[:-2], n, n))
+            b = self.broadcast(self.value(a[1]), tuple(xs))
+            if left:
+                step({"op": "tri_solve", "ins": [t, b], "outs": [x], "ints": [int(upper), int(unit)]})
+            else:  # X A = B  <=>  A^T X^T = B^T
+                step({"op": "tri_solve", "ins": [self.mT(t), self.mT(b)], "outs": [self.mT(x)], "ints": [int(not upper), int(unit)]})
+            return x
+        if op == "aten.triangular_solve.default":
+            upper = bool(a[2] if len(a) > 2 else kw.get("upper", True))
+            trans = bool(a[3] if len(a) > 3 else kw.get("transpose", False))
+            unit = bool(a[4] if len(a) > 4 else kw.get("unitriangular", False))
+            sol, coef = (self.fresh(m) for m in out)
+            xs = list(out[0].shape)
+            t = self.broadcast(self.value(a[1]), (*xs[:-2], xs[-2], xs[-2]))
+            b = self.broadcast(self.value(a[0]), tuple(xs))
+            step({"op": "tri_solve", "ins": [self.mT(t) if trans else t, b], "outs": [sol], "ints": [int(upper != trans), int(unit)]})
+            self.copy_into(self.broadcast(self.value(a[1]), tuple(out[1].shape)), coef)
+            return sol, coef
+        raise LoweringError(f"no lowering for {op}")
+
+    # search, distances, order statistics, resampling, scatter-like copies ------------------------
+    def flat(self, v: int) -> int:
+        """Value ``v`` as a 1-d row-major view (copied into a contiguous temporary when it is not one)."""
+        val = self.values[v]
+        sizes = list(val["sizes"])
+        n = math.prod(sizes)
+        if list(val["strides"]) != _contig(sizes):
+            t = self.temp(sizes, self.dtype_of(v))
+            self.copy_into(v, t)
+            val = self.values[t]
+        return self.new_value(val["buf"], val["offset"], [n], [1])
+
+    def lower_more(self, node: Any) -> Any:
+        op, a, kw = node.op, list(node.args), dict(node.kwargs)
+        out = node.out
+        step = self.steps.append
+
+        def arg(i: int, name: str, default: Any) -> Any:
+            return a[i] if len(a) > i else kw.get(name, default)
+
+        if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor"):
+            seq, vals = (a[0], a[1]) if op == "aten.searchsorted.Tensor" else (a[1], a[0])
+            right = bool(kw.get("right", False)) or kw.get("side") == "right"
+            sv, vv = self.value(seq), self.value(vals)
+            if kw.get("sorter") is not None:  # search the sorted copy: positions in sorted order
+                srt = self.value(kw["sorter"])
+                ssz = list(self.values[sv]["sizes"])
+                t = self.temp(ssz)
+                step({"op": "gather", "ins": [sv, srt], "outs": [t], "ints": [len(ssz) - 1]})
+                sv = t
+            o = self.fresh(out)
+            if not self.values[vv]["sizes"]:
+                vv, ko = self.as_1d(vv), self.as_1d(o)
+            else:
+                ko = o
+            step({"op": "searchsorted", "ins": [sv, vv], "outs": [ko], "ints": [int(right)]})
+            return o
+        if op == "aten.histc.default":
+            o = self.fresh(out)
+            lo, hi = float(arg(2, "min", 0)), float(arg(3, "max", 0))
+            step({"op": "histc", "ins": [self.value(a[0])], "outs": [o], "floats": [lo, hi]})
+            return o
+        if op == "aten.frexp.Tensor":
+            outs = [self.fresh(m) for m in out]
+            step({"op": "frexp", "ins": [self.as_1d(self.value(a[0]))], "outs": [self.as_1d(v) for v in outs]})
+            return tuple(outs)
+        if op == "aten._cdist_forward.default":
+            x1, x2, p = self.value(a[0]), self.value(a[1]), float(a[2])
+            o = self.fresh(out)
+            (pn, r) = out.shape[-2:]
+            m = self.values[x1]["sizes"][-1]
+            batch = list(out.shape[:-2])
+            b = math.prod(batch)
+            t1, t2 = self.temp([*batch, pn, m]), self.temp([*batch, r, m])
+            self.copy_into(self.broadcast(x1, (*batch, pn, m)), t1)
+            self.copy_into(self.broadcast(x2, (*batch, r, m)), t2)
+            as3 = lambda v, s: self.view_of(v, self.meta_tensor(v).view(b, *s))  # noqa: E731
+            if list(self.values[o]["strides"]) != _contig(list(out.shape)):
+                raise LoweringError("cdist into a non-contiguous result")
+            step({"op": "cdist", "ins": [as3(t1, (pn, m)), as3(t2, (r, m))], "outs": [as3(o, (pn, r))], "floats": [p]})
+            return o
+        if op == "aten._pdist_forward.default":
+            o = self.fresh(out)
+            step({"op": "pdist", "ins": [self.value(a[0])], "outs": [o], "floats": [float(arg(1, "p", 2.0))]})
+            return o
+        if op == "aten.dist.default":
+            x, y = self.value(a[0]), self.value(a[1])
+            shape = tuple(torch.broadcast_shapes(tuple(self.values[x]["sizes"]), tuple(self.values[y]["sizes"])))
+            o = self.fresh(out)
+            ins = [self.broadcast(x, shape), self.broadcast(y, shape)]
+            step({"op": "dist", "ins": ins, "outs": [o], "floats": [float(arg(2, "p", 2.0))]})
+            return o
+        if op in ("aten.median.dim", "aten.nanmedian.dim", "aten.mode.default"):
+            x = self.value(a[0])
+            rank = len(self.values[x]["sizes"])
+            d = arg(1, "dim", -1) % max(rank, 1)
+            keep = bool(arg(2, "keepdim", False))
+            outs = [self.fresh(mm) for mm in out]
+            if rank == 0:
+                x, kouts = self.as_1d(x), [self.as_1d(v) for v in outs]
+            elif keep:
+                kouts = outs
+            else:
+                kouts = [self.view_of(v, self.meta_tensor(v).unsqueeze(d)) for v in outs]
+            name = {"aten.median.dim": "median_dim", "aten.nanmedian.dim": "nanmedian_dim", "aten.mode.default": "mode"}[op]
+            step({"op": name, "ins": [x], "outs": kouts, "ints": [d]})
+            return tuple(outs)
+        if op == "aten.nanmedian.default":
+            x = self.value(a[0])
+            n = math.prod(self.values[x]["sizes"])
+            if n == 0:
+                raise LoweringError("nanmedian of an empty tensor")
+            o = self.fresh(out)
+            idx = self.temp([1], I64)
+            step({"op": "nanmedian_dim", "ins": [self.flat(x)], "outs": [self.as_1d(o), idx], "ints": [0]})
+            return o
+        if op in ("aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.upsample_trilinear3d.default"):
+            nd = 3 if "3d" in op else 2
+            align = bool(arg(2, "align_corners", False))
+            names = ["scales_d", "scales_h", "scales_w"][3 - nd:]
+            scales = [arg(3 + i, nm, None) for i, nm in enumerate(names)]
+            o = self.fresh(out)
+            name = "upsample_cubic" if "bicubic" in op else "upsample_linear"
+            floats = [0.0 if sc is None else float(sc) for sc in scales]
+            step({"op": name, "ins": [self.value(a[0])], "outs": [o], "ints": [int(align)], "floats": floats})
+            return o
+        if op in ("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default"):
+            o = self.fresh(out)
+            ints = [int(bool(a[4])), int(a[2]), int(a[3])]
+            step({"op": op[5:-8], "ins": [self.value(a[0]), self.value(a[1])], "outs": [o], "ints": ints})
+            return o
+        if op == "aten.segment_reduce.default":
+            data = self.value(a[0])
+            axis = kw.get("axis", 0) % max(len(self.values[data]["sizes"]), 1)
+            offsets = kw.get("offsets") is not None
+            bounds = self.value(kw["offsets"] if offsets else kw["lengths"])
+            dsz = list(self.values[data]["sizes"])
+            outer, n, inner = math.prod(dsz[:axis]), dsz[axis], math.prod(dsz[axis + 1 :])
+            bsz = list(self.values[bounds]["sizes"])
+            o = self.fresh(out)
+            if list(self.values[o]["strides"]) != _contig(list(out.shape)):
+                raise LoweringError("segment_reduce into a non-contiguous result")
+            segs = bsz[-1] - int(offsets)
+
+            def as_(v: int, shape: list[int]) -> int:
+                f = self.flat(v)
+                return self.view_of(f, self.meta_tensor(f).view(shape))
+
+            red = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}[a[1]]
+            initial = kw.get("initial")
+            if initial is not None and not math.isfinite(float(initial)):
+                raise LoweringError("non-finite initial value")
+            ins = [as_(data, [outer, n, inner]), as_(bounds, [outer, bsz[-1]])]
+            ints = [red, int(offsets), int(initial is not None)]
+            floats = [float(initial) if initial is not None else 0.0]
+            step({"op": "segment_reduce", "ins": ins, "outs": [as_(o, [outer, segs, inner])], "ints": ints, "floats": floats})
+            return o
+        if op == "aten._embedding_bag_forward_only.default":
+            w, idx, offs = self.value(a[0]), self.value(a[1]), self.value(a[2])
+            mode = int(arg(4, "mode", 0))
+            psw = arg(6, "per_sample_weights", None)
+            include_last = bool(arg(7, "include_last_offset", False))
+            padding = int(arg(8, "padding_idx", -1))
+            outs = [self.fresh(m) for m in out]
+            ins = [w, idx, offs, self.value(psw) if psw is not None else None]
+            step({"op": "embedding_bag", "ins": ins, "outs": [outs[0]], "ints": [mode, int(include_last), padding]})
+            for v in outs[1:]:
+                self.fill_any(v, 0)
+            return tuple(outs)
+        if op == "aten.max_pool2d_with_indices_backward.default":
+            g, idx = self.value(a[0]), self.value(a[7])
+            gi = self.fresh(out)
+            if len(out.shape) == 3:
+                g, idx, kgi = self.unbatched(g), self.unbatched(idx), self.unbatched(gi)
+            else:
+                kgi = gi
+            step({"op": "max_pool2d_bwd", "ins": [g, idx], "outs": [kgi]})
+            return gi
+        if op == "aten._linalg_check_errors.default":
+            step({"op": "check_info", "ins": [self.value(a[0])], "outs": []})
+            return None
+        if op == "aten.masked_scatter.default":
+            o = self.fresh(out)
+            shape = tuple(out.shape)
+            base, mask = self.broadcast(self.value(a[0]), shape), self.broadcast(self.value(a[1]), shape)
+            step({"op": "masked_scatter", "ins": [base, mask, self.flat(self.value(a[2]))], "outs": [o]})
+            return o
+        if op == "aten.put.default":
+            accumulate = bool(arg(3, "accumulate", False))
+            o = self.fresh(out)
+            if list(self.values[o]["strides"]) != _contig(list(out.shape)):
+                raise LoweringError("put into a non-contiguous result")
+            idx, src = self.flat(self.value(a[1])), self.flat(self.value(a[2]))
+            if self.values[idx]["sizes"] != self.values[src]["sizes"]:
+                raise LoweringError("put: index and source differ in size")
+            step({"op": "index_put", "ins": [self.flat(self.value(a[0])), src, idx], "outs": [self.flat(o)],
+                  "ints": [int(accumulate)]})
+            return o
+        if op in ("aten.as_strided_copy.default", "aten.as_strided_scatter.default"):
+            scatter = op == "aten.as_strided_scatter.default"
+            rest = a[2:] if scatter else a[1:]
+            size, stride = rest[0], rest[1]
+            offset = rest[2] if len(rest) > 2 else kw.get("storage_offset")
+            if offset is not None:
+                # the offset counts from the start of eager's storage, which a plan does not see
+                raise LoweringError("as_strided with an explicit storage offset")
+            x = self.value(a[0])
+            o = self.fresh(out)
+            if scatter:
+                self.copy_into(x, o)
+                self.copy_into(self.value(a[1]), self.view_of(o, self.meta_tensor(o).as_strided(size, stride)))
+            else:
+                self.copy_into(self.view_of(x, self.meta_tensor(x).as_strided(size, stride)), o)
+            return o
+        if op == "aten.addbmm.default":
+            bias, b1, b2 = self.value(a[0]), self.value(a[1]), self.value(a[2])
+            beta, alpha = float(kw.get("beta", 1)), float(kw.get("alpha", 1))
+            bsz, n, m = self.values[b1]["sizes"]
+            p = self.values[b2]["sizes"][2]
+            # sum over the batch of b1[i] @ b2[i] == (n, B*m) @ (B*m, p)
+            t1 = self.temp([n, bsz, m])
+            self.copy_into(self.view_of(b1, self.meta_tensor(b1).permute(1, 0, 2)), t1)
+            t2 = self.temp([bsz, m, p])
+            self.copy_into(b2, t2)
+            lhs = self.view_of(t1, self.meta_tensor(t1).view(n, bsz * m))
+            rhs = self.view_of(t2, self.meta_tensor(t2).view(bsz * m, p))
+            c = self.fresh(out)
+            bb = self.broadcast(bias, tuple(out.shape)) if beta != 0 else None
+            step({"op": "gemm", "ins": [lhs, rhs, bb], "outs": [c], "floats": [alpha, beta], "epilogue": []})
+            return c
+        raise LoweringError(f"no lowering for {op}")
+
+    def lu_factor_temps(self, a: int) -> list[int]:
+        sz = self.values[a]["sizes"]
+        return [self.temp(list(sz)), self.temp([*sz[:-2], min(sz[-2], sz[-1])], I32)]
+
+    def lu_solve(self, lu: int, piv: int, b: int, x: int, left: bool, adjoint: bool) -> None:
+        """X from the LU of A: A X = B (left) or X A = B, with A^T when ``adjoint``; broadcasts the batch."""
+        xs = self.values[x]["sizes"]
+        n = xs[-2] if left else xs[-1]
+        lu = self.broadcast(lu, (*xs[:-2], n, n))
+        piv = self.broadcast(piv, (*xs[:-2], n))
+        b = self.broadcast(b, tuple(xs))
+        if left:
+            self.steps.append({"op": "lu_solve", "ins": [lu, piv, b], "outs": [x], "ints": [int(adjoint)]})
+        else:  # X A = B  <=>  A^T X^T = B^T
+            self.steps.append({"op": "lu_solve", "ins": [lu, piv, self.mT(b)], "outs": [self.mT(x)], "ints": [int(not adjoint)]})
 
     def lower_view(self, node: Any) -> Any:
         args = list(node.args)
@@ -369,7 +784,16 @@ class Lowerer:
         if meta is None:
             raise LoweringError("elementwise op without a tensor result")
         name = T.ew_instruction(op) or op.split(".")[1]
-        in_dtypes = [self.dtype_of_arg(a) for a in args if isinstance(a, Ref)]
+        for a in args:
+            if isinstance(a, Ref) and a.slot not in self.widened and self.dtype_of_arg(a) in T.NARROW_INTS:
+                if name not in T.COMPARE:
+                    raise LoweringError(f"{name} of a narrow integer")
+                v = self.value(a)
+                self.used[a.slot] -= 1  # counted again when the program reads the copy
+                wide = self.temp(list(self.values[v]["sizes"]), I64)
+                self.copy_into(v, wide)
+                self.widened[a.slot] = wide
+        in_dtypes = [I64 if isinstance(a, Ref) and a.slot in self.widened else self.dtype_of_arg(a) for a in args if isinstance(a, Ref)]
         if name in T.COMPARE:
             compute = "f32" if F32 in in_dtypes or any(isinstance(a, float) for a in args) else "i64"
         elif name == "copy" and F32 in in_dtypes:
@@ -737,6 +1161,9 @@ class Lowerer:
         self.steps.append({"op": "ew", "compute": compute, "ins": [], "outs": [v], "prog": prog})
 
     def copy_into(self, src: int, dst: int) -> None:
+        if not {self.dtype_of(src), self.dtype_of(dst)} <= T.DTYPES:
+            self.steps.append({"op": "cast", "ins": [src], "outs": [dst]})
+            return
         compute = "f32" if F32 in (self.dtype_of(src), self.dtype_of(dst)) else "i64"
         prog = [{"op": "load", "dst": 0, "a": [0], "f": []}, {"op": "store", "dst": 0, "a": [0], "f": []}]
         self.steps.append({"op": "ew", "compute": compute, "ins": [src], "outs": [dst], "prog": prog})

@@ -13,6 +13,9 @@ import torch
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DTYPES = frozenset({F32, I64, BOOL})
+#: storage-only dtypes: only the ops of WIDE_OPS read or write them (no arithmetic in them)
+WIDE_DTYPES = frozenset({torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8})
+NARROW_INTS = frozenset({torch.int32, torch.int16, torch.int8, torch.uint8})
 
 # elementwise unary: op -> instruction name
 UNARY: dict[str, str] = {
@@ -164,6 +167,43 @@ KERNELS = KERNELS | {"aten.scatter.reduce", "aten.scatter.value_reduce", "aten.m
                      "aten.native_group_norm.default"} | INDEX_PADS | BATCH_NORMS
 FLOAT_ONLY_KERNELS = FLOAT_ONLY_KERNELS | {"aten.median.default", "aten.native_group_norm.default"} | BATCH_NORMS
 
+#: dense linear algebra (float32 matrices, int32 pivots and info): lowered to the ``linalg`` kernels
+LINALG = frozenset({
+    "aten.linalg_lu_factor_ex.default", "aten.linalg_lu.default", "aten.lu_unpack.default",
+    "aten.linalg_lu_solve.default", "aten._linalg_solve_ex.default", "aten.linalg_inv_ex.default",
+    "aten._linalg_det.default", "aten._linalg_slogdet.default", "aten.linalg_cholesky_ex.default",
+    "aten.cholesky_solve.default", "aten.cholesky_inverse.default", "aten.linalg_solve_triangular.default",
+    "aten.triangular_solve.default",
+})
+KERNELS = KERNELS | LINALG
+#: search, distances, order statistics, resampling, scatter-like copies: one kernel step each
+MORE = frozenset({
+    "aten.searchsorted.Tensor", "aten.bucketize.Tensor", "aten.histc.default", "aten.frexp.Tensor",
+    "aten._cdist_forward.default", "aten._pdist_forward.default", "aten.dist.default",
+    "aten.median.dim", "aten.nanmedian.dim", "aten.nanmedian.default", "aten.mode.default",
+    "aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.upsample_trilinear3d.default",
+    "aten.grid_sampler_2d.default", "aten._linalg_check_errors.default", "aten.masked_scatter.default",
+    "aten.addbmm.default", "aten.put.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
+    "aten.segment_reduce.default", "aten.max_pool2d_with_indices_backward.default", "aten.grid_sampler_3d.default",
+    "aten._embedding_bag_forward_only.default",
+})
+#: indexing ops that also take int32 indices
+INT32_INDEX_OPS = frozenset({
+    "aten.gather.default", "aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default",
+    "aten.scatter_reduce.two", "aten.scatter.reduce", "aten.scatter.value_reduce", "aten.index_put.default",
+})
+KERNELS = KERNELS | MORE
+#: copies and fills that convert to or from the storage-only dtypes (one ``cast`` or ``fill`` step)
+WIDE_COPIES = frozenset({
+    "aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default", "aten.copy.default",
+})
+WIDE_FILLS = frozenset({
+    "aten.full.default", "aten.scalar_tensor.default", "aten.full_like.default", "aten.fill.Scalar",
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.empty.memory_format", "aten.empty_permuted.default",
+    "aten.empty_strided.default",
+})
+WIDE_OPS = WIDE_COPIES | WIDE_FILLS | {"aten.arange.start_step", "aten.arange.default", "aten.arange.start"}
+
 SUPPORTED = (
     frozenset(UNARY) | frozenset(BINARY) | SPECIAL_EW | VIEWS | frozenset(REDUCTIONS) | KERNELS | frozenset(COPY_VIEWS)
     | frozenset(SCATTER_VIEWS)
@@ -183,13 +223,28 @@ def check(info: Any) -> str | None:
         return "symbolic shape"
     metas = [*info.inputs, *info.out_metas]
     for m in metas:
-        if m.dtype not in DTYPES:
-            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool)"
         if m.device != "cpu":
             return f"device {m.device}"
     kwargs = info.kwargs
     if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
         return "not a cpu tensor"
+    if op in LINALG:
+        return _check_linalg(info)
+    if op in MORE:
+        return _check_more(info)
+    wide_ok = op in WIDE_OPS or op in VIEWS
+    int32_idx = op in INT32_INDEX_OPS and info.inputs[0].dtype in DTYPES and all(m.dtype in DTYPES for m in info.out_metas)
+    # comparisons of narrow integers: the lowering widens them to int64 first (exact)
+    int_cmp = ew_instruction(op) in COMPARE and all(m.dtype == BOOL for m in info.out_metas)
+    for m in metas:
+        if (m.dtype == torch.int32 and int32_idx) or (int_cmp and m.dtype in NARROW_INTS):
+            continue
+        if m.dtype not in DTYPES and not (wide_ok and m.dtype in WIDE_DTYPES):
+            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool; {_WIDE_NOTE})"
+    if op in WIDE_OPS and any(m.dtype in WIDE_DTYPES for m in metas):
+        if op == "aten._to_copy.default" and kwargs.get("layout", torch.strided) not in (None, torch.strided):
+            return "layout"
+        return None
     if op in REDUCTIONS and info.inputs:
         x = info.inputs[0]
         if x.dtype == BOOL and x.numel >= 1 << 24:
@@ -234,8 +289,8 @@ def check(info: Any) -> str | None:
     if op == "aten.index_put.default":
         if any(i is None for i in info.args[1]):
             return "index with None"
-        if any(m.dtype != I64 for m in info.inputs[1:-1]):
-            return "only int64 indices"
+        if any(m.dtype not in (I64, torch.int32) for m in info.inputs[1:-1]):
+            return "only int64 or int32 indices"
     if op in ("aten.scatter_reduce.two", "aten.index_reduce.default") and info.out_metas[0].dtype != F32:
         return "float32 only"
     if op == "aten.index.Tensor":
@@ -246,4 +301,80 @@ def check(info: Any) -> str | None:
     if op in ("aten.bmm.default", "aten.baddbmm.default", "aten.mm.default", "aten.addmm.default", "aten.addmv.default"):
         if any(m.dtype != F32 for m in metas):
             return "float32 only"
+    return None
+
+
+_WIDE_NOTE = "float64, float16, bfloat16 and int8..int32 in copies, fills and arange only"
+#: linalg ops: (index of the flag that asks for pivoting, which must be true) for the LU family
+_NEEDS_PIVOT = {"aten.linalg_lu_factor_ex.default", "aten.linalg_lu.default"}
+
+
+def _check_linalg(info: Any) -> str | None:
+    op = info.op
+    for m in info.inputs:
+        if m.dtype not in (F32, torch.int32):
+            return f"dtype {m.dtype} (linalg takes float32 matrices and int32 pivots)"
+    for m in info.out_metas:
+        if m.dtype not in (F32, torch.int32):
+            return f"dtype {m.dtype} (linalg gives float32 and int32)"
+    if not info.inputs or info.inputs[0].dtype != F32 or len(info.inputs[0].shape) < 2:
+        return "linalg needs a float32 matrix (or a batch of them) first"
+    if op in _NEEDS_PIVOT and not info.kwargs.get("pivot", True):
+        return "LU without pivoting"
+    if op == "aten.lu_unpack.default" and info.inputs[0].shape[:-2] != info.inputs[1].shape[:-1]:
+        return "lu_unpack with broadcast batch dims"
+    return None
+
+
+#: ops of MORE that compute in float32 (their first input and every output but indices are float32)
+_FLOAT_MORE = MORE - {
+    "aten._linalg_check_errors.default", "aten.masked_scatter.default", "aten.put.default",
+    "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
+}
+
+
+def _check_more(info: Any) -> str | None:
+    op, kw = info.op, info.kwargs
+    if op == "aten._linalg_check_errors.default":
+        return None if [m.dtype for m in info.inputs] == [torch.int32] else "info must be int32"
+    for m in [*info.inputs, *info.out_metas]:
+        if m.dtype not in DTYPES and m.dtype != torch.int32:
+            return f"dtype {m.dtype} (native_cpu takes float32, int64, bool)"
+    if op in _FLOAT_MORE:
+        if info.inputs[0].dtype != F32 or any(m.dtype == BOOL for m in info.inputs):
+            return "float32 input only"
+        if op != "aten.frexp.Tensor" and any(m.dtype == torch.int32 for m in info.out_metas) and not kw.get("out_int32"):
+            return "int32 result"
+    if op == "aten.searchsorted.Tensor" and kw.get("side") not in (None, "left", "right"):
+        return "searchsorted side"
+    if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor") and any(m.dtype != F32 for m in info.inputs[:2]):
+        return "float32 boundaries and values only"
+    if op == "aten.segment_reduce.default":
+        if kw.get("indices") is not None or (kw.get("lengths") is None) == (kw.get("offsets") is None):
+            return "segment_reduce by lengths or offsets only"
+        if info.args[1] not in ("sum", "mean", "max", "min", "prod"):
+            return "segment_reduce reduction"
+    if op == "aten._embedding_bag_forward_only.default" and (
+        info.inputs[1].dtype != I64 or info.inputs[2].dtype != I64 or len(info.inputs[1].shape) != 1
+    ):
+        return "1-d int64 indices and offsets only"
+    if op == "aten.grid_sampler_3d.default" and (len(info.inputs[0].shape) != 5 or info.args[2] not in (0, 1)):
+        return "5-d trilinear or nearest grid sampling only"
+    if op == "aten.max_pool2d_with_indices_backward.default" and len(info.inputs[0].shape) not in (3, 4):
+        return "3-d or 4-d pooling only"
+    four_d = ("aten.upsample_bilinear2d.default", "aten.upsample_bicubic2d.default", "aten.grid_sampler_2d.default")
+    if op in four_d and len(info.inputs[0].shape) != 4:
+        return "4-d input only"
+    if op == "aten.upsample_trilinear3d.default" and len(info.inputs[0].shape) != 5:
+        return "5-d input only"
+    if op in ("aten.masked_scatter.default", "aten.put.default"):
+        base = info.inputs[0].dtype
+        if op == "aten.put.default" and info.inputs[1].dtype != I64:
+            return "int64 indices only"
+        if info.inputs[-1].dtype != base or base not in DTYPES:
+            return "source and self differ in dtype"
+    if op in ("aten.as_strided_copy.default", "aten.as_strided_scatter.default") and any(
+        m.dtype not in DTYPES for m in info.inputs
+    ):
+        return "dtype"
     return None

@@ -21,7 +21,11 @@ from tb_cpu_rust.threads import use_torch_openmp
 
 use_torch_openmp()
 
-_DT = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
+_DT = {
+    "float32": torch.float32, "int64": torch.int64, "bool": torch.bool, "float64": torch.float64,
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8,
+}
 
 
 class NativeProgram:
@@ -147,4 +151,4 @@ def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
 
 
-_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
+_NAMES = {dtype: name for name, dtype in _DT.items()}
