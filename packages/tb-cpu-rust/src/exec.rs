@@ -216,17 +216,35 @@ impl Executor {
         Ok(Executor { buffers, steps, n_inputs, n_outputs, workspace: Mutex::new(None) })
     }
 
+    fn check_counts(&self, inputs: usize, outputs: usize) -> Result<()> {
+        if inputs != self.n_inputs || outputs != self.n_outputs {
+            let (ni, no) = (self.n_inputs, self.n_outputs);
+            return Err(format!("expected {ni} inputs and {no} outputs, got {inputs} and {outputs}"));
+        }
+        Ok(())
+    }
+
+    /// Outputs (pointer, bytes) must not overlap each other, nor any input, whose extent is the
+    /// plan's (an input buffer's numel is its extent; its layout was matched before).
+    fn check_no_overlap(&self, outputs: &[(usize, usize)], inputs: impl Iterator<Item = usize> + Clone) -> Result<()> {
+        for (k, &(p, n)) in outputs.iter().enumerate() {
+            for &(q, m) in &outputs[k + 1..] {
+                if ranges_overlap(p, n, q, m) {
+                    return Err("output tensors overlap".into());
+                }
+            }
+            for (q, buf) in inputs.clone().zip(&self.buffers) {
+                if ranges_overlap(p, n, q, buf.numel * buf.dtype.size()) {
+                    return Err("an output tensor overlaps an input".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the tensors of one call against the plan; returns the buffer base pointers.
     pub fn bind(&self, inputs: &[Arg], outputs: &[Arg]) -> Result<Vec<*mut u8>> {
-        if inputs.len() != self.n_inputs || outputs.len() != self.n_outputs {
-            return Err(format!(
-                "expected {} inputs and {} outputs, got {} and {}",
-                self.n_inputs,
-                self.n_outputs,
-                inputs.len(),
-                outputs.len()
-            ));
-        }
+        self.check_counts(inputs.len(), outputs.len())?;
         let mut ptrs = Vec::with_capacity(self.buffers.len());
         let mut ranges: Vec<(usize, usize)> = Vec::new();
         for (i, (arg, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
@@ -261,20 +279,7 @@ impl Executor {
             }
             ptrs.push(arg.ptr as *mut u8);
         }
-        // outputs must not overlap each other or any input
-        for (k, &(p, n)) in ranges.iter().enumerate() {
-            for &(q, m) in &ranges[k + 1..] {
-                if ranges_overlap(p, n, q, m) {
-                    return Err("output tensors overlap".into());
-                }
-            }
-            for (arg, buf) in inputs.iter().zip(&self.buffers) {
-                let bytes = extent(&buf.sizes, &buf.strides)? * buf.dtype.size();
-                if ranges_overlap(p, n, arg.ptr, bytes) {
-                    return Err("an output tensor overlaps an input".into());
-                }
-            }
-        }
+        self.check_no_overlap(&ranges, inputs.iter().map(|a| a.ptr))?;
         Ok(ptrs)
     }
 
@@ -283,15 +288,7 @@ impl Executor {
     /// what the extents below are computed from): counts, null and misaligned pointers, and
     /// outputs overlapping each other or an input. Returns the buffer base pointers, like `bind`.
     pub fn bind_ptrs(&self, inputs: &[usize], outputs: &[usize]) -> Result<Vec<*mut u8>> {
-        if inputs.len() != self.n_inputs || outputs.len() != self.n_outputs {
-            return Err(format!(
-                "expected {} inputs and {} outputs, got {} and {}",
-                self.n_inputs,
-                self.n_outputs,
-                inputs.len(),
-                outputs.len()
-            ));
-        }
+        self.check_counts(inputs.len(), outputs.len())?;
         let mut ptrs = Vec::with_capacity(self.buffers.len());
         let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(outputs.len());
         for (i, (&ptr, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
@@ -308,18 +305,7 @@ impl Executor {
             }
             ptrs.push(ptr as *mut u8);
         }
-        for (k, &(p, n)) in ranges.iter().enumerate() {
-            for &(q, m) in &ranges[k + 1..] {
-                if ranges_overlap(p, n, q, m) {
-                    return Err("output tensors overlap".into());
-                }
-            }
-            for (&q, buf) in inputs.iter().zip(&self.buffers) {
-                if ranges_overlap(p, n, q, buf.numel * buf.dtype.size()) {
-                    return Err("an output tensor overlaps an input".into());
-                }
-            }
-        }
+        self.check_no_overlap(&ranges, inputs.iter().copied())?;
         Ok(ptrs)
     }
 

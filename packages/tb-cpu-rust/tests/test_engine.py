@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +11,21 @@ import torch.nn.functional as F
 import torchburn
 from torchburn.testing.conformance import compile_with, native_and_fallback
 from torchburn.testing.models import MODELS, train_losses
+
+
+def _record_programs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every tb_cpu_rust NativeProgram built while the test runs, in order."""
+    from tb_cpu_rust import program
+
+    made: list[Any] = []
+    original = program.NativeProgram.__init__
+
+    def record(self: program.NativeProgram, plan: object) -> None:
+        original(self, plan)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(program.NativeProgram, "__init__", record)
+    return made
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -43,16 +60,7 @@ def test_training_step_matches_eager_and_runs_native() -> None:
 
 
 def test_elementwise_chain_is_one_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tb_cpu_rust import program
-
-    made: list[program.NativeProgram] = []
-    original = program.NativeProgram.__init__
-
-    def record(self: program.NativeProgram, plan: object) -> None:
-        original(self, plan)  # type: ignore[arg-type]
-        made.append(self)
-
-    monkeypatch.setattr(program.NativeProgram, "__init__", record)
+    made = _record_programs(monkeypatch)
 
     def chain(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return F.gelu(x * w + b) * torch.sigmoid(x) + x
@@ -96,16 +104,7 @@ def test_masked_sdpa_matches_eager() -> None:
 def test_program_checks_each_call_against_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Matching inputs cross as bare pointers; anything else takes the validating entry and fails
     with a clear error instead of reading memory the plan did not describe."""
-    from tb_cpu_rust import program
-
-    made: list[program.NativeProgram] = []
-    original = program.NativeProgram.__init__
-
-    def record(self: program.NativeProgram, plan: object) -> None:
-        original(self, plan)  # type: ignore[arg-type]
-        made.append(self)
-
-    monkeypatch.setattr(program.NativeProgram, "__init__", record)
+    made = _record_programs(monkeypatch)
 
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x @ y) + 1.0
