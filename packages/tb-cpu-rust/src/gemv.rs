@@ -154,7 +154,7 @@ mod tests {
             let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.1 - 1.0).collect();
             for accumulate in [false, true] {
                 for threads in [1, 2] {
-                    let mut c = vec![0.5f32; m * n];
+                    let c = vec![0.5f32; m * n];
                     let epi = Epi::new(Some((mat(&bias, 0, 1), 1.0)), [EpiOp::Un(Un::Relu)]);
                     // SAFETY: buffers sized for the shapes above
                     let took = unsafe {

@@ -433,20 +433,9 @@ mod tests {
 
 #[cfg(test)]
 mod probe {
+    use super::super::qgemm::bench::cpu_time;
     use super::*;
-    fn cpu_time() -> f64 {
-        #[repr(C)]
-        struct Ts {
-            s: i64,
-            ns: i64,
-        }
-        extern "C" {
-            fn clock_gettime(clk: i32, ts: *mut Ts) -> i32;
-        }
-        let mut t = Ts { s: 0, ns: 0 };
-        unsafe { clock_gettime(2, &mut t) };
-        t.s as f64 + t.ns as f64 * 1e-9
-    }
+
     #[test]
     #[ignore]
     fn kernel_l1_peak() {

@@ -370,13 +370,13 @@ mod tests {
 /// `RAYON_NUM_THREADS=1 cargo test --release --lib gemm_throughput -- --ignored --nocapture`:
 /// prefill-shaped products (512 rows) through the tiled path and through the GEMV loops.
 #[cfg(test)]
-mod bench {
+pub(in crate::llm) mod bench {
     use super::super::gemv::{detect, linear};
     use super::*;
 
     /// CPU time of the process (single-threaded runs: the machine is shared, wall time is not
-    /// this code's).
-    fn cpu_time() -> f64 {
+    /// this code's). The panel probe uses it too.
+    pub(in crate::llm) fn cpu_time() -> f64 {
         #[repr(C)]
         struct Ts {
             s: i64,
