@@ -63,6 +63,24 @@ def test_small_partitions_stay_eager_with_a_reason(toy: Any) -> None:
     assert explanation.native_ops["aten.sigmoid.default"] == 1
 
 
+def test_views_alone_go_to_the_engine_only_at_threshold_zero(toy: Any) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.permute(1, 0)  # a graph of one view: nothing to compute
+
+    x = torch.randn(3, 5)
+    explanation = torchburn.explain(f, x, options={"min_partition_size": 1})
+    assert any("below cost threshold" in r for r in explanation.fallback_reasons["aten.permute.default"])
+    explanation = torchburn.explain(f, x, options={"min_partition_size": 0})
+    assert explanation.native_ops["aten.permute.default"] == 1
+    assert not explanation.fallback_reasons
+    torch.testing.assert_close(explanation.output, f(x))
+
+
+def test_negative_threshold_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="min_partition_size must be 0 or more"):
+        torchburn.Options.from_user({"min_partition_size": -1})
+
+
 def test_heavy_op_alone_is_worth_a_partition(toy: Any) -> None:
     def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.tanh(torch.addmm(b, x, w))

@@ -56,27 +56,22 @@ mod imp {
         _mm256_xor_ps(sin_poly(r), odd)
     }
 
-    /// Eight lanes, any value: lanes beyond REDUCE_MAX take the scalar libm function.
+    /// Eight lanes of |x| ≤ REDUCE_MAX or NaN (other lanes are fixed up after the sweep).
     #[inline(always)]
-    unsafe fn lanes(x: __m256, cosine: bool) -> __m256 {
-        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(set(-0.0), x), set(REDUCE_MAX));
-        let mut y = sincos(x, cosine);
-        if !cosine {
+    unsafe fn lanes<const COS: bool>(x: __m256) -> __m256 {
+        let y = sincos(x, COS);
+        if COS {
+            y
+        } else {
             // sin(±0) = ±0 (the reduction's subtractions would turn −0 into +0)
-            y = _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_setzero_ps()));
+            _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_setzero_ps()))
         }
-        if _mm256_movemask_ps(big) != 0 {
-            let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
-            _mm256_storeu_ps(xs.as_mut_ptr(), x);
-            _mm256_storeu_ps(ys.as_mut_ptr(), y);
-            for (o, &v) in ys.iter_mut().zip(&xs) {
-                if v.abs() > REDUCE_MAX {
-                    *o = if cosine { v.cos() } else { v.sin() };
-                }
-            }
-            y = _mm256_loadu_ps(ys.as_ptr());
-        }
-        y
+    }
+
+    /// Lanes beyond REDUCE_MAX (|x| > REDUCE_MAX, ±inf included), if any.
+    #[inline(always)]
+    unsafe fn big(x: __m256) -> __m256 {
+        _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(set(-0.0), x), set(REDUCE_MAX))
     }
 
     /// out[i] = sin(inp[i]) (or cos).
@@ -85,18 +80,56 @@ mod imp {
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn sincos_avx2(out: &mut [f32], inp: &[f32], cosine: bool) {
+        if cosine {
+            sweep::<true>(out, inp)
+        } else {
+            sweep::<false>(out, inp)
+        }
+    }
+
+    /// The vector sweep, then (only if some |x| was beyond REDUCE_MAX) a scalar pass over those
+    /// elements: the loop itself has no call and no branch, so its constants stay in registers.
+    #[inline(always)]
+    unsafe fn sweep<const COS: bool>(out: &mut [f32], inp: &[f32]) {
         let n = out.len().min(inp.len());
         let (ip, op) = (inp.as_ptr(), out.as_mut_ptr());
+        let mut any_big = _mm256_setzero_ps();
         let mut i = 0;
+        // two independent vectors per step: their dependency chains overlap
+        while i + 16 <= n {
+            let (x0, x1) = (_mm256_loadu_ps(ip.add(i)), _mm256_loadu_ps(ip.add(i + 8)));
+            _mm256_storeu_ps(op.add(i), lanes::<COS>(x0));
+            _mm256_storeu_ps(op.add(i + 8), lanes::<COS>(x1));
+            any_big = _mm256_or_ps(any_big, _mm256_or_ps(big(x0), big(x1)));
+            i += 16;
+        }
         while i + 8 <= n {
-            _mm256_storeu_ps(op.add(i), lanes(_mm256_loadu_ps(ip.add(i)), cosine));
+            let x = _mm256_loadu_ps(ip.add(i));
+            _mm256_storeu_ps(op.add(i), lanes::<COS>(x));
+            any_big = _mm256_or_ps(any_big, big(x));
             i += 8;
         }
         if i < n {
             let mut buf = [0f32; 8];
             buf[..n - i].copy_from_slice(&inp[i..n]);
-            _mm256_storeu_ps(buf.as_mut_ptr(), lanes(_mm256_loadu_ps(buf.as_ptr()), cosine));
+            let x = _mm256_loadu_ps(buf.as_ptr());
+            any_big = _mm256_or_ps(any_big, big(x));
+            _mm256_storeu_ps(buf.as_mut_ptr(), lanes::<COS>(x));
             out[i..n].copy_from_slice(&buf[..n - i]);
+        }
+        if _mm256_movemask_ps(any_big) != 0 {
+            fix_big(&mut out[..n], &inp[..n], COS);
+        }
+    }
+
+    /// The scalar libm function for every |x| > REDUCE_MAX (full accuracy for large arguments).
+    #[cold]
+    #[inline(never)]
+    fn fix_big(out: &mut [f32], inp: &[f32], cosine: bool) {
+        for (o, &v) in out.iter_mut().zip(inp) {
+            if v.abs() > REDUCE_MAX {
+                *o = if cosine { v.cos() } else { v.sin() };
+            }
         }
     }
 }

@@ -22,7 +22,8 @@ class TorchburnFallbackWarning(UserWarning):
 class Options:
     #: Engine names in priority order; None means TORCHBURN_ENGINE or the default choice.
     engine: tuple[str, ...] | None = None
-    #: Partitions with fewer compute ops than this (and no heavy op such as a GEMM) stay eager.
+    #: Partitions with fewer compute ops than this (and no heavy op such as a GEMM) stay eager;
+    #: 0 hands the engine even a partition of view ops alone (views of its inputs, no kernel).
     min_partition_size: int = 2
     #: Use the structural graph cache.
     cache: bool = True
@@ -48,8 +49,8 @@ class Options:
         opts = Options(**options)
         if opts.fallback not in ("eager", "error"):
             raise ValueError(f"fallback must be 'eager' or 'error', not {opts.fallback!r}")
-        if opts.min_partition_size < 1:
-            raise ValueError("min_partition_size must be at least 1")
+        if opts.min_partition_size < 0:
+            raise ValueError("min_partition_size must be 0 or more")
         return opts
 
 
