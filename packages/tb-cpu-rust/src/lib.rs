@@ -20,6 +20,7 @@ pub mod exec;
 pub mod gemm;
 pub mod gemm_own;
 pub mod gemv;
+pub mod igamma;
 pub mod indexing;
 pub mod isa;
 pub mod linalg;

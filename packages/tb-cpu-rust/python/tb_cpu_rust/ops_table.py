@@ -59,6 +59,7 @@ BINARY.update({
     "aten.hypot.default": "hypot", "aten.fmax.default": "fmax", "aten.fmin.default": "fmin",
     "aten.special_zeta.default": "zeta", "aten.special_zeta.self_scalar": "zeta", "aten.special_zeta.other_scalar": "zeta",
     "aten.ldexp.Tensor": "ldexp",
+    "aten.igamma.default": "igamma", "aten.igammac.default": "igammac",
 })
 for _poly in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
               "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"):
