@@ -20,7 +20,7 @@ DECOMP = frozenset({
     "aten.geqrf.default", "aten.linalg_householder_product.default", "aten.ormqr.default",
     "aten.linalg_qr.default", "aten._linalg_svd.default", "aten._linalg_eigh.default",
     "aten.linalg_pinv.atol_rtol_tensor", "aten.linalg_polar.default", "aten.linalg_matrix_sqrth.default",
-})
+})  # fmt: skip
 
 #: multi-output ops: which outputs are vectors that are unique only up to sign
 _VECTOR_OUTPUTS = {"aten._linalg_svd.default": (0, 2), "aten._linalg_eigh.default": (1,)}
