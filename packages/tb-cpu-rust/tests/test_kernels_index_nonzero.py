@@ -1,5 +1,5 @@
-"""index_put with leading ``None`` indices (index_copy / index_fill on a later dim) and
-nonzero_static, against PyTorch."""
+"""index_put with leading ``None`` indices (index_copy / index_fill on a later dim),
+nonzero_static and functional resize, against PyTorch."""
 
 from __future__ import annotations
 
@@ -71,3 +71,25 @@ def test_nonzero_static_matches_torch(x: torch.Tensor, size: int) -> None:
         return torch.nonzero_static(x, size=size, fill_value=-7)
 
     assert torch.equal(_run_native(fn, x), fn(x))
+
+
+@pytest.mark.parametrize(("shape", "new"), [((4, 5), (2, 10)), ((4, 5), (3, 2)), ((), (1, 1)), ((3, 0), (0,))])
+def test_resize_to_at_most_its_size(shape: tuple[int, ...], new: tuple[int, ...]) -> None:
+    x = _randn(*shape) if shape else torch.tensor(0.5)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.resize(x + 1, new)
+
+    torch.testing.assert_close(_run_native(fn, x), fn(x))
+
+
+def test_resize_that_grows_stays_eager() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.resize(x + 1, (4, 4))[:2]
+
+    compiled, reports = compile_with("native_cpu", fn, cache=False, fallback="eager")
+    with torch.no_grad():
+        got = compiled(_randn(2, 2))
+    _, fallback = native_and_fallback(reports)
+    assert "aten.resize.default" in fallback
+    assert got.shape == (2, 4)

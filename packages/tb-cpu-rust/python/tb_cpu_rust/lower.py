@@ -684,6 +684,18 @@ class Lowerer:
             step({"op": "index_put", "ins": [self.flat(self.value(a[0])), src, idx], "outs": [self.flat(o)],
                   "ints": [int(accumulate)]})
             return o
+        if op == "aten.resize.default":
+            # functional resize of a contiguous value to at most its size: the leading elements,
+            # read in storage order, under the new shape
+            x = self.value(a[0])
+            val = self.values[x]
+            if list(val["strides"]) != _contig(list(val["sizes"])):
+                raise LoweringError("resize of a non-contiguous value")
+            shape = list(out.shape)
+            o = self.fresh(out)
+            if math.prod(shape):
+                self.copy_into(self.new_value(val["buf"], val["offset"], shape, _contig(shape)), o)
+            return o
         if op == "aten.nonzero_static.default":
             o = self.fresh(out)
             step({"op": "nonzero_static", "ins": [self.value(a[0])], "outs": [o], "ints": [int(kw.get("fill_value", -1))]})

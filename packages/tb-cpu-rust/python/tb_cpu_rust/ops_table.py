@@ -7,6 +7,7 @@ kernel step. Nothing here calls back into PyTorch at run time.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -190,7 +191,7 @@ MORE = frozenset({
     "aten.grid_sampler_2d.default", "aten._linalg_check_errors.default", "aten.masked_scatter.default",
     "aten.addbmm.default", "aten.put.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
     "aten.segment_reduce.default", "aten.max_pool2d_with_indices_backward.default", "aten.grid_sampler_3d.default",
-    "aten._embedding_bag_forward_only.default", "aten.nonzero_static.default",
+    "aten._embedding_bag_forward_only.default", "aten.nonzero_static.default", "aten.resize.default",
 })
 #: indexing ops that also take int32 indices
 INT32_INDEX_OPS = frozenset({
@@ -338,6 +339,7 @@ def _check_linalg(info: Any) -> str | None:
 _FLOAT_MORE = MORE - {
     "aten._linalg_check_errors.default", "aten.masked_scatter.default", "aten.put.default",
     "aten.as_strided_copy.default", "aten.as_strided_scatter.default", "aten.nonzero_static.default",
+    "aten.resize.default",
 }
 
 
@@ -357,6 +359,12 @@ def _check_more(info: Any) -> str | None:
         return "searchsorted side"
     if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor") and any(m.dtype != F32 for m in info.inputs[:2]):
         return "float32 boundaries and values only"
+    if op == "aten.resize.default":
+        # growing exposes uninitialised memory; another memory format restrides the data
+        if kw.get("memory_format") not in (None, torch.contiguous_format):
+            return "resize to a non-contiguous memory format"
+        if math.prod(info.out_metas[0].shape) > math.prod(info.inputs[0].shape):
+            return "resize that grows the tensor"
     if op == "aten.segment_reduce.default":
         if kw.get("indices") is not None or (kw.get("lengths") is None) == (kw.get("offsets") is None):
             return "segment_reduce by lengths or offsets only"
