@@ -42,6 +42,8 @@ pub enum Un {
 pub enum Bin {
     Add(f32), Sub(f32), Mul, Div, Max, Min, Pow, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Xor, ThresholdBwd(f32),
     Atan2, Fmod, Remainder, FloorDiv, Copysign, Nextafter, Hypot, Fmax, Fmin, Zeta,
+    /// regularized incomplete gamma P(a, x) and Q(a, x) (igamma.rs)
+    Igamma, Igammac,
     Poly(mathfn::Poly, bool),
 }
 
@@ -174,6 +176,8 @@ fn parse_instr(s: &InstrSpec, compute: Compute) -> Result<Instr> {
         "fmax" => bin(Bin::Fmax),
         "fmin" => bin(Bin::Fmin),
         "zeta" => bin(Bin::Zeta),
+        "igamma" => bin(Bin::Igamma),
+        "igammac" => bin(Bin::Igammac),
         "erfcx" => un(Un::Erfcx),
         "spherical_j0" => un(Un::SphJ0),
         "i0" => un(Un::I0),
@@ -653,6 +657,8 @@ impl Scalar for f32 {
             Bin::Fmax => zip!(p, q => p.max(q)),
             Bin::Fmin => zip!(p, q => p.min(q)),
             Bin::Zeta => zip!(p, q => mathfn::zeta(p as f64, q as f64) as f32),
+            Bin::Igamma => zip!(p, q => crate::igamma::igamma(p as f64, q as f64) as f32),
+            Bin::Igammac => zip!(p, q => crate::igamma::igammac(p as f64, q as f64) as f32),
             // shifted polynomials: the same recurrence at 2x - 1
             Bin::Poly(kind, shifted) => zip!(p, q => mathfn::poly(kind, if shifted { p + p - 1.0 } else { p }, q)),
         }

@@ -55,6 +55,9 @@ pub enum Kernel {
     Nll { x: View, t: View, w: Option<View>, out: View, total: View, reduction: i64, ignore: i64 },
     NllBwd { g: View, x: View, t: View, w: Option<View>, total: View, gi: View, reduction: i64, ignore: i64 },
     Linalg(Box<crate::linalg::Linalg>),
+    /// QR, SVD, symmetric eigen and what is built on them (linalg_decomp.rs)
+    Decomp(Box<crate::linalg_decomp::Decomp>),
+    NonzeroStatic(Box<crate::nonzero_static::NonzeroStatic>),
     /// a copy that converts between any two dtypes the executor carries
     Cast { x: View, y: View },
     Fill { y: View, value: f64, int: Option<i64> },
@@ -209,6 +212,10 @@ impl Kernel {
                 Kernel::EmbeddingBag { w, idx, offsets, psw, out: o, mode, include_last, padding }
             }
             "max_pool2d_bwd" => Kernel::PoolBwd(Box::new(crate::segment::PoolBwd::new(&ins, &outs)?)),
+            "nonzero_static" => {
+                let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
+                Kernel::NonzeroStatic(Box::new(crate::nonzero_static::NonzeroStatic::new(x, y, int(ints, 0)?)?))
+            }
             "segment_reduce" => Kernel::Segment(Box::new(crate::segment::Segment::new(&ins, &outs, ints, floats)?)),
             "check_info" => {
                 let info = take(&ins, 0)?;
@@ -223,6 +230,9 @@ impl Kernel {
             }
             "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" => {
                 Kernel::Linalg(Box::new(crate::linalg::Linalg::new(op, ins, outs, ints)?))
+            }
+            "geqrf" | "orgqr" | "ormqr" | "qr" | "svd" | "eigh" | "pinv" | "polar" | "sqrth" | "matrix_exp" => {
+                Kernel::Decomp(Box::new(crate::linalg_decomp::Decomp::new(op, ins, outs, ints)?))
             }
             "gemm" => {
                 let (a, b, c) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
@@ -892,6 +902,8 @@ impl Kernel {
                 crate::indexing::index_put(mem, base, values, idx, out, *accumulate)?;
             }
             Kernel::Linalg(l) => l.run(mem)?,
+            Kernel::Decomp(k) => k.run(mem)?,
+            Kernel::NonzeroStatic(k) => k.run(mem),
             Kernel::Search(k) => k.run(mem)?,
             Kernel::Dist(k) => k.run(mem),
             Kernel::Select(k) => k.run(mem)?,

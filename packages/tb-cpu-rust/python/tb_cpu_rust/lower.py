@@ -17,6 +17,7 @@ import torch
 from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 
 from tb_cpu_rust import ops_table as T
+from tb_cpu_rust.decomp import lower_decomp
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DT_NAME = {
@@ -323,6 +324,8 @@ class Lowerer:
             return self.lower_wide(node)
         if op in T.LINALG:
             return self.lower_linalg(node)
+        if op in T.DECOMP:
+            return lower_decomp(self, node)
         base = len(self.plan.inputs)
         if op == "aten._embedding_bag_forward_only.default" and any(
             n.op == GETITEM and n.args[0].slot == slot and n.args[1] > 0 and self.uses.get(base + k, 0) > 0
@@ -680,6 +683,22 @@ class Lowerer:
                 raise LoweringError("put: index and source differ in size")
             step({"op": "index_put", "ins": [self.flat(self.value(a[0])), src, idx], "outs": [self.flat(o)],
                   "ints": [int(accumulate)]})
+            return o
+        if op == "aten.resize.default":
+            # functional resize of a contiguous value to at most its size: the leading elements,
+            # read in storage order, under the new shape
+            x = self.value(a[0])
+            val = self.values[x]
+            if list(val["strides"]) != _contig(list(val["sizes"])):
+                raise LoweringError("resize of a non-contiguous value")
+            shape = list(out.shape)
+            o = self.fresh(out)
+            if math.prod(shape):
+                self.copy_into(self.new_value(val["buf"], val["offset"], shape, _contig(shape)), o)
+            return o
+        if op == "aten.nonzero_static.default":
+            o = self.fresh(out)
+            step({"op": "nonzero_static", "ins": [self.value(a[0])], "outs": [o], "ints": [int(kw.get("fill_value", -1))]})
             return o
         if op in ("aten.as_strided_copy.default", "aten.as_strided_scatter.default"):
             scatter = op == "aten.as_strided_scatter.default"
@@ -1562,15 +1581,28 @@ class Lowerer:
         if op == "aten.index_put.default":
             base, values = self.value(a[0]), self.value(a[2])
             accumulate = bool(kw.get("accumulate", a[3] if len(a) > 3 else False))
-            idx = [self.value(i) for i in a[1]]
+            # leading None indices (index_copy / index_fill on a later dim): the kernel indexes the
+            # leading dims, so the indexed dims are moved to the front of base, values and result
+            lead = next(k for k, i in enumerate(a[1]) if i is not None)
+            idx = [self.value(i) for i in a[1][lead:]]
             bshape = tuple(torch.broadcast_shapes(*[tuple(self.values[i]["sizes"]) for i in idx]))
             idx = [self.broadcast(i, bshape) for i in idx]
-            rest = tuple(out.shape[len(idx):])
-            vals = self.broadcast(values, bshape + rest)
+            rest = tuple(out.shape[lead + len(idx):])
+            vals = self.broadcast(values, tuple(out.shape[:lead]) + bshape + rest)
             if self.dtype_of(vals) != out.dtype:
                 vals = self.convert(vals, out.dtype)
             o = self.fresh(out)
-            step({"op": "index_put", "ins": [base, vals, *idx], "outs": [o], "ints": [int(accumulate)]})
+            kb, kx = len(bshape), len(idx)
+            if lead:
+                nd = len(out.shape)
+                perm = [*range(lead, lead + kx), *range(lead), *range(lead + kx, nd)]
+                vperm = [*range(lead, lead + kb), *range(lead), *range(lead + kb, lead + kb + len(rest))]
+                base = self.view_of(base, self.meta_tensor(base).permute(perm))
+                vals = self.view_of(vals, self.meta_tensor(vals).permute(vperm))
+                ov = self.view_of(o, self.meta_tensor(o).permute(perm))
+            else:
+                ov = o
+            step({"op": "index_put", "ins": [base, vals, *idx], "outs": [ov], "ints": [int(accumulate)]})
             return o
         if op in T.INDEX_PADS:
             return self.lower_index_pad(node)

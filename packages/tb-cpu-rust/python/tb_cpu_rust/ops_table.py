@@ -7,9 +7,12 @@ kernel step. Nothing here calls back into PyTorch at run time.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+
+from tb_cpu_rust.decomp import DECOMP, check_decomp
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DTYPES = frozenset({F32, I64, BOOL})
@@ -57,6 +60,7 @@ BINARY.update({
     "aten.hypot.default": "hypot", "aten.fmax.default": "fmax", "aten.fmin.default": "fmin",
     "aten.special_zeta.default": "zeta", "aten.special_zeta.self_scalar": "zeta", "aten.special_zeta.other_scalar": "zeta",
     "aten.ldexp.Tensor": "ldexp",
+    "aten.igamma.default": "igamma", "aten.igammac.default": "igammac",
 })
 for _poly in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
               "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"):
@@ -176,6 +180,8 @@ LINALG = frozenset({
     "aten.triangular_solve.default",
 })
 KERNELS = KERNELS | LINALG
+#: QR, SVD, symmetric eigen and what is built on them (decomp.py)
+KERNELS = KERNELS | DECOMP
 #: search, distances, order statistics, resampling, scatter-like copies: one kernel step each
 MORE = frozenset({
     "aten.searchsorted.Tensor", "aten.bucketize.Tensor", "aten.histc.default", "aten.frexp.Tensor",
@@ -185,7 +191,7 @@ MORE = frozenset({
     "aten.grid_sampler_2d.default", "aten._linalg_check_errors.default", "aten.masked_scatter.default",
     "aten.addbmm.default", "aten.put.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
     "aten.segment_reduce.default", "aten.max_pool2d_with_indices_backward.default", "aten.grid_sampler_3d.default",
-    "aten._embedding_bag_forward_only.default",
+    "aten._embedding_bag_forward_only.default", "aten.nonzero_static.default", "aten.resize.default",
 })
 #: indexing ops that also take int32 indices
 INT32_INDEX_OPS = frozenset({
@@ -230,6 +236,8 @@ def check(info: Any) -> str | None:
         return "not a cpu tensor"
     if op in LINALG:
         return _check_linalg(info)
+    if op in DECOMP:
+        return check_decomp(info)
     if op in MORE:
         return _check_more(info)
     wide_ok = op in WIDE_OPS or op in VIEWS
@@ -287,8 +295,9 @@ def check(info: Any) -> str | None:
         if len(info.args) > 3 and info.args[3]:
             return "dropout"
     if op == "aten.index_put.default":
-        if any(i is None for i in info.args[1]):
-            return "index with None"
+        nones = [i is None for i in info.args[1]]
+        if all(nones) or any(nones[nones.index(False):]):
+            return "index with None after an index tensor"
         if any(m.dtype not in (I64, torch.int32) for m in info.inputs[1:-1]):
             return "only int64 or int32 indices"
     if op in ("aten.scatter_reduce.two", "aten.index_reduce.default") and info.out_metas[0].dtype != F32:
@@ -329,7 +338,8 @@ def _check_linalg(info: Any) -> str | None:
 #: ops of MORE that compute in float32 (their first input and every output but indices are float32)
 _FLOAT_MORE = MORE - {
     "aten._linalg_check_errors.default", "aten.masked_scatter.default", "aten.put.default",
-    "aten.as_strided_copy.default", "aten.as_strided_scatter.default",
+    "aten.as_strided_copy.default", "aten.as_strided_scatter.default", "aten.nonzero_static.default",
+    "aten.resize.default",
 }
 
 
@@ -349,6 +359,12 @@ def _check_more(info: Any) -> str | None:
         return "searchsorted side"
     if op in ("aten.searchsorted.Tensor", "aten.bucketize.Tensor") and any(m.dtype != F32 for m in info.inputs[:2]):
         return "float32 boundaries and values only"
+    if op == "aten.resize.default":
+        # growing exposes uninitialised memory; another memory format restrides the data
+        if kw.get("memory_format") not in (None, torch.contiguous_format):
+            return "resize to a non-contiguous memory format"
+        if math.prod(info.out_metas[0].shape) > math.prod(info.inputs[0].shape):
+            return "resize that grows the tensor"
     if op == "aten.segment_reduce.default":
         if kw.get("indices") is not None or (kw.get("lengths") is None) == (kw.get("offsets") is None):
             return "segment_reduce by lengths or offsets only"
