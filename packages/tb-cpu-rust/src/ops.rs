@@ -170,7 +170,7 @@ impl Kernel {
         match op {
             "complex" | "polar" | "conj" | "angle" | "imag" => return Ok(Kernel::Cplx(Box::new(crate::complex::Cplx::new(op, &ins, &outs)?))),
             "fft_r2c" | "fft_c2c" | "fft_c2r" => return Ok(Kernel::Fft(Box::new(crate::fft::Fft::new(op, &ins, &outs, ints)?))),
-            "softmax64" | "log_softmax64" | "ireduce" => return Ok(Kernel::Wide(Box::new(crate::wide_math::Wide::new(op, &ins, &outs, ints)?))),
+            "softmax64" | "log_softmax64" | "ireduce" | "ew64" => return Ok(Kernel::Wide(Box::new(crate::wide_math::Wide::new(op, &ins, &outs, ints, floats)?))),
             _ => {}
         }
         // only these kernels read or write the storage-only dtypes (float64, int32, ...)

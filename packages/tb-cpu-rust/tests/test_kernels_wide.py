@@ -69,3 +69,25 @@ def test_int_sum_of_narrow_ints_and_empty() -> None:
 def test_gather_with_an_empty_index(dtype: torch.dtype) -> None:
     x = _randn(5)
     _check(lambda t, i: torch.gather(t, 0, i) + 1, x, torch.zeros(0, dtype=dtype))
+
+
+@pytest.mark.parametrize("steps,base", [(0, 10.0), (1, 2.0), (7, 10.0), (5, 1.1)])
+def test_logspace_computes_in_float64(steps: int, base: float) -> None:
+    _check(lambda t: torch.logspace(-3, 2, steps, base=base) + t, torch.zeros(()))
+
+
+@pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("interpolation", ["linear", "lower", "higher", "midpoint", "nearest"])
+def test_quantile_matches_torch(q: float, interpolation: str) -> None:
+    x = _randn(4, 7)
+    _check(lambda t: torch.quantile(t, q, dim=1, interpolation=interpolation), x)
+    x[1, 3] = math.nan
+    _check(lambda t: torch.nanquantile(t, q, dim=1, interpolation=interpolation), x)
+
+
+def test_float64_elementwise_ops() -> None:
+    a = _randn(3, 4).double()
+    b = _randn(3, 4, seed=1).double().abs() + 0.5
+    _check(lambda x, y: ((x + y) * 2 - x / y, torch.pow(2.0, x), torch.pow(y, x), x.ceil(), x.floor(), -x, (x * 4).round()), a, b)
+    _check(lambda x, y: (x < y, x <= 0.5, x > y, x >= y, x == x, x != y, torch.where(x > 0, x, y)), a, b)
+    _check(lambda x: x * torch.tensor([1, 2, 3, 4]), a)  # int64 operand promoted to float64
