@@ -106,6 +106,7 @@ pub unsafe fn load_f64(p: *const u8, dt: DType, i: usize) -> f64 {
         DType::F64 => *(p as *const f64).add(i),
         DType::F16 => f16_to_f32(*(p as *const u16).add(i)) as f64,
         DType::BF16 => bf16_to_f32(*(p as *const u16).add(i)) as f64,
+        DType::C64 | DType::C128 | DType::C32 => crate::complex::load_c(p, dt, i).0,
         _ => load_i64(p, dt, i) as f64,
     }
 }
@@ -141,6 +142,7 @@ pub unsafe fn store_f64(p: *mut u8, dt: DType, i: usize, v: f64) {
         DType::I16 => *(p as *mut i16).add(i) = trunc_i32(v) as i16,
         DType::I8 => *(p as *mut i8).add(i) = trunc_i32(v) as i8,
         DType::U8 => *p.add(i) = trunc_i32(v) as u8,
+        DType::C64 | DType::C128 | DType::C32 => crate::complex::store_c(p, dt, i, (v, 0.0)),
     }
 }
 
@@ -165,6 +167,9 @@ pub unsafe fn store_i64(p: *mut u8, dt: DType, i: usize, v: i64) {
 /// # Safety
 /// The views must have been validated by the executor.
 pub unsafe fn cast(mem: &Mem, x: &View, y: &View) {
+    if x.dtype.is_complex() || y.dtype.is_complex() {
+        return crate::complex::cast(mem, x, y);
+    }
     let (px, py) = (mem.byte_ptr(x), mem.byte_ptr(y));
     let float = x.dtype.is_float();
     crate::ops::for_each(&y.sizes, [&x.strides, &y.strides], |[a, b]| {
@@ -181,6 +186,9 @@ pub unsafe fn cast(mem: &Mem, x: &View, y: &View) {
 /// # Safety
 /// As `cast`.
 pub unsafe fn fill(mem: &Mem, y: &View, value: f64, int: Option<i64>) {
+    if y.dtype.is_complex() {
+        return crate::complex::fill(mem, y, int.map_or(value, |v| v as f64));
+    }
     let py = mem.byte_ptr(y);
     crate::ops::for_each(&y.sizes, [&y.strides], |[b]| match int {
         Some(v) => store_i64(py, y.dtype, b, v),

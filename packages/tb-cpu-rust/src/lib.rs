@@ -10,6 +10,7 @@
 pub mod adaptive_pool;
 pub mod attention;
 pub mod cast;
+pub mod complex;
 pub mod conv;
 pub mod conv3d;
 pub mod conv_transpose;
@@ -17,6 +18,7 @@ pub mod dist;
 pub mod eager;
 pub mod ew;
 pub mod exec;
+pub mod fft;
 pub mod gemm;
 pub mod gemm_own;
 pub mod gemv;
@@ -38,6 +40,7 @@ pub mod tensor;
 pub mod upsample;
 pub mod vmath;
 pub mod vtrig;
+pub mod wide_math;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

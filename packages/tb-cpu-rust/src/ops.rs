@@ -60,6 +60,12 @@ pub enum Kernel {
     NonzeroStatic(Box<crate::nonzero_static::NonzeroStatic>),
     /// a copy that converts between any two dtypes the executor carries
     Cast { x: View, y: View },
+    /// complex constructors and elementwise ops (complex, polar, conj, angle)
+    Cplx(Box<crate::complex::Cplx>),
+    /// discrete Fourier transforms (r2c, c2c, c2r)
+    Fft(Box<crate::fft::Fft>),
+    /// float64 softmax and exact integer reductions
+    Wide(Box<crate::wide_math::Wide>),
     Fill { y: View, value: f64, int: Option<i64> },
     Search(Box<crate::search::Search>),
     Dist(Box<crate::dist::Dist>),
@@ -163,6 +169,13 @@ pub(crate) fn drop_dim(v: &[usize], d: usize) -> Vec<usize> {
 impl Kernel {
     pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
         let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
+        // complex kernels take their own dtypes (checked in complex.rs / fft.rs)
+        match op {
+            "complex" | "polar" | "conj" | "angle" | "imag" => return Ok(Kernel::Cplx(Box::new(crate::complex::Cplx::new(op, &ins, &outs)?))),
+            "fft_r2c" | "fft_c2c" | "fft_c2r" => return Ok(Kernel::Fft(Box::new(crate::fft::Fft::new(op, &ins, &outs, ints)?))),
+            "softmax64" | "log_softmax64" | "ireduce" | "ew64" => return Ok(Kernel::Wide(Box::new(crate::wide_math::Wide::new(op, &ins, &outs, ints, floats)?))),
+            _ => {}
+        }
         // only these kernels read or write the storage-only dtypes (float64, int32, ...)
         let wide = matches!(op, "cast" | "fill" | "arange" | "gather" | "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" | "searchsorted" | "frexp" | "check_info" | "scatter" | "index_put" | "segment_reduce");
         if !wide && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
@@ -947,6 +960,9 @@ impl Kernel {
                 }
             }
             Kernel::Cast { x, y } => crate::cast::cast(mem, x, y),
+            Kernel::Cplx(k) => k.run(mem),
+            Kernel::Fft(k) => k.run(mem),
+            Kernel::Wide(k) => k.run(mem),
             Kernel::Fill { y, value, int } => crate::cast::fill(mem, y, *value, *int),
             Kernel::Sort { x, vals, pos, dim, descending } => {
                 crate::indexing::sort(mem, x, vals, pos, *dim, *descending);

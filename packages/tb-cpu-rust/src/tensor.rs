@@ -19,6 +19,10 @@ pub enum DType {
     I16,
     I8,
     U8,
+    // complex: interleaved (re, im) pairs; only the kernels of `complex` and `fft` compute in them
+    C64,
+    C128,
+    C32,
 }
 
 impl DType {
@@ -34,6 +38,9 @@ impl DType {
             "int16" | "i16" => Ok(DType::I16),
             "int8" | "i8" => Ok(DType::I8),
             "uint8" | "u8" => Ok(DType::U8),
+            "complex64" | "c64" => Ok(DType::C64),
+            "complex128" | "c128" => Ok(DType::C128),
+            "complex32" | "c32" => Ok(DType::C32),
             other => Err(format!("unsupported dtype {other:?}: native_cpu takes float32, int64 and bool")),
         }
     }
@@ -46,6 +53,9 @@ impl DType {
             DType::F16 | DType::BF16 | DType::I16 => 2,
             DType::I32 => 4,
             DType::F64 => 8,
+            DType::C64 => 8,
+            DType::C128 => 16,
+            DType::C32 => 4,
         }
     }
 
@@ -61,12 +71,19 @@ impl DType {
             DType::I16 => "int16",
             DType::I8 => "int8",
             DType::U8 => "uint8",
+            DType::C64 => "complex64",
+            DType::C128 => "complex128",
+            DType::C32 => "complex32",
         }
     }
 
     /// float32, int64 and bool: the dtypes every kernel and the elementwise engine compute in.
     pub fn is_core(self) -> bool {
         matches!(self, DType::F32 | DType::I64 | DType::Bool)
+    }
+
+    pub fn is_complex(self) -> bool {
+        matches!(self, DType::C64 | DType::C128 | DType::C32)
     }
 
     pub fn is_float(self) -> bool {

@@ -16,14 +16,17 @@ from typing import Any
 import torch
 from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 
+from tb_cpu_rust import complex_ops as _cplx
 from tb_cpu_rust import ops_table as T
 from tb_cpu_rust.decomp import lower_decomp
+from tb_cpu_rust import wide_ops as _wide
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DT_NAME = {
     F32: "float32", I64: "int64", BOOL: "bool", torch.float64: "float64", torch.float16: "float16",
     torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
 }
+DT_NAME.update(_cplx.DT_NAMES)  # complex64/128/32: complex_ops.py
 DT_OF_NAME = {v: k for k, v in DT_NAME.items()}
 I32 = torch.int32
 
@@ -320,6 +323,10 @@ class Lowerer:
             return self.lower_copy_view(node)
         if op in T.SCATTER_VIEWS:
             return self.lower_scatter_view(node)
+        if _cplx.touches(self, node):
+            return _cplx.lower(self, node)
+        if _wide.claims_node(self, node):
+            return _wide.lower(self, node)
         if op in T.WIDE_COPIES | T.WIDE_FILLS and self.touches_wide(node):
             return self.lower_wide(node)
         if op in T.LINALG:

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from tb_cpu_rust.decomp import DECOMP, check_decomp
+from tb_cpu_rust import complex_ops as _cplx
+from tb_cpu_rust import wide_ops as _wide
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DTYPES = frozenset({F32, I64, BOOL})
@@ -215,6 +217,8 @@ SUPPORTED = (
     | frozenset(SCATTER_VIEWS)
 )
 
+SUPPORTED = SUPPORTED | _cplx.OPS  # complex dtypes and FFTs: complex_ops.py
+
 
 def ew_instruction(op: str) -> str | None:
     return UNARY.get(op) or BINARY.get(op)
@@ -234,6 +238,10 @@ def check(info: Any) -> str | None:
     kwargs = info.kwargs
     if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
         return "not a cpu tensor"
+    if _cplx.claims(info):
+        return _cplx.check(info)
+    if _wide.claims(info):
+        return _wide.check(info)
     if op in LINALG:
         return _check_linalg(info)
     if op in DECOMP:

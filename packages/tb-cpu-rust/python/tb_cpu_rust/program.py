@@ -25,6 +25,7 @@ _DT = {
     "float32": torch.float32, "int64": torch.int64, "bool": torch.bool, "float64": torch.float64,
     "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32, "int16": torch.int16,
     "int8": torch.int8, "uint8": torch.uint8,
+    "complex64": torch.complex64, "complex128": torch.complex128, "complex32": torch.complex32,
 }
 
 
@@ -65,9 +66,14 @@ class NativeProgram:
         self.single = plan.single_output
         # what run_ptrs relies on: each input tensor's dtype, sizes and strides, as the plan has them
         self._layouts = [(_DT[b["dtype"]], tuple(b["sizes"]), tuple(b["strides"])) for b in buffers[:n_in]]
+        # the executor reads memory as it is: a complex input with its conjugate (or negative) bit set
+        # would be read unconjugated, so such calls are refused (tb-core then runs the graph eagerly)
+        self._complex_in = any(b["dtype"].startswith("complex") for b in buffers[:n_in])
 
     def __call__(self, *inputs: Any) -> Any:
         tensors = [*inputs, *self._constants]
+        if self._complex_in and any(isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()) for t in tensors):
+            raise RuntimeError("native_cpu: a complex input is a lazy conjugate view; pass t.resolve_conj()")
         ptrs = self._input_ptrs(tensors)
         bufs = [
             torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype)

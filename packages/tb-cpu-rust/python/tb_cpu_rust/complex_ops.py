@@ -1,0 +1,192 @@
+"""Complex dtypes on native_cpu: which nodes take them, and how they are lowered.
+
+complex64 / complex128 / complex32 values live in executor buffers as interleaved (re, im) pairs.
+Views of them are strided views like any other (resolved on meta tensors); copies and fills are the
+``cast`` / ``fill`` steps (src/complex.rs converts); ``complex``, ``polar``, ``view_as_complex``,
+``conj`` and ``angle`` are one ``complex.rs`` kernel step each, and the FFTs one ``fft.rs`` step.
+Nothing else computes in complex: every other node that touches a complex value is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torchburn.plan import Ref, TensorMeta
+
+CPLX_DTYPES = frozenset({torch.complex64, torch.complex128, torch.complex32})
+DT_NAMES = {torch.complex64: "complex64", torch.complex128: "complex128", torch.complex32: "complex32"}
+_REAL = frozenset({torch.float32, torch.float64})
+#: the FFTs compute in these (complex32 has no transform: ATen's CPU FFT refuses it too)
+_FFT_COMPLEX = frozenset({torch.complex64, torch.complex128})
+
+#: op -> Rust kernel of the complex kernels
+KERNEL = {
+    "aten.complex.default": "complex", "aten.polar.default": "polar", "aten.view_as_complex.default": "complex",
+    "aten._conj.default": "conj", "aten._conj_physical.default": "conj", "aten.conj_physical.default": "conj",
+    "aten.angle.default": "angle", "aten.view_as_real.default": "imag",
+    "aten._fft_r2c.default": "fft_r2c", "aten._fft_c2c.default": "fft_c2c", "aten._fft_c2r.default": "fft_c2r",
+}
+OPS = frozenset(KERNEL)
+#: ops of the main table that also move complex values (a converting copy or a fill)
+COPIES = frozenset({
+    "aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default", "aten.copy.default",
+})
+FILLS = frozenset({"aten.zeros_like.default", "aten.full.default", "aten.full_like.default", "aten.scalar_tensor.default"})
+PAD = "aten.constant_pad_nd.default"
+
+
+def claims(info: Any) -> bool:
+    """True for the nodes this module decides on: its own ops and anything with a complex value."""
+    return info.op in OPS or any(m.dtype in CPLX_DTYPES for m in [*info.inputs, *_outs(info)])
+
+
+def _outs(info: Any) -> list[Any]:
+    out = info.out
+    metas = out if isinstance(out, tuple) else (out,)
+    return [m for m in metas if isinstance(m, TensorMeta)]
+
+
+def check(info: Any) -> str | None:
+    from tb_cpu_rust import ops_table as T
+
+    op, ins, outs = info.op, info.inputs, _outs(info)
+    if op in T.VIEWS:
+        return None
+    carried = T.DTYPES | T.WIDE_DTYPES | CPLX_DTYPES
+    if any(m.dtype not in carried for m in [*ins, *outs]):
+        return "dtype"
+    if op in COPIES:
+        if info.kwargs.get("layout", torch.strided) not in (None, torch.strided):
+            return "layout"
+        return None
+    if op in FILLS or op == PAD:
+        value = _fill_value(op, info.args, info.kwargs)
+        if isinstance(value, complex) or not isinstance(value, (bool, int, float)):
+            return "complex or tensor fill value"
+        if op == PAD and isinstance(value, float) and math.isnan(value):
+            return "NaN padding value"
+        return None
+    if op not in OPS:
+        return f"no complex kernel for {op}"
+    k = KERNEL[op]
+    x, y = ins[0], outs[0] if outs else None
+    if y is None:
+        return "no tensor result"
+    if op in ("aten.complex.default", "aten.polar.default"):
+        if ins[0].dtype not in _REAL or ins[1].dtype != ins[0].dtype:
+            return "complex/polar of two float32 or two float64 tensors only"
+    elif op == "aten.view_as_complex.default":
+        if x.dtype not in _REAL or not x.shape or x.shape[-1] != 2:
+            return "view_as_complex of a float32 or float64 (..., 2) tensor only"
+    elif op == "aten.view_as_real.default":
+        if x.dtype not in _FFT_COMPLEX:
+            return "view_as_real of complex64 or complex128 only"
+    elif k == "conj":
+        if x.dtype not in CPLX_DTYPES:
+            return "conj of a complex tensor only"
+    elif k == "angle":
+        if x.dtype not in _REAL | CPLX_DTYPES or y.dtype not in _REAL:
+            return "angle of a float or complex tensor only"
+    elif k == "fft_r2c":
+        if x.dtype not in _REAL or y.dtype not in _FFT_COMPLEX:
+            return "r2c of float32 or float64 only"
+    elif k == "fft_c2c":
+        if x.dtype not in _FFT_COMPLEX or y.dtype != x.dtype:
+            return "c2c of complex64 or complex128 only"
+    elif k == "fft_c2r":
+        if x.dtype not in _FFT_COMPLEX or y.dtype not in _REAL:
+            return "c2r of complex64 or complex128 only"
+    if k.startswith("fft") and not info.args[1]:
+        return "transform over no dim"
+    return None
+
+
+def _fill_value(op: str, args: Any, kw: dict[str, Any]) -> Any:
+    if op == PAD:
+        return args[2] if len(args) > 2 else kw.get("value", 0)
+    if op == "aten.zeros_like.default":
+        return 0
+    if op == "aten.scalar_tensor.default":
+        return args[0]
+    return args[1]
+
+
+def touches(lw: Any, node: Any) -> bool:
+    """True when the lowering of ``node`` belongs here (own op, or a complex operand or result)."""
+    if node.op in OPS:
+        return True
+    metas = node.out if isinstance(node.out, tuple) else (node.out,)
+    if any(isinstance(m, TensorMeta) and m.dtype in CPLX_DTYPES for m in metas):
+        return True
+    return any(isinstance(a, Ref) and lw.dtype_of_arg(a) in CPLX_DTYPES for a in node.args)
+
+
+def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        out[i] = acc
+        acc *= max(shape[i], 1)
+    return tuple(out)
+
+
+def lower(lw: Any, node: Any) -> Any:
+    """Lowers one node with complex values (``lw`` is the ``lower.Lowerer``)."""
+    from tb_cpu_rust.lower import LoweringError
+
+    op, a, kw, out = node.op, list(node.args), dict(node.kwargs), node.out
+    if op in COPIES:
+        src = a[1] if op == "aten.copy.default" else a[0]
+        o = lw.fresh(out)
+        lw.steps.append({"op": "cast", "ins": [lw.broadcast(lw.value(src), tuple(out.shape))], "outs": [o]})
+        return o
+    if op in FILLS:
+        o = lw.fresh(out)
+        lw.fill_any(o, _fill_value(op, a, kw))
+        return o
+    if op == PAD:
+        x = lw.value(a[0])
+        o = lw.fresh(out)
+        lw.fill_any(o, _fill_value(op, a, kw))
+        src, dst = lw.meta_tensor(x), lw.meta_tensor(o)
+        pad, rank = list(a[1]), len(out.shape)
+        for i in range(len(pad) // 2):
+            d = rank - 1 - i
+            lo, hi = pad[2 * i], pad[2 * i + 1]
+            n = src.shape[d] - max(0, -lo) - max(0, -hi)
+            if n <= 0:
+                return o
+            src = src.narrow(d, max(0, -lo), n)
+            dst = dst.narrow(d, max(0, lo), n)
+        lw.steps.append({"op": "cast", "ins": [lw.view_of(x, src)], "outs": [lw.view_of(o, dst)]})
+        return o
+    if op not in OPS:
+        raise LoweringError(f"no complex lowering for {op}")
+    k = KERNEL[op]
+    shape = tuple(out.shape)
+    # a fresh dense result (a view op's result strides may describe another tensor's memory)
+    o = lw.fresh(TensorMeta(shape, _contig(shape), out.dtype, "cpu"))
+    if op == "aten.view_as_real.default":
+        # a copy, not a view: the real parts by a converting cast, the imaginary ones by `imag`
+        x = lw.value(a[0])
+        t = lw.meta_tensor(o)
+        lw.steps.append({"op": "cast", "ins": [x], "outs": [lw.view_of(o, t.select(-1, 0))]})
+        lw.steps.append({"op": "imag", "ins": [x], "outs": [lw.view_of(o, t.select(-1, 1))]})
+        return o
+    if op == "aten.view_as_complex.default":
+        x = lw.value(a[0])
+        t = lw.meta_tensor(x)
+        ins = [lw.view_of(x, t.select(-1, 0)), lw.view_of(x, t.select(-1, 1))]
+    elif k in ("complex", "polar"):
+        ins = [lw.broadcast(lw.value(a[0]), shape), lw.broadcast(lw.value(a[1]), shape)]
+    elif k in ("conj", "angle"):
+        ins = [lw.value(a[0])]
+    else:
+        x = lw.value(a[0])
+        dims = [int(d) for d in a[1]]
+        flag = int(a[3])
+        lw.steps.append({"op": k, "ins": [x], "outs": [o], "ints": [int(a[2]), flag, *dims]})
+        return o
+    lw.steps.append({"op": k, "ins": ins, "outs": [o]})
+    return o
