@@ -248,8 +248,8 @@ mod imp2 {
         let r = _mm256_fnmadd_ps(k, set(1.428_606_8e-6), r);
         // e^r on |r| ≤ ln2/2: 1 + r + c2 r² + … + c5 r⁵, this crate's own relative-error fit
         // (≤ 1.1e-7 exact, ≤ 1.6e-7 in float32; two multiply-adds fewer than the Taylor series)
-        let mut p = set(8.312_470_176e-3);
-        for c in [4.189_028_769e-2, 1.666_711_552e-1, 4.999_923_062e-1, 1.0, 1.0] {
+        let mut p = set(8.31247e-03);
+        for c in [4.1890286e-02, 1.6667116e-01, 4.999923e-01, 1.0, 1.0] {
             p = _mm256_fmadd_ps(p, r, set(c));
         }
         let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(126)));
@@ -284,12 +284,12 @@ mod imp2 {
 
     /// erf(u) = u·P(u²)/Q(u²) for |u| < ERF_CLAMP (see `erf`).
     const ERF_CLAMP: f32 = 4.0;
-    const ERF_P: [f32; 6] = [1.128_379_167, 1.945_542_785e-1, 5.323_863_813e-2, 3.927_602_922e-3, 2.857_052_217e-4, 1.980_870_500e-6];
-    const ERF_Q: [f32; 6] = [1.0, 5.057_516_726e-1, 1.157_701_945e-1, 1.529_573_830e-2, 1.196_574_197e-3, 3.741_860_954e-5];
+    const ERF_P: [f32; 6] = [std::f32::consts::FRAC_2_SQRT_PI, 1.9455428e-01, 5.3238638e-02, 3.927603e-03, 2.8570523e-04, 1.9808706e-06];
+    const ERF_Q: [f32; 6] = [1.0, 5.0575167e-01, 1.1577019e-01, 1.5295738e-02, 1.1965742e-03, 3.741861e-05];
     /// tanh(x) = x·P(x²)/Q(x²) for |x| < TANH_CLAMP (see `tanh`).
     const TANH_CLAMP: f32 = 9.0;
-    const TANH_P: [f32; 5] = [1.0, 1.338_040_797e-1, 3.494_864_607e-3, 2.059_778_217e-5, 1.334_031_036e-8];
-    const TANH_Q: [f32; 5] = [1.0, 4.671_372_543e-1, 2.587_419_915e-2, 3.284_476_202e-4, 7.770_401_757e-7];
+    const TANH_P: [f32; 5] = [1.0, 1.3380408e-01, 3.4948646e-03, 2.0597783e-05, 1.334031e-08];
+    const TANH_Q: [f32; 5] = [1.0, 4.6713725e-01, 2.58742e-02, 3.284476e-04, 7.7704016e-07];
 
     #[inline(always)]
     unsafe fn sigmoid(x: __m256) -> __m256 {
