@@ -74,7 +74,7 @@ impl Decomp {
             "svd" => (Op::Svd, 2),
             "eigh" => (Op::Eigh, 2),
             "pinv" => (Op::Pinv, 1),
-            "polar" => (Op::Polar, 0),
+            "linalg_polar" => (Op::Polar, 0),
             "sqrth" => (Op::Sqrth, 0),
             "matrix_exp" => (Op::MatrixExp, 0),
             other => return Err(format!("unknown decomposition kernel {other:?}")),

@@ -244,7 +244,7 @@ impl Kernel {
             "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" => {
                 Kernel::Linalg(Box::new(crate::linalg::Linalg::new(op, ins, outs, ints)?))
             }
-            "geqrf" | "orgqr" | "ormqr" | "qr" | "svd" | "eigh" | "pinv" | "polar" | "sqrth" | "matrix_exp" => {
+            "geqrf" | "orgqr" | "ormqr" | "qr" | "svd" | "eigh" | "pinv" | "linalg_polar" | "sqrth" | "matrix_exp" => {
                 Kernel::Decomp(Box::new(crate::linalg_decomp::Decomp::new(op, ins, outs, ints)?))
             }
             "gemm" => {

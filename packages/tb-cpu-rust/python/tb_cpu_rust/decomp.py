@@ -130,7 +130,7 @@ def lower_decomp(lw: Any, node: Any) -> Any:
         return res
     if op == "aten.linalg_polar.default":
         outs = [lw.fresh(m) for m in out]
-        step("polar", [x], outs)
+        step("linalg_polar", [x], outs)
         return tuple(outs)
     if op == "aten.linalg_matrix_sqrth.default":
         res = lw.fresh(out)
