@@ -50,10 +50,11 @@ def _interleaved(
 
 
 def _compile(fn: Callable[..., Any], engine: str = "native_cpu") -> Callable[..., Any]:
+    """torchburn on ``engine``; min_partition_size=1 so a row of one elementwise op (GELU) runs
+    natively: by default tb-core keeps a lone cheap op eager, and the row would time eager."""
     torch._dynamo.reset()
-    return torch.compile(
-        fn, backend="torchburn", options={"engine": engine, "warn": False, "fallback": "error"}, dynamic=False
-    )
+    options = {"engine": engine, "warn": False, "fallback": "error", "min_partition_size": 1}
+    return torch.compile(fn, backend="torchburn", options=options, dynamic=False)
 
 
 def _openblas_gflops(n: int, threads: int) -> float | None:
