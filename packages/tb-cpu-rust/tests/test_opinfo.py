@@ -51,10 +51,10 @@ SAMPLES_PER_OP = 5
 #: the documented default tolerance: float32 kernels here use their own vectorised transcendental
 #: functions and reduction orders, so bit-equality with ATen is not expected
 RTOL, ATOL = 1e-4, 1e-5
-#: the issue's target for pass / judged; not reached yet (see test_opinfo_float32_pass_rate_target)
+#: the issue's target for pass / judged (measured: 95.2 %, 2463 of 2587)
 PASS_RATE_TARGET = 0.95
-#: the measured rate, minus a margin for sample noise: a regression below it fails CI
-PASS_RATE_FLOOR = 0.8530
+#: what CI holds the engine to: the target itself (the samples are a deterministic prefix)
+PASS_RATE_FLOOR = 0.95
 
 #: OpInfo names whose results are random or uninitialised memory: not comparable with eager
 NOT_COMPARABLE = frozenset(
@@ -354,13 +354,6 @@ def test_opinfo_float32_pass_rate_floor(opinfo: Results) -> None:
     assert opinfo.rate() >= PASS_RATE_FLOOR, opinfo.table()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="95% needs what native_cpu does not have yet: QR / SVD / eigen / LDL decompositions "
-    "(pinv, matrix_rank, cond, svd, eigh, linalg.polar), antialiased bilinear upsampling, as_strided with a storage offset, "
-    "batch norm updating running stats in place, 3-d transposed convolution, igamma and the modified Bessel K "
-    "functions; see the per-op table printed by test_opinfo_float32_pass_rate_floor with -s",
-)
 def test_opinfo_float32_pass_rate_target(opinfo: Results) -> None:
     assert opinfo.rate() >= PASS_RATE_TARGET
 
