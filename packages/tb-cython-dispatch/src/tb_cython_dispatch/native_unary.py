@@ -9,7 +9,8 @@ both paths on the entry's own calls (as ``tb_cython_dispatch.native`` does for `
 
 Only these three are wrapped: on this project's 2-core AVX2 machine they are the unary ops
 where PyTorch's CPU kernel is slow enough for a native call to win at small sizes (64×64,
-1 thread: tanh 20 → 12 µs, sin 8.4 → 7.1, cos 10.9 → 10.2; ``benchmarks/bench_cython_dispatch.py``).
+2 threads, one run: tanh 17.4 → 7.1 µs, sin 7.7 → 6.1, cos 11.8 → 6.7;
+``benchmarks/bench_cython_dispatch.py``).
 For relu, abs, neg, exp, sigmoid and sqrt PyTorch's own call was as fast or faster than the
 native one (its allocation alone costs ~2 µs), so wrapping them would only add the lookup.
 
