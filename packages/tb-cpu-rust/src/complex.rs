@@ -9,7 +9,7 @@
 use crate::cast::{f16_to_f32, f32_to_f16, load_f64, store_f64};
 use crate::exec::Mem;
 use crate::ops::for_each;
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 /// # Safety
 /// `p` must point at a buffer of dtype `dt` with at least `i + 1` elements.
@@ -93,14 +93,6 @@ pub struct Cplx {
     a: View,
     b: Option<View>,
     y: View,
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 fn real_float(v: &View) -> bool {

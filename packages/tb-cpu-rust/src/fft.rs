@@ -11,7 +11,7 @@
 use crate::complex::{load_c, store_c};
 use crate::exec::Mem;
 use crate::ops::for_each;
-use crate::tensor::{contiguous_strides, numel, DType, Result, View};
+use crate::tensor::{contiguous_strides, need, numel, DType, Result, View};
 use rustfft::num_complex::Complex64;
 use rustfft::FftPlanner;
 use std::sync::Arc;
@@ -33,14 +33,6 @@ pub struct Fft {
     scale: f64,
     /// one plan per dim of `dims`, in order
     plans: Vec<Arc<dyn rustfft::Fft<f64>>>,
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 impl Fft {

@@ -7,7 +7,7 @@
 //! the result, so all views of one step share it. Pivots and `info` are int32, as in PyTorch.
 
 use crate::exec::Mem;
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -35,14 +35,6 @@ pub struct Linalg {
     outs: Vec<View>,
     flags: Vec<i64>,
     batch: Vec<usize>,
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 /// Leading `rank - tail` sizes of a view.

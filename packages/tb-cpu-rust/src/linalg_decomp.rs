@@ -14,7 +14,7 @@
 //! return them, or return them empty.
 
 use crate::exec::Mem;
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 /// Jacobi sweeps before giving up (convergence is quadratic: small matrices need well under 20)
 const MAX_SWEEPS: usize = 60;
@@ -49,14 +49,6 @@ pub struct Decomp {
     outs: Vec<View>,
     flags: Vec<i64>,
     batch: Vec<usize>,
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 fn mat(v: &View) -> Result<(usize, usize)> {

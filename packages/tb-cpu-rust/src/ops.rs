@@ -6,7 +6,7 @@ use crate::ew::Un;
 use crate::exec::{Mem, SPtr};
 use crate::gemm::{sgemm_epi, Epi, EpiOp, EpiSpec, Mat};
 use crate::mathfn;
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Red {
@@ -78,14 +78,6 @@ pub enum Kernel {
     CheckInfo { info: View, api: String },
     /// out = base, then the positions where `mask` is set take the next values of `src` (flat)
     MaskedScatter { base: View, mask: View, src: View, out: View },
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 fn f32s(vs: &[&View]) -> Result<()> {

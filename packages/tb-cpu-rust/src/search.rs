@@ -4,7 +4,7 @@
 use crate::cast::{load_f64, store_i64};
 use crate::exec::Mem;
 use crate::ops::{drop_dim, for_each};
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 use std::cmp::Ordering;
 
 pub enum Search {
@@ -14,14 +14,6 @@ pub enum Search {
     Histc { x: View, out: View, lo: f64, hi: f64 },
     /// x -> mantissa (float32) and exponent (int32), as C's frexp
     Frexp { x: View, man: View, exp: View },
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 impl Search {

@@ -4,15 +4,7 @@
 
 use crate::cast::load_i64;
 use crate::exec::Mem;
-use crate::tensor::{DType, Result, View};
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
-}
+use crate::tensor::{need, DType, Result, View};
 
 /// data (O, N, I), lengths (O, S) or offsets (O, S + 1), out (O, S, I)
 pub struct Segment {

@@ -4,7 +4,7 @@
 
 use crate::exec::Mem;
 use crate::ops::{drop_dim, for_each};
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -21,14 +21,6 @@ pub struct Select {
     idx: View,
     dim: usize,
     kind: Kind,
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 impl Select {

@@ -6,6 +6,15 @@
 
 pub type Result<T> = std::result::Result<T, String>;
 
+/// `Ok(())` when `cond` holds, else the error `what` (the kernels' precondition checks).
+pub fn need(cond: bool, what: &str) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.to_string())
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
     F32,

@@ -3,7 +3,7 @@
 //! arithmetic is float32 in the order ATen's CPU kernels use, so weights match bit for bit.
 
 use crate::exec::Mem;
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -18,14 +18,6 @@ pub enum Resample {
     Grid { x: View, grid: View, y: View, mode: i64, padding: i64, align: bool },
     /// x (N, C, D, H, W), grid (N, OD, OH, OW, 3) -> y (N, C, OD, OH, OW); trilinear or nearest
     Grid3 { x: View, grid: View, y: View, mode: i64, padding: i64, align: bool },
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 const A: f32 = -0.75;

@@ -8,7 +8,7 @@
 use crate::cast::{load_f64, load_i64, store_f64, store_i64};
 use crate::exec::Mem;
 use crate::ops::{drop_dim, for_each};
-use crate::tensor::{DType, Result, View};
+use crate::tensor::{need, DType, Result, View};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IRed {
@@ -51,14 +51,6 @@ pub enum Wide {
     Ew64 { op: Op64, args: Vec<Arg64>, y: View },
     /// `out` is a view with the reduced dims kept (size 1, stride 0): every x element folds into it
     IReduce { kind: IRed, x: View, out: View },
-}
-
-fn need(cond: bool, what: &str) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.to_string())
-    }
 }
 
 fn is_int(dt: DType) -> bool {

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import torch
+
 from torchburn.plan import Ref, TensorMeta
 
 CPLX_DTYPES = frozenset({torch.complex64, torch.complex128, torch.complex32})
@@ -149,17 +150,9 @@ def lower(lw: Any, node: Any) -> Any:
         x = lw.value(a[0])
         o = lw.fresh(out)
         lw.fill_any(o, _fill_value(op, a, kw))
-        src, dst = lw.meta_tensor(x), lw.meta_tensor(o)
-        pad, rank = list(a[1]), len(out.shape)
-        for i in range(len(pad) // 2):
-            d = rank - 1 - i
-            lo, hi = pad[2 * i], pad[2 * i + 1]
-            n = src.shape[d] - max(0, -lo) - max(0, -hi)
-            if n <= 0:
-                return o
-            src = src.narrow(d, max(0, -lo), n)
-            dst = dst.narrow(d, max(0, lo), n)
-        lw.steps.append({"op": "cast", "ins": [lw.view_of(x, src)], "outs": [lw.view_of(o, dst)]})
+        windows = lw.pad_windows(x, o, list(a[1]))
+        if windows is not None:
+            lw.steps.append({"op": "cast", "ins": [lw.view_of(x, windows[0])], "outs": [lw.view_of(o, windows[1])]})
         return o
     if op not in OPS:
         raise LoweringError(f"no complex lowering for {op}")

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 
 from tb_cpu_rust import complex_ops as _cplx
 from tb_cpu_rust import ops_table as T
-from tb_cpu_rust.decomp import lower_decomp
 from tb_cpu_rust import wide_ops as _wide
+from tb_cpu_rust.decomp import lower_decomp
+from torchburn.plan import GETITEM, Plan, Ref, TensorMeta
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DT_NAME = {
@@ -133,6 +133,21 @@ class Lowerer:
         buf = self.buffers[val["buf"]]
         base = torch.empty(max(buf["numel"], 1), dtype=self.dtype_of(v), device="meta")
         return base.as_strided(val["sizes"], val["strides"], val["offset"])
+
+    def pad_windows(self, x: int, o: int, pad: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """constant_pad_nd: the part of ``x`` that survives the (possibly negative) padding and
+        where it lands in ``o``, as meta tensors; None when nothing survives."""
+        src, dst = self.meta_tensor(x), self.meta_tensor(o)
+        rank = dst.dim()
+        for i in range(len(pad) // 2):
+            d = rank - 1 - i
+            lo, hi = pad[2 * i], pad[2 * i + 1]
+            n = src.shape[d] - max(0, -lo) - max(0, -hi)
+            if n <= 0:
+                return None
+            src = src.narrow(d, max(0, -lo), n)
+            dst = dst.narrow(d, max(0, lo), n)
+        return src, dst
 
     def view_of(self, v: int, t: torch.Tensor) -> int:
         return self.new_value(self.values[v]["buf"], t.storage_offset(), list(t.shape), list(t.stride()))
@@ -1691,17 +1706,9 @@ class Lowerer:
             if isinstance(value, float) and math.isnan(value):
                 raise LoweringError("NaN padding value")
             self.fill(o, value)
-            src, dst = self.meta_tensor(x), self.meta_tensor(o)
-            rank = len(out.shape)
-            for i in range(len(pad) // 2):
-                d = rank - 1 - i
-                lo, hi = pad[2 * i], pad[2 * i + 1]
-                n = src.shape[d] - max(0, -lo) - max(0, -hi)
-                if n <= 0:
-                    return o
-                src = src.narrow(d, max(0, -lo), n)
-                dst = dst.narrow(d, max(0, lo), n)
-            self.copy_into(self.view_of(x, src), self.view_of(o, dst))
+            windows = self.pad_windows(x, o, pad)
+            if windows is not None:
+                self.copy_into(self.view_of(x, windows[0]), self.view_of(o, windows[1]))
             return o
         if op == "aten.repeat.default":
             x = self.value(a[0])

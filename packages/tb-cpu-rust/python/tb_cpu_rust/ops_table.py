@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from tb_cpu_rust.decomp import DECOMP, check_decomp
 from tb_cpu_rust import complex_ops as _cplx
 from tb_cpu_rust import wide_ops as _wide
+from tb_cpu_rust.decomp import DECOMP, check_decomp
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 DTYPES = frozenset({F32, I64, BOOL})
