@@ -395,9 +395,11 @@ pub(in crate::llm) mod bench {
     #[ignore]
     fn gemm_throughput() {
         let m = 512;
-        for kind in ["int4", "int8"] {
+        for kind in ["bf16", "int4", "int8"] {
             for &(n, k) in &[(1152, 896), (9728, 896), (896, 4864)] {
-                let p = if kind == "int8" {
+                let p = if kind == "bf16" {
+                    Packed::bf16(n, k, &(0..n * k).map(|i| 0x3c00 | (i * 7919 % 128) as u16).collect::<Vec<u16>>()).unwrap()
+                } else if kind == "int8" {
                     let q: Vec<i8> = (0..n * k).map(|i| ((i * 7919 % 255) as i32 - 127) as i8).collect();
                     Packed::int8(n, k, &q, &vec![0.01; n]).unwrap()
                 } else {
