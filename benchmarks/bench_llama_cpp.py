@@ -94,9 +94,8 @@ def llama_cpp_build() -> Path:
 def _fetch_sources(dest: Path) -> None:
     """llama.cpp as vendored in the newest llama-cpp-python sdist on PyPI (sha256-checked)."""
     import hashlib
-    import urllib.request
-
     import urllib.parse
+    import urllib.request
 
     index = "https://pypi.org/pypi/llama-cpp-python/json"
     with urllib.request.urlopen(index, timeout=60) as resp:

@@ -1141,5 +1141,23 @@ mod bench_decode {
             .collect();
         t.sort_by(|a, b| a.partial_cmp(b).unwrap());
         println!("{} decode-shaped GEMVs: {:7.2} ms/token  {:5.1} GB/s", mats[0].kind(), t[3] * 1e3, bytes as f64 / t[3] / 1e9);
+        // the same GEMVs as one parallel region: what the per-GEMV fork / join costs
+        let xs: Vec<Vec<Act>> = mats.iter().map(|p| prepare_rows(p, &x[..p.shape().1], 1, isa)).collect();
+        let mut ys: Vec<Vec<f32>> = mats.iter().map(|p| vec![0f32; p.shape().0]).collect();
+        let mut t1: Vec<f64> = (0..7)
+            .map(|_| {
+                let jobs: Vec<Job> = mats
+                    .iter()
+                    .zip(&xs)
+                    .zip(ys.iter_mut())
+                    .map(|((p, a), y)| Job { p, acts: a, out: y.as_mut_ptr(), ld: p.shape().0, bias: None })
+                    .collect();
+                let t0 = Instant::now();
+                rayon::scope(|_| unsafe { run(&jobs, isa) });
+                t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        t1.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!("  as one parallel region:  {:7.2} ms/token  {:5.1} GB/s", t1[3] * 1e3, bytes as f64 / t1[3] / 1e9);
     }
 }

@@ -1,0 +1,152 @@
+"""tb-llm against llama.cpp, interleaved: the two runtimes take turns on one weight format.
+
+    python benchmarks/bench_llm_vs_llama_cpp.py [--threads 2] [--rounds 5] [--quant bf16 ...]
+
+``bench_llm.py`` and ``bench_llama_cpp.py`` each measure their runtime over every format, one
+after the other, minutes apart. On a shared machine whose speed drifts over minutes, a 10 %
+difference between those rows can be the machine. This suite pairs them instead: for each
+format (tb-llm fp32 / bf16 / int8 / int4 against llama.cpp F32 / F16 / Q8_0 / Q4_0), every
+round runs ``llama-bench -r 1`` (prefill of 512 tokens, decode of 128, flash attention on) and
+then tb-llm's prefill of the same 512-token length and decode of 128 tokens from a 1-token
+prompt, A B A B ... The row carries the medians over the rounds and the ratio of the medians
+(> 1: tb-llm faster), with the per-round ratios' range.
+
+Same checkpoint, same llama.cpp build and GGUF files as ``bench_llama_cpp.py`` (cached under
+``$TORCHBURN_CACHE_DIR/bench-llm``). ``run(threads)`` returns the rows; ImportError (a skipped
+suite) when ``gguf``, a C++ toolchain or tb-llm is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# tb-llm quant -> llama.cpp format it is held against (llama.cpp's default Q4_0 mix)
+PAIRS: tuple[tuple[str, str], ...] = (("fp32", "F32"), ("bf16", "F16"), ("int8", "Q8_0"), ("int4", "Q4_0"))
+
+
+def run(
+    threads: int = 2,
+    rounds: int = 5,
+    prompt_tokens: int = 512,
+    new_tokens: int = 128,
+    quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"),
+) -> list[dict[str, Any]]:
+    try:
+        import gguf  # noqa: F401
+
+        import tb_llm  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"the head-to-head needs gguf and tb-llm ({exc})") from exc
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_llama_cpp import FORMATS, cache_root, llama_bench, llama_cpp_build, quantized, write_gguf_f32
+    from benchmarks.bench_llm import make_model
+    from tb_llm import LLM
+
+    torch.set_num_threads(threads)
+    folder = make_model(cache_root() / "qwen2.5-0.5b-shape")
+    build = llama_cpp_build()
+    f32 = write_gguf_f32(folder, cache_root() / "gguf" / "model-F32.gguf")
+    extra = {fmt: args for fmt, _, args in FORMATS}
+    rows: list[dict[str, Any]] = []
+    for quant, fmt in PAIRS:
+        if quant not in quants:
+            continue
+        path = quantized(build, f32, fmt, extra[fmt], threads)
+        llm = LLM.from_pretrained(folder, quant=quant, device="cpu")
+        gen = torch.Generator().manual_seed(0)
+        vocab = llm.config.vocab_size
+        prompt = torch.randint(0, vocab, (prompt_tokens,), generator=gen).tolist()
+        short = torch.randint(0, vocab, (1,), generator=gen).tolist()
+        llm.generate(prompt, max_new_tokens=1, ignore_eos=True)  # warm-up (llama-bench warms up too)
+        got: dict[str, list[float]] = {"cpp_prefill": [], "cpp_decode": [], "tb_prefill": [], "tb_decode": []}
+        for _ in range(rounds):
+            cpp = llama_bench(build, path, threads, 1, prompt_tokens, new_tokens)
+            got["cpp_prefill"].append(cpp["prefill"])
+            got["cpp_decode"].append(cpp["decode"])
+            got["tb_prefill"].append(llm.generate(prompt, max_new_tokens=1, ignore_eos=True).timing.prefill_tok_s)
+            got["tb_decode"].append(llm.generate(short, max_new_tokens=new_tokens, ignore_eos=True).timing.decode_tok_s)
+        del llm
+        gc.collect()
+        med = {k: statistics.median(v) for k, v in got.items()}
+        row: dict[str, Any] = {
+            "head_to_head": True,
+            "quant": quant,
+            "matches": fmt,
+            "threads": threads,
+            "rounds": rounds,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            **med,
+            "samples": got,
+        }
+        for what in ("prefill", "decode"):
+            per_round = [t / c for t, c in zip(got[f"tb_{what}"], got[f"cpp_{what}"])]
+            row[f"{what}_ratio"] = med[f"tb_{what}"] / med[f"cpp_{what}"]
+            row[f"{what}_ratio_range"] = (min(per_round), max(per_round))
+        rows.append(row)
+        print(_fmt(row), flush=True)
+    return rows
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    return (
+        f"tb-llm {r['quant']:5s} vs llama.cpp {r['matches']:5s}: prefill {r['tb_prefill']:7.1f} vs {r['cpp_prefill']:7.1f} "
+        f"tok/s ({r['prefill_ratio']:.2f}x), decode {r['tb_decode']:6.2f} vs {r['cpp_decode']:6.2f} tok/s "
+        f"({r['decode_ratio']:.2f}x), {r['rounds']} rounds"
+    )
+
+
+def render(rows: list[dict[str, Any]]) -> list[str]:
+    """The docs section for these rows (used by ``python -m benchmarks``)."""
+    if not rows:
+        return []
+    first = rows[0]
+    lines = [
+        "",
+        "## tb-llm against llama.cpp, interleaved",
+        "",
+        f"Each round runs `llama-bench -fa 1 -r 1 -p {first['prompt_tokens']} -n {first['new_tokens']} -t {first['threads']}` "
+        f"and then tb-llm's prefill of {first['prompt_tokens']} tokens and decode of {first['new_tokens']} "
+        "(A B A B ...); medians over the rounds, ratio = tb-llm ÷ llama.cpp (> 1: tb-llm faster), "
+        "with the lowest and highest per-round ratio.",
+        "",
+        "| tb-llm | llama.cpp | threads | rounds | prefill tok/s (tb / llama.cpp) | prefill ratio [range] "
+        "| decode tok/s (tb / llama.cpp) | decode ratio [range] |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        pr, dr = r["prefill_ratio_range"], r["decode_ratio_range"]
+        lines.append(
+            f"| {r['quant']} | {r['matches']} | {r['threads']} | {r['rounds']} | "
+            f"{r['tb_prefill']:.1f} / {r['cpp_prefill']:.1f} | {r['prefill_ratio']:.2f}× [{pr[0]:.2f}–{pr[1]:.2f}] | "
+            f"{r['tb_decode']:.2f} / {r['cpp_decode']:.2f} | {r['decode_ratio']:.2f}× [{dr[0]:.2f}–{dr[1]:.2f}] |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--quant", action="append", choices=[q for q, _ in PAIRS])
+    args = parser.parse_args()
+    quants = tuple(args.quant) if args.quant else tuple(q for q, _ in PAIRS)
+    rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants)
+    print("\n".join(render(rows)))
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
