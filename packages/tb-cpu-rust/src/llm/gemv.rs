@@ -393,8 +393,10 @@ fn dot(a: &[f32], b: &[f32], isa: Isa) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{QuantRow, PF_TILES, TILE};
-    /// How far ahead (in bf16 values: 1 KiB) `bf16_pairs_avx2` prefetches; 0, 1, 2, 4 and 8 KiB
-    /// measured within noise of each other, 1 KiB the best of them.
+
+    /// How far ahead (in bf16 values: 1 KiB) `bf16_pairs_avx2` prefetches, non-temporally (the
+    /// weights are read once per token). In `bench_decode` (same process, interleaved) no
+    /// prefetch ran 8-14 % slower; 2 and 4 KiB and the T0 / T1 hints were no better.
     const BF16_AHEAD: usize = 512;
     use std::arch::x86_64::*;
 
@@ -700,7 +702,7 @@ mod x86 {
             let mut a = [_mm256_setzero_ps(); 4];
             let mut i = 0;
             while i + 32 <= k {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(i) as *const i8);
+                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
                 let v0 = _mm256_loadu_si256(row.add(i) as *const __m256i);
                 let v1 = _mm256_loadu_si256(row.add(i + 16) as *const __m256i);
                 a[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp.add(i)), a[0]);
@@ -1088,9 +1090,6 @@ mod bench_decode {
 
     fn bf16(n: usize, k: usize, seed: u64) -> Packed {
         let mut s = seed;
-        if std::env::var("TB_BENCH_KIND").as_deref() == Ok("fp32") {
-            return Packed::f32(n, k, &vec![0.5f32; n * k]).unwrap();
-        }
         let q: Vec<u16> = (0..n * k)
             .map(|_| {
                 s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -1102,26 +1101,27 @@ mod bench_decode {
 
     /// The GEMVs of one decode step of a Qwen2.5-0.5B-shaped model (24 layers of q/k/v, o,
     /// gate/up, down, then the tied head), each its own parallel region inside a rayon scope as
-    /// in `Model::step`. bf16 weights; `TB_BENCH_KIND=fp32` for the f32 ones.
+    /// in `Model::step`; bf16 and fp32 weights interleaved.
     /// `cargo test --release --lib decode_shape -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn decode_shape() {
         let isa = detect();
-        let mut mats: Vec<Packed> = Vec::new();
-        let layers = 24;
-        for l in 0..layers as u64 {
-            mats.push(bf16(1152, 896, 4 * l + 1));
-            mats.push(bf16(896, 896, 4 * l + 2));
-            mats.push(bf16(9728, 896, 4 * l + 3));
-            mats.push(bf16(896, 4864, 4 * l + 4));
-        }
-        mats.push(bf16(151936, 896, 999));
-        let bytes: usize = mats.iter().map(|m| m.nbytes()).sum();
+        let mk = |f32: bool| {
+            let mut mats: Vec<Packed> = Vec::new();
+            for l in 0..24u64 {
+                for (j, &(n, k)) in [(1152, 896), (896, 896), (9728, 896), (896, 4864)].iter().enumerate() {
+                    mats.push(if f32 { Packed::f32(n, k, &vec![0.5f32; n * k]).unwrap() } else { bf16(n, k, 4 * l + j as u64) });
+                }
+            }
+            mats.push(if f32 { Packed::f32(151936, 896, &vec![0.5f32; 151936 * 896]).unwrap() } else { bf16(151936, 896, 999) });
+            mats
+        };
+        let sets = [mk(false), mk(true)];
         let x: Vec<f32> = (0..4864).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
-        let token = || {
+        let token = |mats: &[Packed]| {
             rayon::scope(|_| {
-                for p in &mats {
+                for p in mats {
                     let (n, k) = p.shape();
                     let mut y = vec![0f32; n];
                     let acts = prepare_rows(p, &x[..k], 1, isa);
@@ -1131,33 +1131,20 @@ mod bench_decode {
                 }
             })
         };
-        token();
-        let mut t: Vec<f64> = (0..7)
-            .map(|_| {
+        // bf16 and fp32 alternate (A B A B ...): the fraction of fp32's bandwidth bf16 reaches
+        let mut ts: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
+        for _ in 0..9 {
+            for (si, set) in sets.iter().enumerate() {
                 let t0 = Instant::now();
-                token();
-                t0.elapsed().as_secs_f64()
-            })
-            .collect();
-        t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        println!("{} decode-shaped GEMVs: {:7.2} ms/token  {:5.1} GB/s", mats[0].kind(), t[3] * 1e3, bytes as f64 / t[3] / 1e9);
-        // the same GEMVs as one parallel region: what the per-GEMV fork / join costs
-        let xs: Vec<Vec<Act>> = mats.iter().map(|p| prepare_rows(p, &x[..p.shape().1], 1, isa)).collect();
-        let mut ys: Vec<Vec<f32>> = mats.iter().map(|p| vec![0f32; p.shape().0]).collect();
-        let mut t1: Vec<f64> = (0..7)
-            .map(|_| {
-                let jobs: Vec<Job> = mats
-                    .iter()
-                    .zip(&xs)
-                    .zip(ys.iter_mut())
-                    .map(|((p, a), y)| Job { p, acts: a, out: y.as_mut_ptr(), ld: p.shape().0, bias: None })
-                    .collect();
-                let t0 = Instant::now();
-                rayon::scope(|_| unsafe { run(&jobs, isa) });
-                t0.elapsed().as_secs_f64()
-            })
-            .collect();
-        t1.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        println!("  as one parallel region:  {:7.2} ms/token  {:5.1} GB/s", t1[3] * 1e3, bytes as f64 / t1[3] / 1e9);
+                token(set);
+                ts[si].push(t0.elapsed().as_secs_f64());
+            }
+        }
+        for (si, set) in sets.iter().enumerate() {
+            let mut t = ts[si].clone();
+            t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let bytes: usize = set.iter().map(|m| m.nbytes()).sum();
+            println!("{} decode-shaped GEMVs: {:7.2} ms/token  {:5.1} GB/s", set[0].kind(), t[4] * 1e3, bytes as f64 / t[4] / 1e9);
+        }
     }
 }
