@@ -29,9 +29,7 @@ LINTED = [
     "scripts",
     "noxfile.py",
     "integration_tests",
-    "benchmarks/__main__.py",
-    "benchmarks/harness.py",
-    "benchmarks/bench_core.py",
+    "benchmarks",
 ]
 # expecttest: imported by torch.testing._internal, where the OpInfo database lives
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout", "expecttest"]
