@@ -700,7 +700,30 @@ mod x86 {
             let row = w.add(j * k);
             let ahead = row.wrapping_add(BF16_AHEAD);
             let mut a = [_mm256_setzero_ps(); 4];
+            let mut b = [_mm256_setzero_ps(); 4];
             let mut i = 0;
+            // two cache lines per pass: at one line per pass the loop's own bookkeeping was 5 of
+            // its 15 instructions (1-3 % faster in `bench_decode`, interleaved)
+            while i + 64 <= k {
+                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
+                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i + 32) as *const i8);
+                let v0 = _mm256_loadu_si256(row.add(i) as *const __m256i);
+                let v1 = _mm256_loadu_si256(row.add(i + 16) as *const __m256i);
+                let v2 = _mm256_loadu_si256(row.add(i + 32) as *const __m256i);
+                let v3 = _mm256_loadu_si256(row.add(i + 48) as *const __m256i);
+                a[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp.add(i)), a[0]);
+                a[1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi)), _mm256_loadu_ps(xp.add(i + 8)), a[1]);
+                a[2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), _mm256_loadu_ps(xp.add(i + 16)), a[2]);
+                a[3] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v1, hi)), _mm256_loadu_ps(xp.add(i + 24)), a[3]);
+                b[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v2, 16)), _mm256_loadu_ps(xp.add(i + 32)), b[0]);
+                b[1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v2, hi)), _mm256_loadu_ps(xp.add(i + 40)), b[1]);
+                b[2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v3, 16)), _mm256_loadu_ps(xp.add(i + 48)), b[2]);
+                b[3] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v3, hi)), _mm256_loadu_ps(xp.add(i + 56)), b[3]);
+                i += 64;
+            }
+            for l in 0..4 {
+                a[l] = _mm256_add_ps(a[l], b[l]);
+            }
             while i + 32 <= k {
                 _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
                 let v0 = _mm256_loadu_si256(row.add(i) as *const __m256i);
