@@ -343,11 +343,8 @@ fn bf16_rows(w: &[u16], k: usize, t: usize, x: &[f32], res: &mut [f32; TILE], is
             // SAFETY: `w` holds `t` rows of `k`, `x` is `k` long.
             unsafe { return x86::bf16_avx512(w.as_ptr(), k, t, x.as_ptr(), res) }
         }
-        if isa == Isa::Avx2 {
-            // SAFETY: as above.
-            unsafe { return x86::bf16_avx2(w.as_ptr(), k, t, x.as_ptr(), res) }
-        }
     }
+    // AVX2 takes `Act::Pairs` (`x86::bf16_pairs_avx2`), never this
     let _ = isa;
     for j in 0..t {
         res[j] = w[j * k..(j + 1) * k].iter().zip(x).map(|(&a, b)| f32::from_bits((a as u32) << 16) * b).sum();
@@ -395,7 +392,7 @@ mod x86 {
     use super::{QuantRow, PF_TILES, TILE};
 
     /// How far ahead (in bf16 values: 1 KiB) `bf16_pairs_avx2` prefetches, non-temporally (the
-    /// weights are read once per token). In `bench_decode` (same process, interleaved) no
+    /// weights are read once per token). In `bench::decode_shape` (same process, interleaved) no
     /// prefetch ran 8-14 % slower; 2 and 4 KiB and the T0 / T1 hints were no better.
     const BF16_AHEAD: usize = 512;
     use std::arch::x86_64::*;
@@ -654,37 +651,6 @@ mod x86 {
         _mm512_reduce_add_ps(acc)
     }
 
-    /// AVX2 bf16 / fp32 GEMV, row-outer like the AVX-512 ones: a tile's rows are contiguous,
-    /// so the weights stream as one sequential run the hardware prefetcher follows (interleaving
-    /// the 4 rows of a K = 896 tile measured 3x slower here); the activation row stays in L1.
-    /// Four accumulators per row cover the FMA latency.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn bf16_avx2(w: *const u16, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
-        for j in 0..t {
-            let row = w.add(j * k);
-            let mut a = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 32 <= k {
-                let v0 = _mm256_loadu_si256(row.add(i) as *const _);
-                let v1 = _mm256_loadu_si256(row.add(i + 16) as *const _);
-                a[0] = _mm256_fmadd_ps(widen(_mm256_castsi256_si128(v0)), _mm256_loadu_ps(x.add(i)), a[0]);
-                a[1] = _mm256_fmadd_ps(widen(_mm256_extracti128_si256(v0, 1)), _mm256_loadu_ps(x.add(i + 8)), a[1]);
-                a[2] = _mm256_fmadd_ps(widen(_mm256_castsi256_si128(v1)), _mm256_loadu_ps(x.add(i + 16)), a[2]);
-                a[3] = _mm256_fmadd_ps(widen(_mm256_extracti128_si256(v1, 1)), _mm256_loadu_ps(x.add(i + 24)), a[3]);
-                i += 32;
-            }
-            while i + 8 <= k {
-                a[0] = _mm256_fmadd_ps(widen(_mm_loadu_si128(row.add(i) as *const _)), _mm256_loadu_ps(x.add(i)), a[0]);
-                i += 8;
-            }
-            let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
-            for c in i..k {
-                s += f32::from_bits((*row.add(c) as u32) << 16) * *x.add(c);
-            }
-            res[j] = s;
-        }
-    }
-
     /// bf16 rows against an activation row in `pair_order`. A 32-bit lane of 16 loaded bf16
     /// weights holds an (even, odd) pair: shifted left by 16 it is the even weight as an f32,
     /// with the low half masked off the odd one. Two single-cycle ALU operations per 16
@@ -692,7 +658,7 @@ mod x86 {
     /// extract: fewer instructions per cache line let the out-of-order window hold more lines
     /// in flight. The weights `BF16_AHEAD` values ahead are prefetched as these stream (a chunk's
     /// rows are contiguous, so that runs into the next rows). On a Qwen2.5-0.5B-shaped decode
-    /// (`bench_decode`, 2 threads) this ran 58-63 ms/token against 64-65 for the in-order widening.
+    /// (`bench::decode_shape`, 2 threads) this ran 58-63 ms/token against 64-65 for the in-order widening.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn bf16_pairs_avx2(w: *const u16, k: usize, t: usize, xp: *const f32, res: &mut [f32; TILE]) {
         let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
@@ -703,7 +669,7 @@ mod x86 {
             let mut b = [_mm256_setzero_ps(); 4];
             let mut i = 0;
             // two cache lines per pass: at one line per pass the loop's own bookkeeping was 5 of
-            // its 15 instructions (1-3 % faster in `bench_decode`, interleaved)
+            // its 15 instructions (1-3 % faster in `bench::decode_shape`, interleaved)
             while i + 64 <= k {
                 _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
                 _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i + 32) as *const i8);
@@ -711,14 +677,10 @@ mod x86 {
                 let v1 = _mm256_loadu_si256(row.add(i + 16) as *const __m256i);
                 let v2 = _mm256_loadu_si256(row.add(i + 32) as *const __m256i);
                 let v3 = _mm256_loadu_si256(row.add(i + 48) as *const __m256i);
-                a[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp.add(i)), a[0]);
-                a[1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi)), _mm256_loadu_ps(xp.add(i + 8)), a[1]);
-                a[2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), _mm256_loadu_ps(xp.add(i + 16)), a[2]);
-                a[3] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v1, hi)), _mm256_loadu_ps(xp.add(i + 24)), a[3]);
-                b[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v2, 16)), _mm256_loadu_ps(xp.add(i + 32)), b[0]);
-                b[1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v2, hi)), _mm256_loadu_ps(xp.add(i + 40)), b[1]);
-                b[2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v3, 16)), _mm256_loadu_ps(xp.add(i + 48)), b[2]);
-                b[3] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v3, hi)), _mm256_loadu_ps(xp.add(i + 56)), b[3]);
+                (a[0], a[1]) = pair_fma(v0, xp.add(i), a[0], a[1], hi);
+                (a[2], a[3]) = pair_fma(v1, xp.add(i + 16), a[2], a[3], hi);
+                (b[0], b[1]) = pair_fma(v2, xp.add(i + 32), b[0], b[1], hi);
+                (b[2], b[3]) = pair_fma(v3, xp.add(i + 48), b[2], b[3], hi);
                 i += 64;
             }
             for l in 0..4 {
@@ -728,16 +690,13 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
                 let v0 = _mm256_loadu_si256(row.add(i) as *const __m256i);
                 let v1 = _mm256_loadu_si256(row.add(i + 16) as *const __m256i);
-                a[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp.add(i)), a[0]);
-                a[1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi)), _mm256_loadu_ps(xp.add(i + 8)), a[1]);
-                a[2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), _mm256_loadu_ps(xp.add(i + 16)), a[2]);
-                a[3] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v1, hi)), _mm256_loadu_ps(xp.add(i + 24)), a[3]);
+                (a[0], a[1]) = pair_fma(v0, xp.add(i), a[0], a[1], hi);
+                (a[2], a[3]) = pair_fma(v1, xp.add(i + 16), a[2], a[3], hi);
                 i += 32;
             }
             if i + 16 <= k {
                 let v = _mm256_loadu_si256(row.add(i) as *const __m256i);
-                a[0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(xp.add(i)), a[0]);
-                a[1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), _mm256_loadu_ps(xp.add(i + 8)), a[1]);
+                (a[0], a[1]) = pair_fma(v, xp.add(i), a[0], a[1], hi);
                 i += 16;
             }
             let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
@@ -748,13 +707,22 @@ mod x86 {
         }
     }
 
-    /// 8 bf16 values to f32 (a bf16 is the top half of an f32).
+    /// 16 bf16 weights `v` as (even, odd) pairs times the pair-ordered activations at `x`
+    /// (8 even, then 8 odd), added to `even` / `odd`: a shift left by 16 gives the even weights
+    /// as f32, masking off the low halves (`hi`) the odd ones.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn widen(v: __m128i) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+    unsafe fn pair_fma(v: __m256i, x: *const f32, even: __m256, odd: __m256, hi: __m256i) -> (__m256, __m256) {
+        (
+            _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(x), even),
+            _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), _mm256_loadu_ps(x.add(8)), odd),
+        )
     }
 
+    /// AVX2 fp32 GEMV, row-outer like the AVX-512 ones: a tile's rows are contiguous, so the
+    /// weights stream as one sequential run the hardware prefetcher follows (interleaving the 4
+    /// rows of a K = 896 tile measured 3x slower here); the activation row stays in L1. Four
+    /// accumulators per row cover the FMA latency.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn f32_avx2(w: *const f32, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
         for j in 0..t {
@@ -1104,23 +1072,6 @@ mod bench {
             }
         }
     }
-}
-
-#[cfg(test)]
-mod bench_decode {
-    use super::*;
-    use std::time::Instant;
-
-    fn bf16(n: usize, k: usize, seed: u64) -> Packed {
-        let mut s = seed;
-        let q: Vec<u16> = (0..n * k)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                0x3c00 | ((s >> 33) as u16 & 0x7f)
-            })
-            .collect();
-        Packed::bf16(n, k, &q).unwrap()
-    }
 
     /// The GEMVs of one decode step of a Qwen2.5-0.5B-shaped model (24 layers of q/k/v, o,
     /// gate/up, down, then the tied head), each its own parallel region inside a rayon scope as
@@ -1130,17 +1081,17 @@ mod bench_decode {
     #[ignore]
     fn decode_shape() {
         let isa = detect();
-        let mk = |f32: bool| {
+        let mk = |kind: &str| {
             let mut mats: Vec<Packed> = Vec::new();
             for l in 0..24u64 {
                 for (j, &(n, k)) in [(1152, 896), (896, 896), (9728, 896), (896, 4864)].iter().enumerate() {
-                    mats.push(if f32 { Packed::f32(n, k, &vec![0.5f32; n * k]).unwrap() } else { bf16(n, k, 4 * l + j as u64) });
+                    mats.push(weights(kind, n, k, 4 * l + j as u64 + 1));
                 }
             }
-            mats.push(if f32 { Packed::f32(151936, 896, &vec![0.5f32; 151936 * 896]).unwrap() } else { bf16(151936, 896, 999) });
+            mats.push(weights(kind, 151936, 896, 999));
             mats
         };
-        let sets = [mk(false), mk(true)];
+        let sets = [mk("bf16"), mk("fp32")];
         let x: Vec<f32> = (0..4864).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
         let token = |mats: &[Packed]| {
             rayon::scope(|_| {
