@@ -182,15 +182,23 @@ class _TrainMLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _train_row(threads: int, repeats: int, inductor: bool = True) -> dict[str, Any]:
-    """One Adam step of MLP 784->512->10 on a batch of 64: eager vs the model compiled on native_cpu."""
+def _train_row(threads: int, repeats: int, inductor: bool = True, native_optim: bool = False) -> dict[str, Any]:
+    """One Adam step of MLP 784->512->10 on a batch of 64: eager (torch.optim.Adam, its CPU default)
+    vs the model compiled on native_cpu. With ``native_optim`` the compiled model is stepped by
+    ``tb_cpu_rust.optim.Adam`` (one native call per step), and eager with ``Adam(fused=True)`` is
+    timed against it as well (in the notes)."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
 
-    def make(compiled: bool, backend: str = "torchburn") -> Callable[[], Any]:
+    def make(compiled: bool, backend: str = "torchburn", optim: str = "torch") -> Callable[[], Any]:
         torch.manual_seed(0)
         model = _TrainMLP()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        if optim == "native":
+            from tb_cpu_rust.optim import Adam as NativeAdam
+
+            opt: torch.optim.Optimizer = NativeAdam(model.parameters(), lr=1e-3)
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=optim == "fused" or None)
         if not compiled:
             fwd: Callable[..., Any] = model
         elif backend == "torchburn":
@@ -210,19 +218,24 @@ def _train_row(threads: int, repeats: int, inductor: bool = True) -> dict[str, A
 
     eager = make(False)
     t0 = time.perf_counter()
-    native = make(True)
+    native = make(True, optim="native" if native_optim else "torch")
     native()
     first = time.perf_counter() - t0
     t_e, t_n = _interleaved(eager, native, repeats)
     flops = 3 * 2 * 64 * (784 * 512 + 512 * 10)
+    name = "train step MLP 784-512-10 b64 Adam"
     row: dict[str, Any] = {
-        "name": "train step MLP 784-512-10 b64 Adam",
+        "name": name + (", tb_cpu_rust.optim.Adam" if native_optim else ""),
         "eager_s": t_e,
         "torchburn_s": t_n,
         "torchburn_first_s": first,
         "flops": flops,
         "bytes": 0,
     }
+    notes = []
+    if native_optim:
+        t_f, t_n2 = _interleaved(make(False, optim="fused"), native, repeats)
+        notes.append(f"eager with Adam(fused=True) {t_f * 1e6:.0f} µs: {t_f / t_n2:.2f}× of it")
     if inductor:
         try:
             t0 = time.perf_counter()
@@ -231,7 +244,8 @@ def _train_row(threads: int, repeats: int, inductor: bool = True) -> dict[str, A
             row["inductor_first_s"] = time.perf_counter() - t0
             _, row["inductor_s"] = _interleaved(eager, ind, repeats)
         except Exception as exc:
-            row["notes"] = f"inductor failed: {type(exc).__name__}"
+            notes.append(f"inductor failed: {type(exc).__name__}")
+    row["notes"] = "; ".join(notes)
     return row
 
 
@@ -310,6 +324,7 @@ def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bo
                 _inductor_times(row, lambda fn=fn, args=args: fn(*args), fn, args, repeats)
         results.append(row)
     results.append(_train_row(threads, repeats, inductor))
+    results.append(_train_row(threads, repeats, inductor, native_optim=True))
     for row in results:
         row["suite"] = "native_cpu"
         row["threads"] = threads

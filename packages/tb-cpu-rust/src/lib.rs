@@ -31,6 +31,8 @@ pub mod llm;
 pub mod mathfn;
 pub mod nonzero_static;
 pub mod ops;
+pub mod optim;
+mod optim_py;
 pub mod par;
 pub mod pool3d;
 pub mod search;
@@ -214,5 +216,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
     m.add_function(wrap_pyfunction!(set_thread_pool, m)?)?;
     llm::py::register(m)?;
+    optim_py::register(m)?;
     Ok(())
 }
