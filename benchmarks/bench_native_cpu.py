@@ -249,6 +249,37 @@ def _train_row(threads: int, repeats: int, inductor: bool = True, native_optim: 
     return row
 
 
+def _optim_row(repeats: int) -> dict[str, Any]:
+    """The Adam step alone on the 784->512->10 MLP's parameters (fixed gradients):
+    torch.optim.Adam's default CPU path vs tb_cpu_rust.optim.Adam, and Adam(fused=True) in the notes."""
+    from tb_cpu_rust.optim import Adam as NativeAdam
+
+    def opt_of(cls: type, **kw: Any) -> torch.optim.Optimizer:
+        torch.manual_seed(0)
+        model = _TrainMLP()
+        opt = cls(model.parameters(), lr=1e-3, **kw)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        return opt
+
+    default, fused, native = opt_of(torch.optim.Adam), opt_of(torch.optim.Adam, fused=True), opt_of(NativeAdam)
+    t0 = time.perf_counter()
+    native.step()
+    first = time.perf_counter() - t0
+    t_e, t_n = _interleaved(default.step, native.step, repeats)
+    t_f, t_n2 = _interleaved(fused.step, native.step, repeats)
+    n = sum(p.numel() for p in native.param_groups[0]["params"])
+    return {
+        "name": "Adam step alone, 407K params (784-512-10 MLP), tb_cpu_rust.optim.Adam",
+        "eager_s": t_e,
+        "torchburn_s": t_n,
+        "torchburn_first_s": first,
+        "flops": 0,
+        "bytes": 7 * 4 * n,
+        "notes": f"Adam(fused=True) {t_f * 1e6:.0f} µs: {t_f / t_n2:.2f}× of it",
+    }
+
+
 def _inductor_times(
     row: dict[str, Any], eager: Callable[[], Any], fn: Callable[..., Any], args: tuple[Any, ...], repeats: int
 ) -> None:
@@ -325,6 +356,7 @@ def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bo
         results.append(row)
     results.append(_train_row(threads, repeats, inductor))
     results.append(_train_row(threads, repeats, inductor, native_optim=True))
+    results.append(_optim_row(repeats))
     for row in results:
         row["suite"] = "native_cpu"
         row["threads"] = threads
