@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchburn import direct_inference
 from torchburn.catalog import kept_op_names
 from torchburn.options import Options, TorchburnFallbackWarning, select_engines
 from torchburn.partition import compile_graph, make_record, warn_fallbacks
@@ -63,6 +64,18 @@ def torchburn_backend(
             return run
 
         return compile_fn
+
+    if opts.direct_inference and direct_inference.eligible(gm, example_inputs):
+        traced = direct_inference.trace(gm, example_inputs, decomposition_table())
+        if traced is not None:
+            runnable, report = compile_graph(traced, engines, opts, "inference")
+            warn_fallbacks(report, opts)
+            if opts.report_sink is not None:
+                opts.report_sink.append(report)
+            run = direct_inference.call_directly(runnable, make_record(report))
+            run.torchburn_report = report  # type: ignore[attr-defined]
+            run.torchburn_graph = runnable  # type: ignore[attr-defined]
+            return run
 
     try:
         return aot_autograd(  # type: ignore[no-any-return]

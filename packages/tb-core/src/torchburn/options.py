@@ -31,6 +31,9 @@ class Options:
     fallback: str = "eager"
     #: Warn once per op that falls back.
     warn: bool = True
+    #: Inference graphs (grad mode off at compile time, no input mutation, no output aliasing an
+    #: input) are traced to ATen by tb-core and called without AOTAutograd's runtime wrapper.
+    direct_inference: bool = True
     #: Collects GraphReports (used by torchburn.explain).
     report_sink: list[Any] | None = field(default=None, repr=False)
 

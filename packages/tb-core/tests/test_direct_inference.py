@@ -1,0 +1,159 @@
+"""Inference graphs compiled without AOTAutograd (torchburn.direct_inference), and the graphs
+that must still go through it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import torchburn
+from torchburn import direct_inference
+
+
+@pytest.fixture
+def direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts compiled graphs that took the direct path."""
+    calls: list[int] = []
+    real = direct_inference.call_directly
+
+    def spy(*a: Any) -> Any:
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(direct_inference, "call_directly", spy)
+    return calls
+
+
+def _compile(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    dynamic = options.pop("dynamic", False)
+    opts = {"engine": "toy", "warn": False, "min_partition_size": 1, **options}
+    return torch.compile(fn, backend="torchburn", options=opts, dynamic=dynamic)
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.fc2(torch.relu(self.fc1(x))))
+
+
+def test_no_grad_graph_runs_on_the_engine_without_aot(toy: Any, direct_calls: list[int]) -> None:
+    torch.manual_seed(0)
+    model, x = _MLP().eval(), torch.randn(5, 8)
+    compiled = _compile(model)
+    with torch.no_grad():
+        got = compiled(x)
+        torch.testing.assert_close(got, model(x))
+    assert direct_calls == [1]
+    assert not got.requires_grad
+    assert toy.compiled_plans, "the toy engine compiled nothing"
+    assert torchburn.op_coverage()["native"].get("aten.addmm.default", 0) >= 2
+
+
+def test_grad_mode_switch_recompiles_through_aot(toy: Any, direct_calls: list[int]) -> None:
+    """Compiled under no_grad, then called with grad on: Dynamo's grad-mode guard fails, the new
+    graph goes through AOTAutograd and gradients flow."""
+    torch.manual_seed(0)
+    model, x = _MLP(), torch.randn(5, 8)
+    compiled = _compile(model)
+    with torch.no_grad():
+        compiled(x)
+    out = compiled(x)
+    assert out.requires_grad
+    out.sum().backward()
+    ref = _MLP()
+    ref.load_state_dict(model.state_dict())
+    ref(x).sum().backward()
+    torch.testing.assert_close(model.fc1.weight.grad, ref.fc1.weight.grad)
+    assert direct_calls == [1]
+
+
+def test_input_mutation_goes_through_aot(toy: Any, direct_calls: list[int]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return torch.relu(x) + 1
+
+    a, b = torch.randn(6), None
+    b = a.clone()
+    with torch.no_grad():
+        got = _compile(f)(a)
+        want = f(b)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(a, b)  # the write to the input happened
+    assert direct_calls == []
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: (x.t(), torch.relu(x)),  # an output is a view of an input
+        lambda x: (x,),  # an output is an input
+        lambda x: (torch.relu(x).view(-1), torch.relu(x)),
+    ],
+    ids=["view-of-input", "input", "plain"],
+)
+def test_outputs_aliasing_inputs_go_through_aot(toy: Any, direct_calls: list[int], fn: Any) -> None:
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        got = _compile(fn)(x)
+        want = fn(x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    if fn(x)[0].data_ptr() == x.data_ptr():
+        assert got[0].data_ptr() == x.data_ptr()  # still a view of the input, as in eager
+        assert direct_calls == []
+    else:
+        assert direct_calls == [1]
+
+
+def test_grad_switch_inside_the_graph_goes_through_aot(toy: Any, direct_calls: list[int]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            y = torch.relu(x) * 2
+        return y + 1
+
+    x = torch.randn(4)
+    with torch.no_grad():
+        torch.testing.assert_close(_compile(f)(x), f(x))
+    assert direct_calls == []
+
+
+def test_dynamic_shapes_and_the_option_off_go_through_aot(toy: Any, direct_calls: list[int]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 3 + x
+
+    with torch.no_grad():
+        c = _compile(f, dynamic=True)
+        for n in (3, 5, 9):
+            x = torch.randn(n, 2)
+            torch.testing.assert_close(c(x), f(x))
+        torch._dynamo.reset()
+        x = torch.randn(4, 2)
+        torch.testing.assert_close(_compile(f, direct_inference=False)(x), f(x))
+    assert direct_calls == []
+
+
+def test_inference_mode_tensors(toy: Any, direct_calls: list[int]) -> None:
+    torch.manual_seed(0)
+    model = _MLP().eval()
+    with torch.inference_mode():
+        x = torch.randn(2, 8)
+        torch.testing.assert_close(_compile(model)(x), model(x))
+    assert direct_calls == [1]
+
+
+def test_fallback_nodes_still_run_in_the_direct_graph(toy: Any, direct_calls: list[int]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.relu(x) + 1) * x  # tanh is not a toy kernel
+
+    x = torch.randn(7)
+    with torch.no_grad():
+        torch.testing.assert_close(_compile(f)(x), f(x))
+    assert direct_calls == [1]
+    assert "aten.tanh.default" in torchburn.op_coverage()["fallback"]
