@@ -54,6 +54,8 @@ def trace(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], decompositions: dict[Any, Any]
 ) -> torch.fx.GraphModule | None:
     """The Dynamo graph as a functional ATen graph, or None where AOTAutograd must handle it."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._functorch.compile_utils import fx_graph_cse
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -62,12 +64,19 @@ def trace(
         # a fresh fake mode without a shape environment: static sizes, as the guards are
         mode = FakeTensorMode()
         fakes = [mode.from_tensor(t) for t in example_inputs]
-        with mode:
+        # the Python dispatcher, as AOTAutograd traces: CompositeImplicit ops then take torch's
+        # Python decompositions (batch_norm -> _native_batch_norm_legit_no_training, ...)
+        with mode, enable_python_dispatcher():
             traced = make_fx(
                 torch.func.functionalize(gm, remove="mutations"),
                 decomposition_table=decompositions,
                 tracing_mode="real",
             )(*fakes)
+        # as AOTAutograd leaves its graphs: dead nodes gone (the byte buffer batch norm's
+        # reserve output makes), common subexpressions merged
+        traced.graph.eliminate_dead_code()
+        traced.graph = fx_graph_cse(traced.graph)
+        traced.recompile()
     except Exception:
         return None
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
