@@ -129,6 +129,23 @@ def test_unsupported_parameters_run_torchs_step(make: Any, monkeypatch: pytest.M
     torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cls", ["Adam", "AdamW", "SGD"])
+def test_hooks_run_once_on_the_fallback_path(cls: str) -> None:
+    # a torch optimizer of the same class first, so torch has wrapped its class's step with hooks
+    getattr(torch.optim, cls)([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    p = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))  # float64: torch's own step
+    q = torch.nn.Parameter(p.detach().clone())
+    ours, ref = getattr(tbo, cls)([p], lr=0.1), getattr(torch.optim, cls)([q], lr=0.1)
+    seen: list[str] = []
+    ours.register_step_pre_hook(lambda *_: seen.append("pre"))
+    ours.register_step_post_hook(lambda *_: seen.append("post"))
+    p.grad, q.grad = torch.ones_like(p), torch.ones_like(q)
+    ours.step()
+    ref.step()
+    assert seen == ["pre", "post"]
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=0)
+
+
 def test_state_dict_moves_between_torch_and_native() -> None:
     kw = {"lr": 3e-3, "weight_decay": 0.01, "amsgrad": True}
     a, b = _params(SHAPES), _params(SHAPES)

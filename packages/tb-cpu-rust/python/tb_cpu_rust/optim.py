@@ -82,6 +82,15 @@ def _group_flags_ok(group: dict[str, Any]) -> bool:
     return not (group.get("capturable") or group.get("differentiable") or group.get("fused"))
 
 
+def _torch_step(cls: type) -> Callable[..., Any]:
+    """torch's ``cls.step`` without the hook wrapper torch adds to a class on first use: our own
+    ``step`` already carries that wrapper, so a fallback must not run the hooks a second time."""
+    step = cls.step  # type: ignore[attr-defined]
+    if getattr(step, "hooked", False):
+        step = step.__wrapped__
+    return step  # type: ignore[no-any-return]
+
+
 def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
@@ -158,7 +167,7 @@ class Adam(_AdamBase, _topt.Adam):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One Adam step over every group: native where possible (module docstring), else torch's."""
         if not self._native_ok():
-            return _topt.Adam.step(self, closure)
+            return _torch_step(_topt.Adam)(self, closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -176,7 +185,7 @@ class AdamW(_AdamBase, _topt.AdamW):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One AdamW step over every group: native where possible (module docstring), else torch's."""
         if not self._native_ok():
-            return _topt.AdamW.step(self, closure)
+            return _torch_step(_topt.AdamW)(self, closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -209,7 +218,7 @@ class SGD(_topt.SGD):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One SGD step over every group: native where possible (module docstring), else torch's."""
         if not self._native_ok():
-            return _topt.SGD.step(self, closure)
+            return _torch_step(_topt.SGD)(self, closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
