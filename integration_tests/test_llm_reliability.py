@@ -6,6 +6,7 @@ import _thread
 import json
 import pathlib
 import shutil
+import signal
 import threading
 
 import pytest
@@ -67,11 +68,17 @@ def test_corrupted_checkpoint_fails_cleanly(
 def test_ctrl_c_during_generate_leaves_model_usable(llm: LLM) -> None:
     expected = llm.generate("The quick brown fox", max_new_tokens=24, ignore_eos=True).token_ids
     timer = threading.Timer(0.05, _thread.interrupt_main)
-    with pytest.raises(KeyboardInterrupt):
-        timer.start()
-        for _ in range(1000):  # long enough for the interrupt to land mid-generation
-            llm.generate("The quick brown fox", max_new_tokens=64, ignore_eos=True)
-    timer.cancel()
+    # a process started in the background by a non-interactive shell ignores SIGINT, and then
+    # interrupt_main does nothing: give the test Python's own Ctrl-C handler for its duration
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            timer.start()
+            for _ in range(1000):  # long enough for the interrupt to land mid-generation
+                llm.generate("The quick brown fox", max_new_tokens=64, ignore_eos=True)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     again = llm.generate("The quick brown fox", max_new_tokens=24, ignore_eos=True).token_ids
     assert again == expected
 
