@@ -280,6 +280,38 @@ def _optim_row(repeats: int) -> dict[str, Any]:
     }
 
 
+def _direct_inference_row(repeats: int) -> dict[str, Any]:
+    """The 20-op chain under no_grad compiled twice on native_cpu: through AOTAutograd
+    (``direct_inference=False``, A) and without its runtime wrappers (the default, B)."""
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def compiled(direct: bool) -> Callable[..., Any]:
+        torch._dynamo.reset()
+        options = {"engine": "native_cpu", "warn": False, "fallback": "error", "min_partition_size": 1}
+        fn = torch.compile(
+            _chain20, backend="torchburn", options={**options, "direct_inference": direct}, dynamic=False
+        )
+        fn(x)
+        return fn
+
+    with torch.no_grad():
+        via_aot = compiled(False)
+        t0 = time.perf_counter()
+        direct = compiled(True)
+        first = time.perf_counter() - t0
+        torch.testing.assert_close(direct(x), via_aot(x))
+        t_a, t_b = _interleaved(lambda: via_aot(x), lambda: direct(x), repeats)
+    return {
+        "name": "20-op chain 64x64: via AOTAutograd (A) vs direct inference (B)",
+        "eager_s": t_a,
+        "torchburn_s": t_b,
+        "torchburn_first_s": first,
+        "flops": 0,
+        "bytes": 0,
+        "notes": f"eager column = the AOTAutograd path; saves {(t_a - t_b) * 1e6:.1f} µs a call",
+    }
+
+
 def _inductor_times(
     row: dict[str, Any], eager: Callable[[], Any], fn: Callable[..., Any], args: tuple[Any, ...], repeats: int
 ) -> None:
@@ -357,6 +389,7 @@ def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bo
     results.append(_train_row(threads, repeats, inductor))
     results.append(_train_row(threads, repeats, inductor, native_optim=True))
     results.append(_optim_row(repeats))
+    results.append(_direct_inference_row(repeats))
     for row in results:
         row["suite"] = "native_cpu"
         row["threads"] = threads

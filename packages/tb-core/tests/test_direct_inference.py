@@ -17,13 +17,15 @@ from torchburn import direct_inference
 def direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts compiled graphs that took the direct path."""
     calls: list[int] = []
-    real = direct_inference.call_directly
+    real = direct_inference.trace
 
     def spy(*a: Any) -> Any:
-        calls.append(1)
-        return real(*a)
+        traced = real(*a)
+        if traced is not None:
+            calls.append(1)
+        return traced
 
-    monkeypatch.setattr(direct_inference, "call_directly", spy)
+    monkeypatch.setattr(direct_inference, "trace", spy)
     return calls
 
 

@@ -57,13 +57,22 @@ fn buf(a: TensorArg, what: &str, dtypes: &[&str]) -> PyResult<Buf> {
 }
 
 /// Fails when any two non-empty buffers share a byte.
-fn disjoint(bufs: &[(&Buf, String)]) -> PyResult<()> {
+fn disjoint(bufs: &[(Buf, String)]) -> PyResult<()> {
     let mut spans: Vec<(usize, usize, &str)> =
         bufs.iter().filter(|(b, _)| b.bytes > 0).map(|(b, n)| (b.ptr, b.ptr + b.bytes, n.as_str())).collect();
     spans.sort_unstable();
     for w in spans.windows(2) {
         if w[1].0 < w[0].1 {
             return Err(err(format!("{} overlaps {}", w[1].2, w[0].2)));
+        }
+    }
+    Ok(())
+}
+
+fn finite(values: &[(f64, &str)]) -> PyResult<()> {
+    for &(v, name) in values {
+        if !v.is_finite() {
+            return Err(err(format!("{name} must be finite, got {v}")));
         }
     }
     Ok(())
@@ -127,11 +136,7 @@ fn optim_adam(
     same_len(n, "exp_avg_sqs", exp_avg_sqs.len())?;
     same_len(n, "steps", steps.len())?;
     same_len(if amsgrad { n } else { 0 }, "max_exp_avg_sqs", max_exp_avg_sqs.len())?;
-    for (v, name) in [(lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (eps, "eps"), (weight_decay, "weight_decay")] {
-        if !v.is_finite() {
-            return Err(err(format!("{name} must be finite, got {v}")));
-        }
-    }
+    finite(&[(lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (eps, "eps"), (weight_decay, "weight_decay")])?;
     let f32_ = ["float32"];
     let mut named: Vec<(Buf, String)> = Vec::with_capacity(6 * n);
     let mut rows = Vec::with_capacity(n);
@@ -166,7 +171,7 @@ fn optim_adam(
             named.push((b, format!("max_exp_avg_sqs[{i}]")));
         }
     }
-    disjoint(&named.iter().map(|(b, s)| (b, s.clone())).collect::<Vec<_>>())?;
+    disjoint(&named)?;
     let h = AdamHyper { lr, beta1, beta2, eps, weight_decay, decoupled, maximize, amsgrad };
     let slots: Vec<AdamSlot> = rows
         .into_iter()
@@ -214,11 +219,7 @@ fn optim_sgd(
     let mom = momentum != 0.0;
     same_len(if mom { n } else { 0 }, "momentum_buffers", momentum_buffers.len())?;
     same_len(if mom { n } else { 0 }, "first", first.len())?;
-    for (v, name) in [(lr, "lr"), (momentum, "momentum"), (dampening, "dampening"), (weight_decay, "weight_decay")] {
-        if !v.is_finite() {
-            return Err(err(format!("{name} must be finite, got {v}")));
-        }
-    }
+    finite(&[(lr, "lr"), (momentum, "momentum"), (dampening, "dampening"), (weight_decay, "weight_decay")])?;
     let f32_ = ["float32"];
     let mut named: Vec<(Buf, String)> = Vec::with_capacity(3 * n);
     let mut slots = Vec::with_capacity(n);
@@ -248,7 +249,7 @@ fn optim_sgd(
             named.push((b, format!("momentum_buffers[{i}]")));
         }
     }
-    disjoint(&named.iter().map(|(b, s)| (b, s.clone())).collect::<Vec<_>>())?;
+    disjoint(&named)?;
     let h = SgdHyper { lr, momentum, dampening, weight_decay, nesterov, maximize };
     let slots = SgdSlots(slots);
     // SAFETY: as in `optim_adam`.

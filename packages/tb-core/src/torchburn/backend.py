@@ -45,37 +45,41 @@ def torchburn_backend(
     opts = Options.from_user({**(options or {}), **kwargs})
     engines = select_engines(opts)
 
+    def runner(graph: torch.fx.GraphModule, kind: str, boxed: bool) -> Callable[..., Any]:
+        """The partitioned graph as the callable AOTAutograd (boxed: one list argument) or Dynamo
+        (direct inference: the arguments) calls, counted in telemetry."""
+        runnable, report = compile_graph(graph, engines, opts, kind)
+        warn_fallbacks(report, opts)
+        if opts.report_sink is not None:
+            opts.report_sink.append(report)
+        record = make_record(report)
+        forward = runnable.forward if isinstance(runnable, torch.nn.Module) else runnable
+
+        def run_boxed(args: list[Any]) -> Any:
+            record.calls += 1
+            return forward(*args)
+
+        def run_direct(*args: Any) -> Any:
+            record.calls += 1
+            return forward(*args)
+
+        run: Any = run_boxed if boxed else run_direct
+        if boxed:
+            run._boxed_call = True
+        run.torchburn_report = report
+        run.torchburn_graph = runnable
+        return run  # type: ignore[no-any-return]
+
     def compiler(kind: str) -> Callable[..., Any]:
         def compile_fn(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-            runnable, report = compile_graph(graph, engines, opts, kind)
-            warn_fallbacks(report, opts)
-            if opts.report_sink is not None:
-                opts.report_sink.append(report)
-            record = make_record(report)
-            forward = runnable.forward if isinstance(runnable, torch.nn.Module) else runnable
-
-            def run(args: list[Any]) -> Any:
-                record.calls += 1
-                return forward(*args)
-
-            run._boxed_call = True  # type: ignore[attr-defined]
-            run.torchburn_report = report  # type: ignore[attr-defined]
-            run.torchburn_graph = runnable  # type: ignore[attr-defined]
-            return run
+            return runner(graph, kind, boxed=True)
 
         return compile_fn
 
     if opts.direct_inference and direct_inference.eligible(gm, example_inputs):
         traced = direct_inference.trace(gm, example_inputs, decomposition_table())
         if traced is not None:
-            runnable, report = compile_graph(traced, engines, opts, "inference")
-            warn_fallbacks(report, opts)
-            if opts.report_sink is not None:
-                opts.report_sink.append(report)
-            run = direct_inference.call_directly(runnable, make_record(report))
-            run.torchburn_report = report  # type: ignore[attr-defined]
-            run.torchburn_graph = runnable  # type: ignore[attr-defined]
-            return run
+            return runner(traced, "inference", boxed=False)
 
     try:
         return aot_autograd(  # type: ignore[no-any-return]

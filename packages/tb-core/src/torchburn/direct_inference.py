@@ -15,7 +15,7 @@ another output's) storage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -114,14 +114,3 @@ def _leaves(x: Any) -> list[Any]:
     if isinstance(x, dict):
         return [y for item in x.values() for y in _leaves(item)]
     return [x]
-
-
-def call_directly(runnable: Callable[..., Any], record: Any) -> Callable[..., Any]:
-    """The callable Dynamo gets: the partitioned graph's forward, counted in telemetry."""
-    forward = runnable.forward if isinstance(runnable, torch.nn.Module) else runnable
-
-    def run(*args: Any) -> Any:
-        record.calls += 1
-        return forward(*args)
-
-    return run

@@ -91,6 +91,21 @@ def _torch_step(cls: type) -> Callable[..., Any]:
     return step  # type: ignore[no-any-return]
 
 
+def _run_step(opt: Any, closure: Callable[[], Any] | None, torch_cls: type) -> Any:
+    """``opt.step(closure)``: each group through ``opt._native_group`` when ``opt._native_ok()``,
+    else ``torch_cls``'s own step."""
+    if not opt._native_ok():
+        return _torch_step(torch_cls)(opt, closure)
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    with torch.no_grad():
+        for group in opt.param_groups:
+            opt._native_group(group)
+    return loss
+
+
 def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
@@ -166,16 +181,7 @@ class Adam(_AdamBase, _topt.Adam):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One Adam step over every group: native where possible (module docstring), else torch's."""
-        if not self._native_ok():
-            return _torch_step(_topt.Adam)(self, closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            for group in self.param_groups:
-                self._native_group(group)
-        return loss
+        return _run_step(self, closure, _topt.Adam)
 
 
 class AdamW(_AdamBase, _topt.AdamW):
@@ -184,16 +190,7 @@ class AdamW(_AdamBase, _topt.AdamW):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One AdamW step over every group: native where possible (module docstring), else torch's."""
-        if not self._native_ok():
-            return _torch_step(_topt.AdamW)(self, closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            for group in self.param_groups:
-                self._native_group(group)
-        return loss
+        return _run_step(self, closure, _topt.AdamW)
 
 
 class SGD(_topt.SGD):
@@ -217,31 +214,25 @@ class SGD(_topt.SGD):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One SGD step over every group: native where possible (module docstring), else torch's."""
-        if not self._native_ok():
-            return _torch_step(_topt.SGD)(self, closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            for group in self.param_groups:
-                momentum = _scalar(group["momentum"])
-                ps, gs, bufs, first = [], [], [], []
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    ps.append(_arg(p))
-                    gs.append(_arg(p.grad))
-                    if momentum:
-                        st = self.state[p]
-                        buf = st.get("momentum_buffer")
-                        first.append(buf is None)
-                        if buf is None:
-                            buf = st["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
-                        bufs.append(_arg(buf))
-                if ps:
-                    _native.optim_sgd(
-                        ps, gs, bufs, first, _scalar(group["lr"]), momentum, _scalar(group["dampening"]),
-                        _scalar(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
-                    )  # fmt: skip
-        return loss
+        return _run_step(self, closure, _topt.SGD)
+
+    def _native_group(self, group: dict[str, Any]) -> None:
+        momentum = _scalar(group["momentum"])
+        ps, gs, bufs, first = [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            ps.append(_arg(p))
+            gs.append(_arg(p.grad))
+            if momentum:
+                st = self.state[p]
+                buf = st.get("momentum_buffer")
+                first.append(buf is None)
+                if buf is None:
+                    buf = st["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
+                bufs.append(_arg(buf))
+        if ps:
+            _native.optim_sgd(
+                ps, gs, bufs, first, _scalar(group["lr"]), momentum, _scalar(group["dampening"]),
+                _scalar(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
+            )  # fmt: skip
