@@ -159,3 +159,75 @@ def test_fallback_nodes_still_run_in_the_direct_graph(toy: Any, direct_calls: li
         torch.testing.assert_close(_compile(f)(x), f(x))
     assert direct_calls == [1]
     assert "aten.tanh.default" in torchburn.op_coverage()["fallback"]
+
+
+def test_grad_on_with_nothing_requiring_grad_runs_direct(toy: Any, direct_calls: list[int]) -> None:
+    """Grad mode on, but no input requires grad: the graph takes the direct path, and its
+    outputs are as eager's (no grad_fn)."""
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a @ b) + 1
+
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    got = _compile(f)(a, b)
+    torch.testing.assert_close(got, f(a, b))
+    assert not got.requires_grad and got.grad_fn is None
+    assert direct_calls == [1]
+
+
+def test_frozen_model_with_grad_on_runs_direct(toy: Any, direct_calls: list[int]) -> None:
+    torch.manual_seed(0)
+    model = _MLP().requires_grad_(False)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(_compile(model)(x), model(x))
+    assert direct_calls == [1]
+
+
+def test_input_requiring_grad_later_recompiles_through_aot(toy: Any, direct_calls: list[int]) -> None:
+    """Dynamo guards on each input's requires_grad: the same function called with an input that
+    requires grad compiles again, through AOTAutograd, and gradients flow."""
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a) * 3
+
+    compiled = _compile(f)
+    a = torch.randn(6)
+    torch.testing.assert_close(compiled(a), f(a))
+    leaf = a.clone().requires_grad_(True)
+    out = compiled(leaf)
+    assert out.requires_grad
+    out.sum().backward()
+    assert leaf.grad is not None
+    torch.testing.assert_close(leaf.grad, (a > 0).to(a.dtype) * 3)
+    assert direct_calls == [1]
+
+
+def test_tensor_made_with_requires_grad_keeps_its_graph_on_aot(toy: Any, direct_calls: list[int]) -> None:
+    """A factory with requires_grad=True: Dynamo passes the new tensor to the next graph as an
+    input that requires grad, and that graph goes through AOTAutograd; the output has a
+    grad_fn as in eager."""
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a) * torch.ones(a.shape, requires_grad=True)
+
+    a = torch.randn(5)
+    got, want = _compile(f)(a), f(a)
+    torch.testing.assert_close(got, want)
+    assert got.requires_grad and want.requires_grad
+    assert len(direct_calls) <= 1  # at most the graph before the factory
+
+
+def test_graph_value_requiring_grad_is_not_eligible_with_grad_on() -> None:
+    """Any value in the graph that requires grad (here set on a node's example value by hand,
+    since Dynamo breaks the graph at such factories) keeps a grad-on graph on AOTAutograd."""
+    gm = torch.fx.symbolic_trace(lambda a: torch.relu(a) * 2)
+    a = torch.randn(3)
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = torch.empty(3)
+    assert direct_inference.eligible(gm, [a])
+    relu = next(n for n in gm.graph.nodes if n.op == "call_function")
+    relu.meta["example_value"] = torch.empty(3, requires_grad=True)
+    assert not direct_inference.eligible(gm, [a])
+    with torch.no_grad():
+        assert direct_inference.eligible(gm, [a])
+    assert not direct_inference.eligible(gm, [a.clone().requires_grad_(True)])

@@ -100,6 +100,11 @@ pub fn isa_name() -> &'static str {
     ""
 }
 
+/// The few-rows path packs this many NR-column panels of B at a time: with B row-major, a
+/// panel is one short piece of each of kc rows a page apart, which the caches can hold only a
+/// few sets of (every piece maps to the same L1 set); a group reads runs of PANEL_GROUP cache
+/// lines instead.
+const PANEL_GROUP: usize = 4;
 /// Up to this many rows, the driver packs B panel by panel (see the module comment).
 const SMALL_M: usize = 256;
 /// Floats of packed A the few-rows path holds at once (4 MiB).
@@ -176,14 +181,27 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
                     if j0 == j1 {
                         return;
                     }
-                    with_scratch(&PANEL_B, kc_.min(k) * I::NR, |pb| {
+                    with_scratch(&PANEL_B, kc_.min(k) * I::NR * PANEL_GROUP, |pb| {
+                        let pb = pb.as_mut_ptr();
                         let mut p0 = d0;
                         while p0 < d1 {
                             let kc = kc_.min(d1 - p0);
                             let pa = pap.get().add((p0 - d0) * m_pad) as *const f32;
-                            for jp in j0..j1 {
-                                pack_b::<I>(b, p0, kc, jp * I::NR, n, pb.as_mut_ptr());
-                                tiles::<I>(0, m, jp, n, kc, pa, pb.as_ptr(), c, alpha, accumulate || p0 > 0, p0 + kc >= k, epi);
+                            let mut g0 = j0;
+                            while g0 < j1 {
+                                let g1 = (g0 + PANEL_GROUP).min(j1);
+                                let panel = |jp: usize| pb.add((jp - g0) * kc * I::NR);
+                                if b.cs == 1 {
+                                    pack_b_rows::<I>(b, p0, kc, g0, g1, n, panel(g0));
+                                } else {
+                                    for jp in g0..g1 {
+                                        pack_b::<I>(b, p0, kc, jp * I::NR, n, panel(jp));
+                                    }
+                                }
+                                for jp in g0..g1 {
+                                    tiles::<I>(0, m, jp, n, kc, pa, panel(jp), c, alpha, accumulate || p0 > 0, p0 + kc >= k, epi);
+                                }
+                                g0 = g1;
                             }
                             p0 += kc;
                         }
@@ -313,12 +331,24 @@ unsafe fn pack_b<I: Isa>(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst:
     let nr = I::NR;
     let nv = nr.min(n - j0);
     if b.cs == 1 {
+        // Each step of k is one short piece of a long row, so the pieces are a page apart and
+        // the hardware prefetchers miss most of them: the same rows of the next panel are
+        // fetched into L2 here, while the micro-kernels run on this one.
+        let ahead = j0 + nr < n;
         for p in 0..kc {
             let src = b.p.0.offset((p0 + p) as isize * b.rs + j0 as isize);
+            if ahead {
+                prefetch_l2(src.wrapping_add(nr));
+                prefetch_l2(src.wrapping_add(2 * nr - 1));
+            }
             let d = dst.add(p * nr);
-            std::ptr::copy_nonoverlapping(src, d, nv);
-            for j in nv..nr {
-                *d.add(j) = 0.0;
+            if nv == nr {
+                std::ptr::copy_nonoverlapping(src, d, nr);
+            } else {
+                std::ptr::copy_nonoverlapping(src, d, nv);
+                for j in nv..nr {
+                    *d.add(j) = 0.0;
+                }
             }
         }
     } else if b.rs == 1 {
@@ -338,6 +368,56 @@ unsafe fn pack_b<I: Isa>(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst:
             }
         }
     }
+}
+
+/// Packs depth p0..p0+kc of the column panels g0..g1 of a row-major B (cs == 1) into
+/// consecutive NR-wide panels of kc rows each (zero columns past n), reading each row of B
+/// once across the group.
+#[inline(always)]
+unsafe fn pack_b_rows<I: Isa>(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+    let nr = I::NR;
+    let (c0, c1) = (g0 * nr, (g1 * nr).min(n));
+    // rows a few steps ahead are requested while this one is copied, so that many of the
+    // (page-apart) misses are in flight at once
+    const AHEAD: usize = 8;
+    for p in 0..kc {
+        let src = b.p.0.offset((p0 + p) as isize * b.rs + c0 as isize);
+        if p + AHEAD < kc {
+            let next = src.wrapping_offset(AHEAD as isize * b.rs);
+            let mut q = 0;
+            while q < c1 - c0 {
+                prefetch_l2(next.wrapping_add(q));
+                q += 16;
+            }
+            prefetch_l2(next.wrapping_add(c1 - c0 - 1));
+        }
+        for jp in g0..g1 {
+            let j = jp * nr;
+            let nv = nr.min(n - j);
+            let d = dst.add((jp - g0) * kc * nr + p * nr);
+            let s = src.add(j - c0);
+            if nv == nr {
+                std::ptr::copy_nonoverlapping(s, d, nr);
+            } else {
+                std::ptr::copy_nonoverlapping(s, d, nv);
+                for q in nv..nr {
+                    *d.add(q) = 0.0;
+                }
+            }
+        }
+    }
+}
+
+/// Asks for the cache line holding `p` to be brought into L2 (a hint; never faults).
+#[inline(always)]
+fn prefetch_l2(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint that does not fault, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// `pack_b_t` without SIMD: the tails of the SIMD versions.
@@ -461,6 +541,11 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx512f")]
     unsafe fn kernel_avx512(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
         const MR: usize = 8;
+        for r in 0..MR {
+            let row = cp.wrapping_offset(r as isize * rs) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(row);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(127));
+        }
         let mut c = [[_mm512_setzero_ps(); 2]; MR];
         let (mut a, mut b) = (a, b);
         for _ in 0..kc {
@@ -490,6 +575,13 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn kernel_avx2(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
         const MR: usize = 6;
+        // the tile of C is read (acc) or written once the loop is done: its lines are
+        // requested now so that the miss overlaps the loop instead of following it
+        for r in 0..MR {
+            let row = cp.wrapping_offset(r as isize * rs) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(row);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(63));
+        }
         let mut c = [[_mm256_setzero_ps(); 2]; MR];
         let (mut a, mut b) = (a, b);
         // unrolled by two so the loop overhead is paid every 24 FMAs

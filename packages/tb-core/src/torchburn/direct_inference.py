@@ -1,13 +1,17 @@
 """Inference graphs without AOTAutograd's runtime wrapper.
 
-A graph Dynamo hands over while grad mode is off needs none of what AOTAutograd adds at run
-time (autograd.Function, input-mutation write-back, output-alias regeneration): Dynamo guards on
-grad mode, so the compiled code only ever runs with grad off. For such a graph tb-core traces
+A graph that cannot produce anything autograd tracks needs none of what AOTAutograd adds at run
+time (autograd.Function, input-mutation write-back, output-alias regeneration). That is a graph
+Dynamo hands over while grad mode is off, or while it is on but no input requires grad and no
+value in the graph does (a plain function of plain tensors, a model's forward with frozen
+weights). Dynamo guards on both grad mode and each input's ``requires_grad``, so the compiled
+code only ever runs in that situation. For such a graph tb-core traces
 the Dynamo graph to ATen itself — functionalized, with the same decomposition table, in fake
 mode — and calls the partitioned result directly, which saves AOTAutograd's per-call prologue
 and wrappers (about 30 µs a call on a 2-core VM, the whole cost of a small graph).
 
-Graphs this path is not sure about go to AOTAutograd as before: grad mode on, non-tensor or
+Graphs this path is not sure about go to AOTAutograd as before: grad mode on with an input or
+a value in the graph that requires grad (parameters, ``requires_grad=True`` factories), non-tensor or
 symbolic inputs, tensor subclasses, sparse inputs, grad-mode or autocast switches inside the
 graph, an input the graph writes to, or an output that is an input or shares an input's (or
 another output's) storage.
@@ -35,14 +39,20 @@ def _plain_tensor(t: Any) -> bool:
 
 
 def eligible(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Grad mode off, plain tensor inputs only, no global-state switches in the graph."""
-    if torch.is_grad_enabled():
-        return False
+    """Nothing requires grad (grad mode off, or no input or graph value needing it), plain
+    tensor inputs only, no global-state switches in the graph."""
     if not all(_plain_tensor(t) for t in example_inputs):
+        return False
+    grad_on = torch.is_grad_enabled()
+    if grad_on and any(t.requires_grad for t in example_inputs):
         return False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _GLOBAL_STATE_CALLS:
             return False
+        if grad_on:
+            val = node.meta.get("example_value", node.meta.get("val"))
+            if any(isinstance(v, torch.Tensor) and v.requires_grad for v in _leaves(val)):
+                return False
         if node.op == "placeholder":
             val = node.meta.get("example_value", node.meta.get("val"))
             if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
@@ -66,7 +76,9 @@ def trace(
         fakes = [mode.from_tensor(t) for t in example_inputs]
         # the Python dispatcher, as AOTAutograd traces: CompositeImplicit ops then take torch's
         # Python decompositions (batch_norm -> _native_batch_norm_legit_no_training, ...)
-        with mode, enable_python_dispatcher():
+        # eligible() made sure nothing requires grad, so grad mode changes nothing here; off,
+        # the trace is the inference graph whatever mode the caller is in
+        with mode, enable_python_dispatcher(), torch.no_grad():
             traced = make_fx(
                 torch.func.functionalize(gm, remove="mutations"),
                 decomposition_table=decompositions,
