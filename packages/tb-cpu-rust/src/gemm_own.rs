@@ -771,6 +771,8 @@ mod tests {
             (I::MR, I::NR, 8),
             (I::MR + 1, I::NR - 1, 7),
             (5, 3 * I::NR + 5, 300),
+            // several PANEL_GROUPs of column panels, the last group and panel partial
+            (7, (2 * PANEL_GROUP + 1) * I::NR + 3, 270),
             (37, 29, 53),
             (SMALL_M, 40, 9),
             (SMALL_M + 1, 2 * I::NR + 3, 257),
