@@ -9,7 +9,10 @@ Only ratios from the same run mean anything on a shared machine. GEMM rows also 
 crates the engine carries, and numpy's OpenBLAS (in its own process) as the reference. Inductor
 (``backend="inductor"``) is compiled and timed on every row in the same run (its own A/B against
 eager), with its first call, so the first-call target (native ≤ 25% of inductor's) is measured;
-``--no-inductor`` skips it (inductor needs a C++ compiler).
+``--no-inductor`` skips it (inductor needs a C++ compiler). Both backends compile a throwaway
+function before the rows, so no row's first call carries the one-time imports; each row also
+notes the first call of Dynamo alone (a backend that returns Dynamo's graph unchanged), the part
+of every backend's first call that no backend can remove.
 """
 
 from __future__ import annotations
@@ -328,6 +331,34 @@ def _inductor_times(
     _, row["inductor_s"] = _interleaved(eager, lambda: ind(*args), repeats)
 
 
+def _warm_compilers(inductor: bool) -> None:
+    """Compiles a throwaway function with each backend first, so the first row's first-call
+    figure is that row's compile and not the one-time imports and set-up of Dynamo, AOTAutograd
+    and the backend (seconds, whichever backend happens to go first)."""
+    x = torch.randn(8, 8)
+    backends = ["torchburn"] + (["inductor"] if inductor else [])
+    with torch.no_grad():
+        for be in backends:
+            torch._dynamo.reset()
+            fn = _compile(lambda t: torch.relu(t) * 2 + 1) if be == "torchburn" else torch.compile(
+                lambda t: torch.relu(t) * 3 - 1, backend=be, dynamic=False
+            )
+            try:
+                fn(x)
+            except Exception:  # inductor without a C++ compiler: its rows say so later
+                pass
+    torch._dynamo.reset()
+
+
+def _dynamo_first_s(fn: Callable[..., Any], args: tuple[Any, ...]) -> float:
+    """Compile + first call with a backend that hands Dynamo's graph back unchanged: the part
+    of every backend's first call that Dynamo's bytecode tracing takes."""
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    torch.compile(fn, backend=lambda gm, _inputs: gm.forward, dynamic=False)(*args)
+    return time.perf_counter() - t0
+
+
 def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bool = True) -> list[dict[str, Any]]:
     """Measure every row; one dict per row in the shared harness format (times in seconds):
     suite, name, threads, eager_s, torchburn_s, torchburn_first_s, optional inductor_s /
@@ -339,6 +370,7 @@ def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bo
     peak = _peak_gflops(threads)
     stream = _copy_gbps()
     results: list[dict[str, Any]] = []
+    _warm_compilers(inductor)
     for name, fn, make, flops, nbytes in _rows():
         args = make()
         with torch.no_grad():
@@ -382,6 +414,8 @@ def run(threads: int, repeats: int = 5, inductor: bool = True, gemm_backends: bo
                 if ob:
                     notes.append(f"OpenBLAS {ob:.0f} GFLOP/s; native = {flops / t_native / 1e9 / ob:.0%} of it")
                 notes.insert(0, f"default={before}")
+            row["dynamo_first_s"] = _dynamo_first_s(fn, args)
+            notes.append(f"first call of Dynamo alone {row['dynamo_first_s'] * 1e3:.0f} ms")
             row["notes"] = "; ".join(notes)
             if inductor:
                 _inductor_times(row, lambda fn=fn, args=args: fn(*args), fn, args, repeats)

@@ -38,6 +38,15 @@ pub(crate) trait Isa: Copy + Send + Sync + 'static {
     /// # Safety
     /// The packed panels hold `kc` steps; C is valid for the tile.
     unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool);
+    /// As `kernel` for the first `mv` rows only (0 < mv < MR; the packed A panel still has MR
+    /// rows a step), so that a last tile of a few rows costs a few rows' work. False where the
+    /// ISA has no such kernel: the caller then runs `kernel` into a buffer.
+    ///
+    /// # Safety
+    /// As `kernel`, for rows 0..mv of C.
+    unsafe fn kernel_rows(_mv: usize, _kc: usize, _a: *const f32, _b: *const f32, _c: *mut f32, _rs: isize, _alpha: f32, _acc: bool) -> bool {
+        false
+    }
     /// Packs depth p0..p0+kc, columns j0..j0+nv (nv ≤ NR) of a B whose columns are contiguous
     /// (rs == 1) into one NR-wide panel, zero-filling columns past nv.
     ///
@@ -262,12 +271,15 @@ unsafe fn tiles<I: Isa>(
     while i < r1 {
         let mv = I::MR.min(r1 - i);
         let ap = pa.add((i - r0) * kc);
-        if mv == I::MR && nv == I::NR && c.cs == 1 {
-            // full tile, contiguous rows: accumulators go straight into C
-            let cp = c.p.0.offset(i as isize * c.rs + j as isize);
-            I::kernel(kc, ap, pb, cp, c.rs, alpha, acc);
+        let cp = c.p.0.offset(i as isize * c.rs + j as isize * c.cs);
+        // full-width tile with contiguous rows: accumulators go straight into C
+        let direct = nv == I::NR && c.cs == 1;
+        if direct && (mv == I::MR || I::kernel_rows(mv, kc, ap, pb, cp, c.rs, alpha, acc)) {
+            if mv == I::MR {
+                I::kernel(kc, ap, pb, cp, c.rs, alpha, acc);
+            }
             if last && !epi.is_empty() {
-                for r in 0..I::MR {
+                for r in 0..mv {
                     let row = std::slice::from_raw_parts_mut(cp.offset(r as isize * c.rs), I::NR);
                     epi_row(epi, row, i + r, j);
                 }
@@ -530,7 +542,19 @@ pub(crate) mod x86 {
         const MC: usize = 96;
         #[inline(always)]
         unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) {
-            kernel_avx2(kc, a, b, c, rs, alpha, acc)
+            kernel_avx2::<6>(kc, a, b, c, rs, alpha, acc)
+        }
+        #[inline(always)]
+        unsafe fn kernel_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
+            match mv {
+                1 => kernel_avx2::<1>(kc, a, b, c, rs, alpha, acc),
+                2 => kernel_avx2::<2>(kc, a, b, c, rs, alpha, acc),
+                3 => kernel_avx2::<3>(kc, a, b, c, rs, alpha, acc),
+                4 => kernel_avx2::<4>(kc, a, b, c, rs, alpha, acc),
+                5 => kernel_avx2::<5>(kc, a, b, c, rs, alpha, acc),
+                _ => return false,
+            }
+            true
         }
         #[inline(always)]
         unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32) {
@@ -572,17 +596,18 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Rows 0..R of a 6×16 tile (R = 6: the whole tile); A's packed panel has 6 rows a step.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn kernel_avx2(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
+    unsafe fn kernel_avx2<const R: usize>(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
         const MR: usize = 6;
         // the tile of C is read (acc) or written once the loop is done: its lines are
         // requested now so that the miss overlaps the loop instead of following it
-        for r in 0..MR {
+        for r in 0..R {
             let row = cp.wrapping_offset(r as isize * rs) as *const i8;
             _mm_prefetch::<_MM_HINT_T0>(row);
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(63));
         }
-        let mut c = [[_mm256_setzero_ps(); 2]; MR];
+        let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (mut a, mut b) = (a, b);
         // unrolled by two so the loop overhead is paid every 24 FMAs
         let mut p = 0;
@@ -590,7 +615,7 @@ pub(crate) mod x86 {
             for u in 0..2 {
                 let b0 = _mm256_loadu_ps(b.add(16 * u));
                 let b1 = _mm256_loadu_ps(b.add(16 * u + 8));
-                for r in 0..MR {
+                for r in 0..R {
                     let av = _mm256_broadcast_ss(&*a.add(MR * u + r));
                     c[r][0] = _mm256_fmadd_ps(av, b0, c[r][0]);
                     c[r][1] = _mm256_fmadd_ps(av, b1, c[r][1]);
@@ -603,14 +628,14 @@ pub(crate) mod x86 {
         if p < kc {
             let b0 = _mm256_loadu_ps(b);
             let b1 = _mm256_loadu_ps(b.add(8));
-            for r in 0..MR {
+            for r in 0..R {
                 let av = _mm256_broadcast_ss(&*a.add(r));
                 c[r][0] = _mm256_fmadd_ps(av, b0, c[r][0]);
                 c[r][1] = _mm256_fmadd_ps(av, b1, c[r][1]);
             }
         }
         let al = _mm256_set1_ps(alpha);
-        for r in 0..MR {
+        for r in 0..R {
             let p = cp.offset(r as isize * rs);
             let (v0, v1) = if acc {
                 (_mm256_fmadd_ps(c[r][0], al, _mm256_loadu_ps(p)), _mm256_fmadd_ps(c[r][1], al, _mm256_loadu_ps(p.add(8))))
@@ -771,6 +796,9 @@ mod tests {
             (I::MR, I::NR, 8),
             (I::MR + 1, I::NR - 1, 7),
             (5, 3 * I::NR + 5, 300),
+            // last row tiles of 2 and 3 rows at full width (`kernel_rows`)
+            (I::MR + 2, I::NR, 33),
+            (2 * I::MR + 3, 2 * I::NR, 40),
             // several PANEL_GROUPs of column panels, the last group and panel partial
             (7, (2 * PANEL_GROUP + 1) * I::NR + 3, 270),
             (37, 29, 53),
