@@ -153,6 +153,9 @@ fn run_tasks(tasks: usize, task: impl Fn(usize) + Sync + Send) {
 
 pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize, epi: &Epi) {
     let (kc_, mc_) = blocking::<I>();
+    // k in equal slices of at most KC (784 = 4 × 196, not 3 × 256 + 16: a thin last slice
+    // costs a whole pass over C and its packing for a few steps of k)
+    let kc_ = k.div_ceil(k.div_ceil(kc_));
     let npan = n.div_ceil(I::NR);
     let mpan = m.div_ceil(I::MR);
     // below ~1M multiply-adds per thread the fork/join costs more than it saves
