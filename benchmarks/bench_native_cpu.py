@@ -18,6 +18,7 @@ of every backend's first call that no backend can remove.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -340,13 +341,14 @@ def _warm_compilers(inductor: bool) -> None:
     with torch.no_grad():
         for be in backends:
             torch._dynamo.reset()
-            fn = _compile(lambda t: torch.relu(t) * 2 + 1) if be == "torchburn" else torch.compile(
-                lambda t: torch.relu(t) * 3 - 1, backend=be, dynamic=False
+            fn = (
+                _compile(lambda t: torch.relu(t) * 2 + 1)
+                if be == "torchburn"
+                else torch.compile(lambda t: torch.relu(t) * 3 - 1, backend=be, dynamic=False)
             )
-            try:
+            # inductor without a C++ compiler fails here; its rows say so later
+            with contextlib.suppress(Exception):
                 fn(x)
-            except Exception:  # inductor without a C++ compiler: its rows say so later
-                pass
     torch._dynamo.reset()
 
 
