@@ -275,12 +275,17 @@ unsafe fn tiles<I: Isa>(
         let mv = I::MR.min(r1 - i);
         let ap = pa.add((i - r0) * kc);
         let cp = c.p.0.offset(i as isize * c.rs + j as isize * c.cs);
-        // full-width tile with contiguous rows: accumulators go straight into C
-        let direct = nv == I::NR && c.cs == 1;
-        if direct && (mv == I::MR || I::kernel_rows(mv, kc, ap, pb, cp, c.rs, alpha, acc)) {
-            if mv == I::MR {
+        // full-width tile with contiguous rows: accumulators go straight into C (a tile of
+        // fewer rows where the ISA has a kernel for them)
+        let direct = nv == I::NR
+            && c.cs == 1
+            && if mv == I::MR {
                 I::kernel(kc, ap, pb, cp, c.rs, alpha, acc);
-            }
+                true
+            } else {
+                I::kernel_rows(mv, kc, ap, pb, cp, c.rs, alpha, acc)
+            };
+        if direct {
             if last && !epi.is_empty() {
                 for r in 0..mv {
                     let row = std::slice::from_raw_parts_mut(cp.offset(r as isize * c.rs), I::NR);
@@ -346,26 +351,7 @@ unsafe fn pack_b<I: Isa>(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst:
     let nr = I::NR;
     let nv = nr.min(n - j0);
     if b.cs == 1 {
-        // Each step of k is one short piece of a long row, so the pieces are a page apart and
-        // the hardware prefetchers miss most of them: the same rows of the next panel are
-        // fetched into L2 here, while the micro-kernels run on this one.
-        let ahead = j0 + nr < n;
-        for p in 0..kc {
-            let src = b.p.0.offset((p0 + p) as isize * b.rs + j0 as isize);
-            if ahead {
-                prefetch_l2(src.wrapping_add(nr));
-                prefetch_l2(src.wrapping_add(2 * nr - 1));
-            }
-            let d = dst.add(p * nr);
-            if nv == nr {
-                std::ptr::copy_nonoverlapping(src, d, nr);
-            } else {
-                std::ptr::copy_nonoverlapping(src, d, nv);
-                for j in nv..nr {
-                    *d.add(j) = 0.0;
-                }
-            }
-        }
+        pack_b_rows::<I>(b, p0, kc, j0 / nr, j0 / nr + 1, n, dst);
     } else if b.rs == 1 {
         // transposed weights (linear): each column of B is contiguous along k
         I::pack_b_t(b, p0, kc, j0, nv, dst);
@@ -570,7 +556,9 @@ pub(crate) mod x86 {
         const MR: usize = 8;
         for r in 0..MR {
             let row = cp.wrapping_offset(r as isize * rs) as *const i8;
+            // 128 bytes: up to three lines when the row is not line-aligned
             _mm_prefetch::<_MM_HINT_T0>(row);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(127));
         }
         let mut c = [[_mm512_setzero_ps(); 2]; MR];

@@ -49,14 +49,15 @@ def eligible(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _GLOBAL_STATE_CALLS:
             return False
-        if grad_on:
-            val = node.meta.get("example_value", node.meta.get("val"))
-            if any(isinstance(v, torch.Tensor) and v.requires_grad for v in _leaves(val)):
-                return False
-        if node.op == "placeholder":
-            val = node.meta.get("example_value", node.meta.get("val"))
-            if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
-                return False
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if grad_on and any(isinstance(v, torch.Tensor) and v.requires_grad for v in _leaves(val)):
+            return False
+        if (
+            node.op == "placeholder"
+            and isinstance(val, torch.Tensor)
+            and any(isinstance(s, torch.SymInt) for s in val.shape)
+        ):
+            return False
     return True
 
 
