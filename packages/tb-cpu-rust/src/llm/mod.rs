@@ -4,10 +4,12 @@
 //! (`packed`); activations are quantized per 32-value block (`act_quant`) so int8 / int4
 //! weights meet them in integer dot products (AVX-512 VNNI); `gemv` runs the matrix-vector
 //! products over output rows with rayon; `ops` has the small per-token kernels (RMSNorm,
-//! SiLU-gate, RoPE, attention over the KV cache); `py` is the thin pyo3 layer.
+//! SiLU-gate, RoPE, the scalar reference attention); `attn_decode` / `attn` attend over the KV
+//! cache for a few / many query positions; `py` is the thin pyo3 layer.
 
 pub mod act_quant;
 pub mod attn;
+pub mod attn_decode;
 pub mod qgemm;
 pub mod gemv;
 pub mod model;

@@ -6,6 +6,7 @@
 //! group of projections runs as one parallel region (`gemv::run`). The caller runs `step` on a
 //! rayon worker, so those regions fork from inside the pool instead of waking it from outside.
 
+use super::attn_decode;
 use super::gemv::{self, Isa, Job};
 use super::ops::{self, V4};
 use super::packed::Packed;
@@ -232,7 +233,7 @@ impl<W: AsPacked> Model<W> {
             };
             let qv = V4 { ptr: qr.as_ptr(), sizes: [b, hq, t, d], strides: [hq * t * d, t * d, d, 1] };
             let mask = if layer.sliding { win.as_deref().unwrap_or(&full) } else { &full };
-            ops::attention(qv, kv_view(kc), kv_view(vc), mask, c.attn_scale, c.attn_softcap, &mut att);
+            attn_decode::attention(qv, kv_view(kc), kv_view(vc), mask, c.attn_scale, c.attn_softcap, &mut att);
             for bi in 0..b {
                 for hh in 0..hq {
                     for ti in 0..t {

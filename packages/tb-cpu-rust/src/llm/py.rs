@@ -2,7 +2,7 @@
 //! dtype) and the shapes between them, then calls the plain-Rust kernels. A bad argument is a
 //! `ValueError`, never undefined behaviour. Weights are copied into Rust-owned `LLMWeight`s.
 
-use super::attn;
+use super::{attn, attn_decode};
 use super::gemv::{self, detect};
 use super::model::{self, AsPacked, Lin, Model};
 use super::ops::{self, V4};
@@ -657,7 +657,7 @@ fn llm_attention(
         py.detach(move || unsafe { attn::prefill(qv, kv, vv, ms, scale, os) });
         return Ok(());
     }
-    py.detach(move || unsafe { ops::attention(qv, kv, vv, ms, scale, softcap, os) });
+    py.detach(move || unsafe { attn_decode::attention(qv, kv, vv, ms, scale, softcap, os) });
     Ok(())
 }
 
