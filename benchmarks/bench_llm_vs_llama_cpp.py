@@ -8,8 +8,11 @@ difference between those rows can be the machine. This suite pairs them instead:
 format (tb-llm fp32 / bf16 / int8 / int4 against llama.cpp F32 / F16 / Q8_0 / Q4_0), every
 round runs ``llama-bench -r 1`` (prefill of 512 tokens, decode of 128, flash attention on) and
 then tb-llm's prefill of the same 512-token length and decode of 128 tokens from a 1-token
-prompt, A B A B ... The row carries the medians over the rounds and the ratio of the medians
-(> 1: tb-llm faster), with the per-round ratios' range.
+prompt, A B A B ... Then both decode 128 tokens again with 512 tokens already in the cache
+(llama-bench ``-p 0 -n 128 -d 512``; tb-llm: a 512-token prompt, decode timed on its own): a
+chat's later turns, where attention over the cache is part of every step. The row carries the
+medians over the rounds and the ratio of the medians (> 1: tb-llm faster), with the per-round
+ratios' range.
 
 Same checkpoint, same llama.cpp build and GGUF files as ``bench_llama_cpp.py`` (cached under
 ``$TORCHBURN_CACHE_DIR/bench-llm``). ``run(threads)`` returns the rows; ImportError (a skipped
@@ -37,6 +40,7 @@ def run(
     prompt_tokens: int = 512,
     new_tokens: int = 128,
     quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"),
+    depth: int = 512,
 ) -> list[dict[str, Any]]:
     try:
         import gguf  # noqa: F401
@@ -67,13 +71,20 @@ def run(
         prompt = torch.randint(0, vocab, (prompt_tokens,), generator=gen).tolist()
         short = torch.randint(0, vocab, (1,), generator=gen).tolist()
         llm.generate(prompt, max_new_tokens=1, ignore_eos=True)  # warm-up (llama-bench warms up too)
-        got: dict[str, list[float]] = {"cpp_prefill": [], "cpp_decode": [], "tb_prefill": [], "tb_decode": []}
+        deep = torch.randint(0, vocab, (depth,), generator=gen).tolist()
+        got: dict[str, list[float]] = {k: [] for k in ("cpp_prefill", "cpp_decode", "tb_prefill", "tb_decode")}
+        if depth:
+            got.update({"cpp_decode_deep": [], "tb_decode_deep": []})
         for _ in range(rounds):
             cpp = llama_bench(build, path, threads, 1, prompt_tokens, new_tokens)
             got["cpp_prefill"].append(cpp["prefill"])
             got["cpp_decode"].append(cpp["decode"])
             got["tb_prefill"].append(llm.generate(prompt, max_new_tokens=1, ignore_eos=True).timing.prefill_tok_s)
             got["tb_decode"].append(llm.generate(short, max_new_tokens=new_tokens, ignore_eos=True).timing.decode_tok_s)
+            if depth:
+                got["cpp_decode_deep"].append(llama_bench(build, path, threads, 1, 0, new_tokens, depth)["decode"])
+                tb = llm.generate(deep, max_new_tokens=new_tokens, ignore_eos=True)
+                got["tb_decode_deep"].append(tb.timing.decode_tok_s)
         del llm
         gc.collect()
         med = {k: statistics.median(v) for k, v in got.items()}
@@ -85,10 +96,11 @@ def run(
             "rounds": rounds,
             "prompt_tokens": prompt_tokens,
             "new_tokens": new_tokens,
+            "depth": depth,
             **med,
             "samples": got,
         }
-        for what in ("prefill", "decode"):
+        for what in ("prefill", "decode", "decode_deep")[: 3 if depth else 2]:
             per_round = [t / c for t, c in zip(got[f"tb_{what}"], got[f"cpp_{what}"])]
             row[f"{what}_ratio"] = med[f"tb_{what}"] / med[f"cpp_{what}"]
             row[f"{what}_ratio_range"] = (min(per_round), max(per_round))
@@ -101,7 +113,14 @@ def _fmt(r: dict[str, Any]) -> str:
     return (
         f"tb-llm {r['quant']:5s} vs llama.cpp {r['matches']:5s}: prefill {r['tb_prefill']:7.1f} vs {r['cpp_prefill']:7.1f} "
         f"tok/s ({r['prefill_ratio']:.2f}x), decode {r['tb_decode']:6.2f} vs {r['cpp_decode']:6.2f} tok/s "
-        f"({r['decode_ratio']:.2f}x), {r['rounds']} rounds"
+        f"({r['decode_ratio']:.2f}x)"
+        + (
+            f", decode at depth {r['depth']} {r['tb_decode_deep']:6.2f} vs {r['cpp_decode_deep']:6.2f} tok/s "
+            f"({r['decode_deep_ratio']:.2f}x)"
+            if r.get("depth")
+            else ""
+        )
+        + f", {r['rounds']} rounds"
     )
 
 
@@ -117,18 +136,27 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
         f"Each round runs `llama-bench -fa 1 -r 1 -p {first['prompt_tokens']} -n {first['new_tokens']} -t {first['threads']}` "
         f"and then tb-llm's prefill of {first['prompt_tokens']} tokens and decode of {first['new_tokens']} "
         "(A B A B ...); medians over the rounds, ratio = tb-llm ÷ llama.cpp (> 1: tb-llm faster), "
-        "with the lowest and highest per-round ratio.",
+        "with the lowest and highest per-round ratio. Decode at depth: the same decode with "
+        f'{first.get("depth", 0)} tokens already in the cache (llama-bench `-d`); "-" where not measured.',
         "",
         "| tb-llm | llama.cpp | threads | rounds | prefill tok/s (tb / llama.cpp) | prefill ratio [range] "
-        "| decode tok/s (tb / llama.cpp) | decode ratio [range] |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| decode tok/s (tb / llama.cpp) | decode ratio [range] | decode at depth (tb / llama.cpp) | ratio [range] |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         pr, dr = r["prefill_ratio_range"], r["decode_ratio_range"]
+        deep = "- | -"
+        if r.get("depth"):
+            xr = r["decode_deep_ratio_range"]
+            deep = (
+                f"{r['tb_decode_deep']:.2f} / {r['cpp_decode_deep']:.2f} | "
+                f"{r['decode_deep_ratio']:.2f}× [{xr[0]:.2f}–{xr[1]:.2f}]"
+            )
         lines.append(
             f"| {r['quant']} | {r['matches']} | {r['threads']} | {r['rounds']} | "
             f"{r['tb_prefill']:.1f} / {r['cpp_prefill']:.1f} | {r['prefill_ratio']:.2f}× [{pr[0]:.2f}–{pr[1]:.2f}] | "
-            f"{r['tb_decode']:.2f} / {r['cpp_decode']:.2f} | {r['decode_ratio']:.2f}× [{dr[0]:.2f}–{dr[1]:.2f}] |"
+            f"{r['tb_decode']:.2f} / {r['cpp_decode']:.2f} | {r['decode_ratio']:.2f}× [{dr[0]:.2f}–{dr[1]:.2f}] | "
+            f"{deep} |"
         )
     return lines
 
@@ -140,9 +168,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quant", action="append", choices=[q for q, _ in PAIRS])
+    parser.add_argument("--depth", type=int, default=512, help="cached tokens for the second decode (0: skip)")
     args = parser.parse_args()
     quants = tuple(args.quant) if args.quant else tuple(q for q, _ in PAIRS)
-    rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants)
+    rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants, args.depth)
     print("\n".join(render(rows)))
     for row in rows:
         print(json.dumps(row))

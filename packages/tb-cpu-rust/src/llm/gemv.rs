@@ -8,7 +8,7 @@
 //! per 32 values in f32. Every SIMD path has a scalar twin that the tests compare against.
 
 use super::act_quant::{quantize_row, QuantRow, QBLOCK};
-use super::packed::Packed;
+use super::packed::{Packed, INT4_BLOCK_BYTES, INT4_ROWS};
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -97,7 +97,7 @@ pub fn same_prep(a: &Packed, b: &Packed) -> bool {
 /// Rows that the prefill GEMM (`panel`) will take stay f32.
 pub fn prepare_rows<'a>(p: &Packed, x: &'a [f32], m: usize, isa: Isa) -> Vec<Act<'a>> {
     let k = p.shape().1;
-    if super::panel::takes(m, isa) {
+    if super::panel::takes(p, m, isa) {
         return (0..m).map(|i| Act::Dense(&x[i * k..(i + 1) * k])).collect();
     }
     (0..m).map(|i| prepare(p, &x[i * k..(i + 1) * k], isa)).collect()
@@ -142,7 +142,8 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     for (ji, j) in jobs.iter().enumerate() {
         let n = j.p.shape().0;
         let row_bytes = (j.p.nbytes() / n.max(1)).max(1);
-        let per = (target / row_bytes).max(1).div_ceil(TILE) * TILE;
+        // whole int4 tiles (8 rows; a multiple of TILE too)
+        let per = (target / row_bytes).max(1).div_ceil(INT4_ROWS) * INT4_ROWS;
         let mut r = 0;
         while r < n {
             let nr = per.min(n - r);
@@ -168,6 +169,9 @@ const ACT_BLOCK: usize = 16;
 fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
     if super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
         return;
+    }
+    if let Packed::Int4 { .. } = job.p {
+        return int4_chunk(job, r0, nrows, isa);
     }
     for (bi, block) in job.acts.chunks(ACT_BLOCK).enumerate() {
         let mut r = 0;
@@ -220,25 +224,6 @@ fn tile(p: &Packed, a: &Act, r0: usize, t: usize, res: &mut [f32; TILE], isa: Is
                 res[j] = scale[r0 + j] * (res[j] + extra);
             }
         }
-        (Packed::Int4 { k, kp, group, w, scale, zero, .. }, Act::Q4(q, c, xs)) => {
-            let ng = k / group;
-            let wr = &w[r0 * kp / 2..(r0 + t) * kp / 2];
-            let sc = &scale[r0 * ng..(r0 + t) * ng];
-            let ze = &zero[r0 * ng..(r0 + t) * ng];
-            #[cfg(target_arch = "x86_64")]
-            if int4_folds_terms(isa) {
-                assert!(wr.len() >= t * kp / 2 && c.len() == ng && xs.len() == ng && sc.len() >= t * ng);
-                // SAFETY: lengths asserted; `detect` saw AVX2.
-                unsafe {
-                    x86::int4_avx2(wr.as_ptr(), *kp, *group, ng, t, q, sc.as_ptr(), ze.as_ptr(), c.as_ptr(), xs.as_ptr(), res)
-                };
-                return;
-            }
-            int4_rows(wr, *kp, *group, ng, t, q, sc, res, isa);
-            for j in 0..t {
-                res[j] += dot(&sc[j * ng..(j + 1) * ng], c, isa) + dot(&ze[j * ng..(j + 1) * ng], xs, isa);
-            }
-        }
         (Packed::Bf16 { k, w, .. }, Act::Dense(x)) => {
             bf16_rows(&w[r0 * k..(r0 + t) * k], *k, t, x, res, isa);
         }
@@ -284,43 +269,95 @@ fn int8_rows(w: &[u8], kp: usize, t: usize, q: &QuantRow, res: &mut [f32; TILE],
     }
 }
 
-// int4: res[j] = Σ_b scale[j, g(b)] scale_b Σ_{i∈b} nibble[j, i] xq[i]; the caller adds the
-// offset (-8) and zero-point terms, which are per-group dot products.
-fn int4_rows(w: &[u8], kp: usize, group: usize, ng: usize, t: usize, q: &QuantRow, sc: &[f32], res: &mut [f32; TILE], isa: Isa) {
-    debug_assert!(!int4_folds_terms(isa), "the AVX2 kernel is called through int4_full");
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: as for int8; `sc` holds `t` rows of `ng` scales.
-        unsafe {
-            match isa {
-                Isa::Vnni => return x86::int4_vnni(w.as_ptr(), kp, group, ng, t, q, sc.as_ptr(), res),
-                Isa::Avx512 | Isa::Avx2 => unreachable!("int4_full"),
-                Isa::Scalar => {}
+// ---------------------------------------------------------------------------------------
+// int4: per group g of a weight row, sc_g (Σ_{b∈g} scale_b Σ_{i∈b} nibble_i xq_i + C_g) + zero_g X_g
+// (C_g and X_g: see `Act::Q4`), eight weight rows (one tile of the layout) at a time.
+
+/// Activation rows sharing one pass over a tile's unpacked nibbles.
+const INT4_ACTS: usize = 4;
+
+/// Weight rows `r0 .. r0 + nrows` (`r0` a multiple of `INT4_ROWS`) of an int4 job.
+fn int4_chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
+    let Packed::Int4 { n, k, group, w, scale, zero, .. } = job.p else { unreachable!() };
+    debug_assert!(r0.is_multiple_of(INT4_ROWS));
+    let ng = k / group;
+    let (tile_bytes, tile_groups) = ((k / 32) * INT4_BLOCK_BYTES, ng * INT4_ROWS);
+    let q4: Vec<(&QuantRow, &[f32], &[f32])> = job
+        .acts
+        .iter()
+        .map(|a| match a {
+            Act::Q4(q, c, xs) => {
+                assert!(q.q.len() >= *k && c.len() == ng && xs.len() == ng);
+                (q, c.as_slice(), xs.as_slice())
+            }
+            _ => unreachable!("activation prepared for another weight kind"),
+        })
+        .collect();
+    for (bi, block) in q4.chunks(ACT_BLOCK).enumerate() {
+        for t in r0 / INT4_ROWS..(r0 + nrows).div_ceil(INT4_ROWS) {
+            let wt = &w[t * tile_bytes..(t + 1) * tile_bytes];
+            let (sc, ze) = (&scale[t * tile_groups..(t + 1) * tile_groups], &zero[t * tile_groups..(t + 1) * tile_groups]);
+            let rows = INT4_ROWS.min(n - t * INT4_ROWS).min(r0 + nrows - t * INT4_ROWS);
+            for (ai, acts) in block.chunks(INT4_ACTS).enumerate() {
+                let mut res = [[0f32; INT4_ROWS]; INT4_ACTS];
+                int4_tile(wt, sc, ze, *k, *group, acts, &mut res, isa);
+                for (ii, r) in res.iter().enumerate().take(acts.len()) {
+                    let i = bi * ACT_BLOCK + ai * INT4_ACTS + ii;
+                    for (l, v) in r.iter().enumerate().take(rows) {
+                        let row = t * INT4_ROWS + l;
+                        let b = job.bias.map_or(0.0, |b| b[row]);
+                        // SAFETY: the caller of `run` promised this element is ours to write.
+                        unsafe { *job.out.add(i * job.ld + row) = v + b };
+                    }
+                }
             }
         }
-    }
-    let _ = isa;
-    let rb = kp / 2;
-    for j in 0..t {
-        let row = &w[j * rb..(j + 1) * rb];
-        let mut acc = 0f32;
-        for b in 0..ng * group / QBLOCK {
-            let mut d = 0i32;
-            for i in b * QBLOCK..(b + 1) * QBLOCK {
-                let (chunk, o) = (i / 128, i % 128);
-                let byte = row[chunk * 64 + o % 64];
-                let v = if o < 64 { byte & 15 } else { byte >> 4 };
-                d += v as i32 * q.q[i] as i32;
-            }
-            acc += sc[j * ng + b * QBLOCK / group] * q.scale[b] * d as f32;
-        }
-        res[j] = acc;
     }
 }
 
-/// Whether the int4 kernel of `isa` adds the offset / zero-point terms itself (AVX2).
-fn int4_folds_terms(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512)
+/// `res[i][l]` = weight row `l` of tile `wt` (scales `sc`, zeros `ze`: `[groups][8]`) times
+/// activation row `i`, for every `i < acts.len()` (at most `INT4_ACTS`).
+#[allow(clippy::too_many_arguments)]
+fn int4_tile(wt: &[u8], sc: &[f32], ze: &[f32], k: usize, group: usize, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; INT4_ROWS]; INT4_ACTS], isa: Isa) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        assert!(wt.len() == (k / 32) * INT4_BLOCK_BYTES && sc.len() == (k / group) * INT4_ROWS && ze.len() == sc.len());
+        // SAFETY: the CPU has AVX2 and FMA (checked above); lengths asserted,
+        // and `int4_chunk` checked each activation row's lengths.
+        unsafe {
+            let a = x86::Int4Tile { w: wt.as_ptr(), sc: sc.as_ptr(), ze: ze.as_ptr(), k, group };
+            match acts.len() {
+                4 => x86::int4_avx2::<4>(&a, acts, res),
+                3 => x86::int4_avx2::<3>(&a, acts, res),
+                2 => x86::int4_avx2::<2>(&a, acts, res),
+                _ => x86::int4_avx2::<1>(&a, acts, res),
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    let ng = k / group;
+    for (i, (q, c, xs)) in acts.iter().enumerate() {
+        for l in 0..INT4_ROWS {
+            let mut acc = 0f32;
+            for g in 0..ng {
+                let mut gsum = 0f32;
+                for b in g * group / 32..(g + 1) * group / 32 {
+                    let block = &wt[b * INT4_BLOCK_BYTES..(b + 1) * INT4_BLOCK_BYTES];
+                    let d: i32 = (0..32)
+                        .map(|j| {
+                            let byte = block[(j / 8) * 32 + l * 4 + j % 4];
+                            let nib = if j % 8 >= 4 { byte >> 4 } else { byte & 15 };
+                            nib as i32 * q.q[b * 32 + j] as i32
+                        })
+                        .sum();
+                    gsum += d as f32 * q.scale[b];
+                }
+                acc += sc[g * INT4_ROWS + l] * (gsum + c[g]) + ze[g * INT4_ROWS + l] * xs[g];
+            }
+            res[i][l] = acc;
+        }
+    }
 }
 
 /// `x` with each full block of 16 values reordered to its 8 even then its 8 odd values: the
@@ -369,27 +406,12 @@ fn f32_rows(w: &[f32], k: usize, t: usize, x: &[f32], res: &mut [f32; TILE], isa
     }
 }
 
-fn dot(a: &[f32], b: &[f32], isa: Isa) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if matches!(isa, Isa::Vnni | Isa::Avx512) {
-            // SAFETY: equal lengths checked by the zip below in the scalar twin; here by assert.
-            assert_eq!(a.len(), b.len());
-            unsafe { return x86::dot_avx512(a.as_ptr(), b.as_ptr(), a.len()) }
-        }
-        if isa == Isa::Avx2 {
-            assert_eq!(a.len(), b.len());
-            // SAFETY: equal lengths, asserted.
-            unsafe { return x86::dot_avx2(a.as_ptr(), b.as_ptr(), a.len()) }
-        }
-    }
-    let _ = isa;
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{QuantRow, PF_TILES, TILE};
+
+    /// How far ahead (bytes) `int4_avx2` prefetches a tile's blocks, which it reads in order.
+    const INT4_AHEAD: usize = 1024;
 
     /// How far ahead (in bf16 values: 1 KiB) `bf16_pairs_avx2` prefetches, non-temporally (the
     /// weights are read once per token). In `bench::decode_shape` (same process, interleaved) no
@@ -467,137 +489,68 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn int4_vnni(
-        w: *const u8,
-        kp: usize,
-        group: usize,
-        ng: usize,
-        t: usize,
-        q: &QuantRow,
-        sc: *const f32,
-        res: &mut [f32; TILE],
-    ) {
-        let (qp, lp) = (q.q.as_ptr(), q.lane_scale.as_ptr());
-        let nib = _mm512_set1_epi8(15);
-        let rb = kp / 2;
-        // group sizes are powers of two: a shift, not a division, in the inner loop; padding
-        // past K reads the last group (its xq are 0)
-        // The 128 weights of one step span groups base .. base + 4 (G = 32), base .. base + 2
-        // (G = 64) or just base (G = 128): one masked load of up to 4 scales, then a permute
-        // spreads them over the 16 lanes of each 64-weight half (lanes 0..8 = first 32 weights).
-        let shift = group.trailing_zeros();
-        let lane = |half: i32| -> __m512i {
-            let f = |l: i32| (half * 64 + (l / 8) * 32) >> shift;
-            _mm512_setr_epi32(f(0), f(0), f(0), f(0), f(0), f(0), f(0), f(0), f(8), f(8), f(8), f(8), f(8), f(8), f(8), f(8))
-        };
-        let (i0, i1) = (lane(0), lane(1));
-        for j in 0..t {
-            let s = sc.add(j * ng);
-            let row = w.add(j * rb);
-            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for p in 0..kp / 128 {
-                let k0 = p * 128;
-                let base = k0 >> shift;
-                // past the row's last group (padding up to a multiple of 128) the mask reads nothing
-                let avail = ng.saturating_sub(base).min(4);
-                let sv = _mm512_castps128_ps512(_mm_maskz_loadu_ps(((1u32 << avail) - 1) as u8, s.add(base.min(ng - 1))));
-                let wv = _mm512_loadu_si512(row.add(p * 64) as *const _);
-                let lo = _mm512_and_si512(wv, nib);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
-                let d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qp.add(k0) as *const _));
-                let d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(qp.add(k0 + 64) as *const _));
-                let s0 = _mm512_permutexvar_ps(i0, sv);
-                let s1 = _mm512_permutexvar_ps(i1, sv);
-                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, _mm512_loadu_ps(lp.add(p * 32))), a0);
-                a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, _mm512_loadu_ps(lp.add(p * 32 + 16))), a1);
-            }
-            res[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        }
+    /// One int4 tile (eight weight rows) and where its scales and zeros are.
+    pub struct Int4Tile {
+        pub w: *const u8,
+        pub sc: *const f32,
+        pub ze: *const f32,
+        pub k: usize,
+        pub group: usize,
     }
 
-    /// AVX2 int4: nibbles (unsigned) times xq with `vpmaddubsw`, block scale × group scale
-    /// per 32 weights; then, per row, the `-8` offset and zero-point terms (`Σ_g sc_g C_g +
-    /// zero_g X_g`, see `Act::Q4`) in the same call. `res[j]` is the whole dot product.
+    /// `R` activation rows times the tile's eight weight rows, one output lane per weight row.
+    /// Per 32-column block: four 32-byte loads, each giving (AND, shift) four columns of all
+    /// eight rows; `vpmaddubsw` against four activation bytes broadcast to every row, summed
+    /// in i16 over the block (8 x 2 x 15 x 127 = 30480 < 2^15: no overflow); then one
+    /// `vpmaddwd`, one conversion and one FMA with the block's activation scale per activation
+    /// row, for eight weight rows at once. Per group: the group's scales and zeros (one vector
+    /// load each) and the offset / zero-point terms.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn int4_avx2(w: *const u8, kp: usize, group: usize, ng: usize, t: usize, q: &QuantRow, sc: *const f32, ze: *const f32, c: *const f32, xs: *const f32, res: &mut [f32; TILE]) {
-        let a = Int4Args { w, kp, group, ng, q, sc, ze, c, xs };
-        match t {
-            4 => int4_avx2_t::<4>(&a, res),
-            3 => int4_avx2_t::<3>(&a, res),
-            2 => int4_avx2_t::<2>(&a, res),
-            _ => int4_avx2_t::<1>(&a, res),
-        }
-    }
-
-    pub struct Int4Args<'a> {
-        w: *const u8,
-        kp: usize,
-        group: usize,
-        ng: usize,
-        q: &'a QuantRow,
-        sc: *const f32,
-        ze: *const f32,
-        c: *const f32,
-        xs: *const f32,
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn int4_avx2_t<const T: usize>(a: &Int4Args, res: &mut [f32; TILE]) {
-        let (w, kp, ng) = (a.w, a.kp, a.ng);
-        let mut acc = [_mm256_setzero_ps(); T];
+    pub unsafe fn int4_avx2<const R: usize>(t: &Int4Tile, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; 8]; 4]) {
         let ones = _mm256_set1_epi16(1);
         let nib = _mm256_set1_epi8(15);
-        let qp = a.q.q.as_ptr();
-        let qs = a.q.scale.as_ptr();
-        let rb = kp / 2;
-        // group sizes are powers of two; padding past K reads the last group (its xq are 0)
-        let shift = a.group.trailing_zeros();
-        let g = |kk: usize| (kk >> shift).min(ng - 1);
-        let next = w.wrapping_add(PF_TILES * T * rb);
-        for p in 0..kp / 128 {
-            for l in 0..T {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(p * 64 * T + l * 64) as *const i8);
-            }
-            for h in 0..2 {
-                // bytes h*32 .. h*32+32 of the chunk: low nibbles are weights h*32.., high 64+h*32..
-                let (ka, kb) = (p * 128 + h * 32, p * 128 + 64 + h * 32);
-                let xa = _mm256_loadu_si256(qp.add(ka) as *const _);
-                let xb = _mm256_loadu_si256(qp.add(kb) as *const _);
-                let sa = _mm256_set1_ps(*qs.add(ka / 32));
-                let sb = _mm256_set1_ps(*qs.add(kb / 32));
-                let (ga, gb) = (g(ka), g(kb));
-                for j in 0..T {
-                    let s = a.sc.add(j * ng);
-                    let wv = _mm256_loadu_si256(w.add(j * rb + p * 64 + h * 32) as *const _);
-                    let lo = _mm256_and_si256(wv, nib);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
-                    let da = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), ones);
-                    let db = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb), ones);
-                    // block scale (shared by the tile) times the group scale, a broadcast load
-                    let fa = _mm256_mul_ps(_mm256_cvtepi32_ps(da), sa);
-                    let fb = _mm256_mul_ps(_mm256_cvtepi32_ps(db), sb);
-                    acc[j] = _mm256_fmadd_ps(fa, _mm256_broadcast_ss(&*s.add(ga)), acc[j]);
-                    acc[j] = _mm256_fmadd_ps(fb, _mm256_broadcast_ss(&*s.add(gb)), acc[j]);
+        let mut qp = [std::ptr::null::<i8>(); R];
+        let mut qs = [std::ptr::null::<f32>(); R];
+        for i in 0..R {
+            qp[i] = acts[i].0.q.as_ptr();
+            qs[i] = acts[i].0.scale.as_ptr();
+        }
+        let per = t.group / 32;
+        let mut acc = [_mm256_setzero_ps(); R];
+        for g in 0..t.k / t.group {
+            let mut gacc = [_mm256_setzero_ps(); R];
+            for b in g * per..(g + 1) * per {
+                let wb = t.w.add(b * 128);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(INT4_AHEAD) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(INT4_AHEAD + 64) as *const i8);
+                let mut s16 = [_mm256_setzero_si256(); R];
+                for m in 0..4 {
+                    let v = _mm256_loadu_si256(wb.add(m * 32) as *const _);
+                    let lo = _mm256_and_si256(v, nib);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    for i in 0..R {
+                        let x = qp[i].add(b * 32 + m * 8) as *const i32;
+                        let x0 = _mm256_set1_epi32(x.read_unaligned());
+                        let x1 = _mm256_set1_epi32(x.add(1).read_unaligned());
+                        let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                        s16[i] = _mm256_add_epi16(s16[i], p);
+                    }
+                }
+                for i in 0..R {
+                    let d = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));
+                    gacc[i] = _mm256_fmadd_ps(d, _mm256_set1_ps(*qs[i].add(b)), gacc[i]);
                 }
             }
+            let s = _mm256_loadu_ps(t.sc.add(g * 8));
+            let z = _mm256_loadu_ps(t.ze.add(g * 8));
+            for i in 0..R {
+                let (_, c, xs) = acts[i];
+                acc[i] = _mm256_fmadd_ps(s, _mm256_add_ps(gacc[i], _mm256_set1_ps(*c.get_unchecked(g))), acc[i]);
+                acc[i] = _mm256_fmadd_ps(z, _mm256_set1_ps(*xs.get_unchecked(g)), acc[i]);
+            }
         }
-        let ng8 = ng / 8 * 8;
-        for j in 0..T {
-            let (s, z) = (a.sc.add(j * ng), a.ze.add(j * ng));
-            let mut e = acc[j];
-            let mut i = 0;
-            while i < ng8 {
-                e = _mm256_fmadd_ps(_mm256_loadu_ps(s.add(i)), _mm256_loadu_ps(a.c.add(i)), e);
-                e = _mm256_fmadd_ps(_mm256_loadu_ps(z.add(i)), _mm256_loadu_ps(a.xs.add(i)), e);
-                i += 8;
-            }
-            let mut tail = 0f32;
-            while i < ng {
-                tail += *s.add(i) * *a.c.add(i) + *z.add(i) * *a.xs.add(i);
-                i += 1;
-            }
-            res[j] = hsum256(e) + tail;
+        for i in 0..R {
+            _mm256_storeu_ps(res[i].as_mut_ptr(), acc[i]);
         }
     }
 
@@ -637,18 +590,6 @@ mod x86 {
             }
             res[j] = s;
         }
-    }
-
-    #[target_feature(enable = "avx512f,avx512vl")]
-    pub unsafe fn dot_avx512(a: *const f32, b: *const f32, n: usize) -> f32 {
-        let mut acc = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < n {
-            let m: __mmask16 = if n - i >= 16 { 0xFFFF } else { (1u16 << (n - i)) - 1 };
-            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a.add(i)), _mm512_maskz_loadu_ps(m, b.add(i)), acc);
-            i += 16;
-        }
-        _mm512_reduce_add_ps(acc)
     }
 
     /// bf16 rows against an activation row in `pair_order`. A 32-bit lane of 16 loaded bf16
@@ -745,23 +686,6 @@ mod x86 {
             }
             res[j] = s;
         }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_avx2(a: *const f32, b: *const f32, n: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let n8 = n / 8 * 8;
-        let mut i = 0;
-        while i < n8 {
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc);
-            i += 8;
-        }
-        let mut s = hsum256(acc);
-        while i < n {
-            s += *a.add(i) * *b.add(i);
-            i += 1;
-        }
-        s
     }
 
     use crate::vmath::hsum256;
@@ -903,19 +827,6 @@ mod tests {
         assert_eq!(p, want);
     }
 
-    #[test]
-    fn dot_every_isa() {
-        let mut s = 5u64;
-        for n in [0usize, 1, 7, 8, 9, 28, 33] {
-            let a: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
-            let b: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
-            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            for isa in isas() {
-                assert!((dot(&a, &b, isa) - want).abs() < 1e-5, "{isa:?} n={n}");
-            }
-        }
-    }
-
     /// Several weights in one parallel region, sharing one activation preparation and writing
     /// column ranges of one strided output (the fused step's q/k/v and gate/up).
     #[test]
@@ -989,7 +900,8 @@ mod tests {
 }
 
 /// Throughput of the GEMVs on the decode shapes of a Qwen2.5-0.5B-sized model, hot (a matrix
-/// that stays in L2, read over and over) and streamed (matrices far larger than the caches):
+/// that stays in a 512 KiB L2, read over and over: the kernel's compute ceiling), from L3, and
+/// streamed (matrices far larger than the caches):
 /// `RAYON_NUM_THREADS=2 cargo test --release --lib gemv_throughput -- --ignored --nocapture`.
 #[cfg(test)]
 mod bench {
@@ -1062,10 +974,10 @@ mod bench {
         for kind in ["bf16", "fp32", "int8", "int4"] {
             println!("read probe {:.1} GB/s", read_probe(&probe));
             for &(n, k, copies, what) in
-                &[(1024, 896, 1, "hot 1024x896"), (9728, 896, 8, "gate_up 9728x896"), (896, 4864, 8, "down 896x4864"), (151936, 896, 1, "head 151936x896")]
+                &[(256, 896, 1, "hot 256x896"), (1024, 896, 1, "L3 1024x896"), (9728, 896, 8, "gate_up 9728x896"), (896, 4864, 8, "down 896x4864"), (151936, 896, 1, "head 151936x896")]
             {
                 let ps: Vec<Packed> = (0..copies).map(|c| weights(kind, n, k, c as u64 + 1)).collect();
-                let reps = if what.starts_with("hot") { 2000 } else { 40 };
+                let reps = if what.starts_with("hot") || what.starts_with("L3") { 2000 } else { 40 };
                 let s = time(&ps, &x, reps);
                 let nb = ps[0].nbytes() as f64;
                 println!("{kind} {what:18} {:8.1} us  {:6.1} GB/s  {:6.2} Gweights/s", s * 1e6, nb / s / 1e9, (n * k) as f64 / s / 1e9);

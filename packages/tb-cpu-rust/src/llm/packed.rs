@@ -5,10 +5,15 @@
 //!   a VNNI `vpdpbusd` (unsigned × signed) multiplies it with signed int8 activations; the
 //!   `+128` adds `128 × Σ xq` per activation block, which the kernel subtracts once per row of
 //!   activations, not per weight row. One f32 scale per row.
-//! * `Int4`: row `n` is `kp / 2` bytes; in each 64-byte chunk (128 weights) byte `i` holds
-//!   weight `i` in its low nibble and weight `64 + i` in its high nibble, so one AND and one
-//!   shift give two 64-weight vectors in order (tb-llm's layout interleaves even/odd columns).
-//!   Nibbles stay unsigned 0..15; scales and zeros are f32 `[N, K / G]`.
+//! * `Int4`: rows in tiles of `INT4_ROWS` (8; the last tile padded with zero-scale rows), each
+//!   tile stored block after block (32 columns per block, `INT4_BLOCK_BYTES` bytes): byte
+//!   `m * 32 + l * 4 + i` of a block (`m` < 4, row `l` < 8, `i` < 4) holds column `8m + i` of
+//!   row `l` in its low nibble and column `8m + 4 + i` in its high nibble. One 32-byte load,
+//!   an AND and a shift give four columns of all eight rows, so a `vpmaddubsw` against four
+//!   activation bytes broadcast to every row yields the eight rows' dot products in eight
+//!   lanes: the kernel converts and scales once per block for eight rows, not once per row.
+//!   Nibbles stay unsigned 0..15 (`(q - 8) * s + z`); scales and zeros are f32, laid out per
+//!   tile as `[groups][8]` (one vector load per group for the tile's eight rows).
 //! * `Bf16` / `F32`: row-major `[N, K]` as given.
 
 use super::act_quant::round_up;
@@ -16,6 +21,7 @@ use rayon::prelude::*;
 
 pub enum Packed {
     Int8 { n: usize, k: usize, kp: usize, w: Vec<u8>, scale: Vec<f32> },
+    /// `kp`: K rounded up to 128 (the length activations are quantized to)
     Int4 { n: usize, k: usize, kp: usize, group: usize, w: Vec<u8>, scale: Vec<f32>, zero: Vec<f32> },
     Bf16 { n: usize, k: usize, w: Vec<u16> },
     F32 { n: usize, k: usize, w: Vec<f32> },
@@ -102,12 +108,15 @@ impl Packed {
         check_len("qweight", packed.len(), n * k / 2)?;
         check_len("scales", scale.len(), n * k / group)?;
         check_len("zeros", zero.len(), n * k / group)?;
-        let kp = round_up(k, 128);
-        let mut w = big_vec(n * kp / 2, 0u8);
-        w.par_chunks_mut(kp / 2).zip(packed.par_chunks(k / 2)).for_each(|(dst, src)| {
-            int4_pack_row(|c| if c % 2 == 0 { src[c / 2] & 15 } else { src[c / 2] >> 4 }, k, dst)
-        });
-        Ok(Packed::Int4 { n, k, kp, group, w, scale: scale.to_vec(), zero: zero.to_vec() })
+        let ng = k / group;
+        Ok(int4_tiles(n, k, group, |r, nib, sr, zr| {
+            for (c, d) in nib.iter_mut().enumerate() {
+                let b = packed[r * k / 2 + c / 2];
+                *d = if c % 2 == 0 { b & 15 } else { b >> 4 };
+            }
+            sr.copy_from_slice(&scale[r * ng..(r + 1) * ng]);
+            zr.copy_from_slice(&zero[r * ng..(r + 1) * ng]);
+        }))
     }
 
     /// Rows `ids` dequantized to f32 into `out` (`ids.len()` rows of K): the embedding lookup,
@@ -125,13 +134,10 @@ impl Packed {
                         *d = (v as i16 - 128) as f32 * scale[r];
                     }
                 }
-                Packed::Int4 { kp, group, w, scale, zero, .. } => {
-                    let (row, ng) = (&w[r * kp / 2..(r + 1) * kp / 2], k / group);
+                Packed::Int4 { k, group, w, scale, zero, .. } => {
                     for (c, d) in o.iter_mut().enumerate() {
-                        let (chunk, i) = (c / 128, c % 128);
-                        let byte = row[chunk * 64 + i % 64];
-                        let q = if i < 64 { byte & 15 } else { byte >> 4 };
-                        let g = r * ng + c / group;
+                        let q = int4_nibble(w, *k, r, c);
+                        let g = int4_group_index(*k / group, r, c / group);
                         *d = (q as f32 - 8.0) * scale[g] + zero[g];
                     }
                 }
@@ -161,13 +167,67 @@ impl Packed {
     }
 }
 
-/// One row of the int4 kernel layout (`dst`, `kp / 2` bytes, zeroed) from the nibble of each
-/// column `c < k` given by `nib(c)`.
-pub fn int4_pack_row(nib: impl Fn(usize) -> u8, k: usize, dst: &mut [u8]) {
-    for col in 0..k {
-        let (chunk, i) = (col / 128, col % 128);
-        dst[chunk * 64 + i % 64] |= if i < 64 { nib(col) } else { nib(col) << 4 };
+/// Rows per int4 tile.
+pub const INT4_ROWS: usize = 8;
+/// Bytes of one 32-column block of an int4 tile (8 rows x 32 nibbles).
+pub const INT4_BLOCK_BYTES: usize = 128;
+
+/// Byte of the int4 layout holding column `c` of row `r`, and whether in the high nibble.
+#[inline]
+pub fn int4_byte(k: usize, r: usize, c: usize) -> (usize, bool) {
+    let (tile, l) = (r / INT4_ROWS, r % INT4_ROWS);
+    let (b, j) = (c / 32, c % 32);
+    let (m, hi, i) = (j / 8, j % 8 >= 4, j % 4);
+    ((tile * (k / 32) + b) * INT4_BLOCK_BYTES + m * 32 + l * 4 + i, hi)
+}
+
+/// The nibble (0..15) of column `c` of row `r`.
+#[inline]
+pub fn int4_nibble(w: &[u8], k: usize, r: usize, c: usize) -> u8 {
+    let (at, hi) = int4_byte(k, r, c);
+    if hi {
+        w[at] >> 4
+    } else {
+        w[at] & 15
     }
+}
+
+/// Index of row `r`'s scale / zero of group `g` (`ng` groups per row).
+#[inline]
+pub fn int4_group_index(ng: usize, r: usize, g: usize) -> usize {
+    ((r / INT4_ROWS) * ng + g) * INT4_ROWS + r % INT4_ROWS
+}
+
+/// The int4 layout of `n` rows, tiles filled in parallel: `row(r, nibbles, scales, zeros)`
+/// writes row `r`'s K nibbles (column order) and its groups' scales and zeros.
+pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8], &mut [f32], &mut [f32]) + Sync) -> Packed {
+    let ng = k / group;
+    let tiles = n.div_ceil(INT4_ROWS);
+    let tile_bytes = (k / 32) * INT4_BLOCK_BYTES;
+    let mut w = big_vec(tiles * tile_bytes, 0u8);
+    let mut scale = vec![0f32; tiles * ng * INT4_ROWS];
+    let mut zero = vec![0f32; tiles * ng * INT4_ROWS];
+    w.par_chunks_mut(tile_bytes.max(1))
+        .zip(scale.par_chunks_mut((ng * INT4_ROWS).max(1)))
+        .zip(zero.par_chunks_mut((ng * INT4_ROWS).max(1)))
+        .enumerate()
+        .for_each_init(
+            || (vec![0u8; k], vec![0f32; ng], vec![0f32; ng]),
+            |(nib, sr, zr), (t, ((wt, st), zt))| {
+                for l in 0..INT4_ROWS.min(n - t * INT4_ROWS) {
+                    row(t * INT4_ROWS + l, nib, sr, zr);
+                    for (c, &q) in nib.iter().enumerate() {
+                        let (at, hi) = int4_byte(k, l, c);
+                        wt[at] |= if hi { q << 4 } else { q };
+                    }
+                    for g in 0..ng {
+                        st[g * INT4_ROWS + l] = sr[g];
+                        zt[g * INT4_ROWS + l] = zr[g];
+                    }
+                }
+            },
+        );
+    Packed::Int4 { n, k, kp: round_up(k, 128), group, w, scale, zero }
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {

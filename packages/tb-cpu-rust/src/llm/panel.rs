@@ -1,4 +1,4 @@
-//! Prefill GEMM for every weight kind: `Y = X @ W^T` over many activation rows, with each
+//! Prefill GEMM for f32, bf16 and int8 weights (int4 takes `gemv::int4_chunk`, see `takes`): `Y = X @ W^T` over many activation rows, with each
 //! block of `NR` weight rows dequantized once into an f32 panel (`[K, NR]`, exact: the same
 //! arithmetic as `Packed::rows`) that every activation row then reuses from cache.
 //!
@@ -66,8 +66,11 @@ pub fn set_enabled(on: bool) {
 
 /// Whether `m` activation rows for weights `p` take this path (then `gemv::prepare_rows`
 /// leaves them f32).
-pub fn takes(m: usize, isa: Isa) -> bool {
-    m >= MIN_ROWS && matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Vnni) && cfg!(target_arch = "x86_64") && enabled()
+/// int4 weights never: `gemv::int4_chunk`'s integer kernel, with four activation rows sharing
+/// each unpacked tile, ran 36-41 GMAC/s per thread at 512 rows against 34-36 for dequantizing
+/// into panels (`qgemm::bench::gemm_throughput`, one thread, same run).
+pub fn takes(p: &Packed, m: usize, isa: Isa) -> bool {
+    !matches!(p, Packed::Int4 { .. }) && m >= MIN_ROWS && matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Vnni) && cfg!(target_arch = "x86_64") && enabled()
 }
 
 /// `buf[c * NR + j]` = W[r0 + j, c] for `j < nr` (zero beyond), `c < k`.
@@ -98,8 +101,6 @@ pub fn dequant_panel(p: &Packed, r0: usize, nr: usize, buf: &mut [f32]) {
 thread_local! {
     /// Scratch rows of `dequant_panel`.
     static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Nibbles of one int4 row in column order.
-    static NIB: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Weight row `r` as f32, with `Packed::rows`'s arithmetic.
@@ -112,32 +113,7 @@ fn dequant_row(p: &Packed, r: usize, row: &mut [f32]) {
                 *d = (v as i16 - 128) as f32 * s;
             }
         }
-        Packed::Int4 {
-            kp, group, w, scale, zero, ..
-        } => NIB.with(|cell| {
-            let mut nib = cell.borrow_mut();
-            if nib.len() < *kp {
-                nib.resize(*kp, 0);
-            }
-            // nibbles in column order first, then one (q - 8) * s + z per value and group:
-            // both loops vectorize (the per-value `c / 128` decode of `Packed::rows` does not)
-            let ng = k / group;
-            let wr = &w[r * kp / 2..(r + 1) * kp / 2];
-            for (ch, bytes) in wr.chunks_exact(64).enumerate() {
-                let (lo, hi) = nib[ch * 128..ch * 128 + 128].split_at_mut(64);
-                for ((l, h), &b) in lo.iter_mut().zip(hi.iter_mut()).zip(bytes) {
-                    *l = b & 15;
-                    *h = b >> 4;
-                }
-            }
-            for g in 0..ng {
-                let (s, z) = (scale[r * ng + g], zero[r * ng + g]);
-                let span = g * group..(g + 1) * group;
-                for (d, &q) in row[span.clone()].iter_mut().zip(&nib[span]) {
-                    *d = (q as f32 - 8.0) * s + z;
-                }
-            }
-        }),
+        Packed::Int4 { .. } => unreachable!("int4 weights take gemv::int4_chunk (see `takes`)"),
         Packed::Bf16 { w, .. } => {
             for (d, &b) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
                 *d = f32::from_bits((b as u32) << 16);
@@ -167,7 +143,7 @@ pub fn transpose_into(rows: &[f32], k: usize, buf: &mut [f32]) {
 /// Weight rows `r0 .. r0 + nrows` of `job` for every (f32) activation row; false when the
 /// job is not for this path.
 pub fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) -> bool {
-    if !takes(job.acts.len(), isa) || !matches!(job.acts[0], Act::Dense(_)) {
+    if !takes(job.p, job.acts.len(), isa) || !matches!(job.acts[0], Act::Dense(_)) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
@@ -377,19 +353,11 @@ mod tests {
     /// the K-long sums separates them.
     #[test]
     fn panel_matches_dequantized_every_kind() {
-        if !takes(MIN_ROWS, detect()) {
+        if !takes(&Packed::f32(1, 1, &[0.0]).unwrap(), MIN_ROWS, detect()) {
             return;
         }
         let mut s = 23u64;
-        for &(n, k, g) in &[
-            (1, 64, 32),
-            (17, 96, 32),
-            (33, 896, 32),
-            (40, 192, 64),
-            (130, 256, 128),
-            (5, 4864, 32),
-            (19, 200, 0),
-        ] {
+        for &(n, k) in &[(1, 64), (17, 96), (33, 896), (40, 192), (130, 256), (5, 4864), (19, 200)] {
             let mut ps: Vec<Packed> = Vec::new();
             let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
@@ -397,13 +365,6 @@ mod tests {
             ps.push(Packed::bf16(n, k, &wb).unwrap());
             let q: Vec<i8> = w.iter().map(|v| (v * 254.0) as i8).collect();
             ps.push(Packed::int8(n, k, &q, &vec![0.01; n]).unwrap());
-            if let Some(ng) = (n * k).checked_div(g) {
-                let nib: Vec<u8> = w.iter().map(|v| ((v + 0.5) * 15.99) as u8).collect();
-                let pk: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
-                let sc: Vec<f32> = (0..ng).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
-                let ze: Vec<f32> = (0..ng).map(|_| lcg(&mut s) * 0.01).collect();
-                ps.push(Packed::int4(n, k, g, &pk, &sc, &ze).unwrap());
-            }
             let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
             for p in &ps {
                 let mut wd = vec![0f32; n * k];
@@ -454,10 +415,7 @@ mod probe {
             println!("kl={kl}: {:.1} GMAC/s ({})", (reps * kl * NR * MR) as f64 / s / 1e9, res[0][0]);
         }
         let (n, k) = (9728usize, 896usize);
-        let q: Vec<u8> = (0..n * k / 2).map(|i| (i * 7919 % 256) as u8).collect();
-        let g = n * k / 32;
         let ps = [
-            Packed::int4(n, k, 32, &q, &vec![0.01; g], &vec![0.001; g]).unwrap(),
             Packed::bf16(n, k, &vec![0x3f80u16; n * k]).unwrap(),
             Packed::int8(n, k, &vec![3i8; n * k], &vec![0.01; n]).unwrap(),
         ];

@@ -1,14 +1,16 @@
-//! Prefill: `Y = X @ W^T` for many activation rows at once over int8 / int4 weights (AVX2).
+//! Prefill: `Y = X @ W^T` for many activation rows at once over int8 weights (AVX2).
 //!
 //! The GEMV loops of `gemv` compute one activation row against a tile of weight rows, so each
-//! weight vector is loaded and (int4) unpacked once per activation row. Here a register tile of
-//! `R` activation rows x `C` weight rows shares both: each weight vector is unpacked once for
-//! `R` rows, each activation vector loaded once for `C` weight rows, and the `R * C`
-//! accumulators stay in registers.
+//! weight vector is loaded once per activation row. Here a register tile of `R` activation
+//! rows x `C` weight rows shares both: each weight vector is loaded once for `R` rows, each
+//! activation vector once for `C` weight rows, and the `R * C` accumulators stay in registers.
+//! (int4 weights do the same inside `gemv::int4_chunk`: four activation rows per pass over a
+//! tile's unpacked nibbles.)
 //!
 //! Every accumulator goes through exactly the same sequence of f32 operations as the GEMV
-//! kernel (`gemv::x86::int4_avx2_t` / `int8_avx2_t`) for its (activation row, weight row)
-//! pair, so the results are bit-identical to the GEMV path; the tests check that.
+//! kernel (`gemv::x86::int8_avx2_t`) for its (activation row, weight row) pair, so the results
+//! are bit-identical to the GEMV path; the tests check that (for int4 too: its batched and
+//! one-row passes must agree bit for bit as well).
 
 use super::gemv::{Act, Isa, Job};
 use super::packed::Packed;
@@ -39,7 +41,8 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) -> bool {
         return false;
     }
     match job.p {
-        Packed::Int8 { .. } | Packed::Int4 { .. } => {}
+        // int4: `gemv::int4_chunk` shares each unpacked weight tile among 4 activation rows
+        Packed::Int8 { .. } => {}
         _ => return false,
     }
     #[cfg(target_arch = "x86_64")]
@@ -80,47 +83,6 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile(p: &Packed, acts: &[Act], r: usize, c: usize, res: &mut [[f32; 2]; 4]) {
         match p {
-            Packed::Int4 {
-                k,
-                kp,
-                group,
-                w,
-                scale,
-                zero,
-                ..
-            } => {
-                let ng = k / group;
-                assert!((r + c) * ng <= scale.len() && (r + c) * kp / 2 <= w.len());
-                let a = Int4 {
-                    w: w.as_ptr().add(r * kp / 2),
-                    rb: kp / 2,
-                    kp: *kp,
-                    shift: group.trailing_zeros(),
-                    ng,
-                    sc: scale.as_ptr().add(r * ng),
-                    ze: zero.as_ptr().add(r * ng),
-                };
-                let mut rows: [Option<Q4Row>; 4] = [None; 4];
-                for (d, act) in rows.iter_mut().zip(acts) {
-                    match act {
-                        Act::Q4(q, cc, xs) => {
-                            assert!(q.q.len() == *kp && cc.len() == ng && xs.len() == ng);
-                            *d = Some((q, cc.as_slice(), xs.as_slice()));
-                        }
-                        _ => unreachable!("activation prepared for another weight kind"),
-                    }
-                }
-                match (acts.len(), c) {
-                    (4, 2) => int4_t::<4, 2>(&a, &rows, res),
-                    (3, 2) => int4_t::<3, 2>(&a, &rows, res),
-                    (2, 2) => int4_t::<2, 2>(&a, &rows, res),
-                    (1, 2) => int4_t::<1, 2>(&a, &rows, res),
-                    (4, _) => int4_t::<4, 1>(&a, &rows, res),
-                    (3, _) => int4_t::<3, 1>(&a, &rows, res),
-                    (2, _) => int4_t::<2, 1>(&a, &rows, res),
-                    _ => int4_t::<1, 1>(&a, &rows, res),
-                }
-            }
             Packed::Int8 { kp, w, scale, .. } => {
                 assert!((r + c) * kp <= w.len());
                 let mut rows: [Option<&QuantRow>; 4] = [None; 4];
@@ -151,85 +113,7 @@ mod x86 {
                     }
                 }
             }
-            _ => unreachable!("gemm takes int8 / int4 weights"),
-        }
-    }
-
-    /// One activation row prepared for int4: quantized values, `C_g`, `X_g` (see `gemv::Act::Q4`).
-    type Q4Row<'a> = (&'a QuantRow, &'a [f32], &'a [f32]);
-
-    struct Int4 {
-        w: *const u8,
-        rb: usize,
-        kp: usize,
-        shift: u32,
-        ng: usize,
-        sc: *const f32,
-        ze: *const f32,
-    }
-
-    /// The `R x C` tile of `gemv::x86::int4_avx2_t`, op for op per accumulator.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn int4_t<const R: usize, const C: usize>(a: &Int4, rows: &[Option<Q4Row>; 4], res: &mut [[f32; 2]; 4]) {
-        let ng = a.ng;
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let ones = _mm256_set1_epi16(1);
-        let nib = _mm256_set1_epi8(15);
-        let mut qp = [std::ptr::null::<i8>(); R];
-        let mut qs = [std::ptr::null::<f32>(); R];
-        for i in 0..R {
-            let (q, _, _) = rows[i].unwrap_unchecked();
-            qp[i] = q.q.as_ptr();
-            qs[i] = q.scale.as_ptr();
-        }
-        let g = |kk: usize| (kk >> a.shift).min(ng - 1);
-        for p in 0..a.kp / 128 {
-            for h in 0..2 {
-                let (ka, kb) = (p * 128 + h * 32, p * 128 + 64 + h * 32);
-                let (ga, gb) = (g(ka), g(kb));
-                let mut lo = [_mm256_setzero_si256(); C];
-                let mut hi = [_mm256_setzero_si256(); C];
-                for j in 0..C {
-                    let wv = _mm256_loadu_si256(a.w.add(j * a.rb + p * 64 + h * 32) as *const _);
-                    lo[j] = _mm256_and_si256(wv, nib);
-                    hi[j] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
-                }
-                for i in 0..R {
-                    let xa = _mm256_loadu_si256(qp[i].add(ka) as *const _);
-                    let xb = _mm256_loadu_si256(qp[i].add(kb) as *const _);
-                    let sa = _mm256_set1_ps(*qs[i].add(ka / 32));
-                    let sb = _mm256_set1_ps(*qs[i].add(kb / 32));
-                    for j in 0..C {
-                        let s = a.sc.add(j * ng);
-                        let da = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], xa), ones);
-                        let db = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], xb), ones);
-                        let fa = _mm256_mul_ps(_mm256_cvtepi32_ps(da), sa);
-                        let fb = _mm256_mul_ps(_mm256_cvtepi32_ps(db), sb);
-                        acc[i][j] = _mm256_fmadd_ps(fa, _mm256_broadcast_ss(&*s.add(ga)), acc[i][j]);
-                        acc[i][j] = _mm256_fmadd_ps(fb, _mm256_broadcast_ss(&*s.add(gb)), acc[i][j]);
-                    }
-                }
-            }
-        }
-        let ng8 = ng / 8 * 8;
-        for i in 0..R {
-            let (_, cc, xs) = rows[i].unwrap_unchecked();
-            for j in 0..C {
-                let (s, z) = (a.sc.add(j * ng), a.ze.add(j * ng));
-                let mut e = acc[i][j];
-                let mut t = 0;
-                while t < ng8 {
-                    e = _mm256_fmadd_ps(_mm256_loadu_ps(s.add(t)), _mm256_loadu_ps(cc.as_ptr().add(t)), e);
-                    e = _mm256_fmadd_ps(_mm256_loadu_ps(z.add(t)), _mm256_loadu_ps(xs.as_ptr().add(t)), e);
-                    t += 8;
-                }
-                let mut tail = 0f32;
-                while t < ng {
-                    tail += *s.add(t) * cc[t] + *z.add(t) * xs[t];
-                    t += 1;
-                }
-                res[i][j] = hsum256(e) + tail;
-            }
+            _ => unreachable!("gemm takes int8 weights"),
         }
     }
 

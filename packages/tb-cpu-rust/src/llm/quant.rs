@@ -9,7 +9,7 @@
 //!
 //! Every step is one f32 operation, in PyTorch's order, and never fused into an FMA.
 
-use super::packed::{big_vec, int4_pack_row, Packed, Result};
+use super::packed::{big_vec, int4_tiles, Packed, Result};
 use rayon::prelude::*;
 
 /// PyTorch's `clamp(min=1e-12)` on f32: the Python float rounded to f32.
@@ -159,23 +159,11 @@ pub fn packed_int8(src: Src, n: usize, k: usize) -> Result<Packed> {
 pub fn packed_int4(src: Src, n: usize, k: usize, group: usize) -> Result<Packed> {
     check(&src, n, k)?;
     check_group(k, group)?;
-    let ng = k / group;
-    let kp = super::act_quant::round_up(k, 128);
-    let mut w = big_vec(n * kp / 2, 0u8);
-    let mut scale = vec![0f32; n * ng];
-    let mut zero = vec![0f32; n * ng];
-    w.par_chunks_mut(kp / 2)
-        .zip(scale.par_chunks_mut(ng))
-        .zip(zero.par_chunks_mut(ng))
-        .enumerate()
-        .for_each_init(
-            || (Vec::new(), vec![0u8; k]),
-            |(buf, nib), (r, ((dst, sr), zr))| {
-                int4_row(src.row(r, k, buf), group, nib, sr, zr);
-                int4_pack_row(|c| nib[c], k, dst);
-            },
-        );
-    Ok(Packed::Int4 { n, k, kp, group, w, scale, zero })
+    Ok(int4_tiles(n, k, group, |r, nib, sr, zr| {
+        // one row's f32 copy per call: rows are quantized inside the parallel tile loop
+        let mut buf = Vec::new();
+        int4_row(src.row(r, k, &mut buf), group, nib, sr, zr);
+    }))
 }
 
 #[cfg(test)]
