@@ -5,15 +5,18 @@ implements ``tb_llm.backends.KernelBackend`` and inherits what it does not speed
 tb-llm's PyTorch ``ReferenceBackend``.
 
 * Weights are packed once at load time into Rust-owned layouts (``_native.LLMWeight``):
-  int8 per output channel, int4 group-wise (re-laid so one AND / shift yields 64 in-order
-  nibbles), bf16 and fp32. Activations stay float32 for every quantization; int8 / int4
-  GEMVs quantize them to int8 per block of 32 values and use integer dot products
-  (AVX-512 VNNI where the CPU has it), multithreaded over output rows.
+  int8 per output channel, int4 group-wise (re-laid in 8-row tiles so one byte-multiply gives
+  eight rows' dot products in eight lanes), bf16 and fp32. Activations stay float32 for every
+  quantization; int8 / int4 GEMVs quantize them to int8 per block of 32 values and use
+  integer dot products (int8: AVX-512 VNNI where the CPU has it), multithreaded over output
+  rows. int4 prefill runs the same integer kernel, four activation rows per weight tile.
 * RMSNorm, the gated MLP activation, RoPE and attention of a few query positions over the KV
   cache are one native call each. Prefill-sized attention (16 queries or more) runs Rust
   ``llm/attn.rs``: keys and values laid out once per KV head as GEMM panels, each block of
   query rows (a KV head's query heads x 4 positions) only over the keys it can see (causal),
-  over PyTorch's OpenMP team; with a softcap or a head dim not a multiple of 8, SDPA. Prefill linears (16 rows or more) of every weight kind run a blocked f32
+  over PyTorch's OpenMP team; with a softcap or a head dim not a multiple of 8, SDPA. Decode
+  attention (fewer queries) runs ``llm/attn_decode.rs`` (AVX2; a KV head's query heads share
+  each cached row). Prefill linears (16 rows or more) of fp32 / bf16 / int8 weights run a blocked f32
   GEMM over the packed weights (Rust ``llm/panel.rs``: 16 weight rows dequantized at a time,
   6 x 16 FMA register tile), so fp32 / bf16 models keep one copy of their weights.
 * ``compile_model`` hands tb-llm a step that runs a whole decode forward pass (every layer,

@@ -417,6 +417,8 @@ mod x86 {
     /// weights are read once per token). In `bench::decode_shape` (same process, interleaved) no
     /// prefetch ran 8-14 % slower; 2 and 4 KiB and the T0 / T1 hints were no better.
     const BF16_AHEAD: usize = 512;
+    /// The same for `f32_avx2` (in f32 values: 2 KiB).
+    const F32_AHEAD: usize = 512;
     use std::arch::x86_64::*;
 
     // Row-outer loops: a tile's rows are contiguous, so the weights stream as one sequential
@@ -668,9 +670,12 @@ mod x86 {
     pub unsafe fn f32_avx2(w: *const f32, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
         for j in 0..t {
             let row = w.add(j * k);
+            let ahead = row.wrapping_add(F32_AHEAD);
             let mut a = [_mm256_setzero_ps(); 4];
             let mut i = 0;
             while i + 32 <= k {
+                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
+                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i + 16) as *const i8);
                 for (l, acc) in a.iter_mut().enumerate() {
                     *acc = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(i + 8 * l)), _mm256_loadu_ps(x.add(i + 8 * l)), *acc);
                 }
