@@ -410,15 +410,10 @@ fn f32_rows(w: &[f32], k: usize, t: usize, x: &[f32], res: &mut [f32; TILE], isa
 mod x86 {
     use super::{QuantRow, PF_TILES, TILE};
 
-    /// How far ahead (bytes) `int4_avx2` prefetches a tile's blocks, which it reads in order.
-    const INT4_AHEAD: usize = 1024;
-
     /// How far ahead (in bf16 values: 1 KiB) `bf16_pairs_avx2` prefetches, non-temporally (the
     /// weights are read once per token). In `bench::decode_shape` (same process, interleaved) no
     /// prefetch ran 8-14 % slower; 2 and 4 KiB and the T0 / T1 hints were no better.
     const BF16_AHEAD: usize = 512;
-    /// The same for `f32_avx2` (in f32 values: 2 KiB).
-    const F32_AHEAD: usize = 512;
     use std::arch::x86_64::*;
 
     // Row-outer loops: a tile's rows are contiguous, so the weights stream as one sequential
@@ -523,8 +518,6 @@ mod x86 {
             let mut gacc = [_mm256_setzero_ps(); R];
             for b in g * per..(g + 1) * per {
                 let wb = t.w.add(b * 128);
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(INT4_AHEAD) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(INT4_AHEAD + 64) as *const i8);
                 let mut s16 = [_mm256_setzero_si256(); R];
                 for m in 0..4 {
                     let v = _mm256_loadu_si256(wb.add(m * 32) as *const _);
@@ -665,17 +658,15 @@ mod x86 {
     /// AVX2 fp32 GEMV, row-outer like the AVX-512 ones: a tile's rows are contiguous, so the
     /// weights stream as one sequential run the hardware prefetcher follows (interleaving the 4
     /// rows of a K = 896 tile measured 3x slower here); the activation row stays in L1. Four
-    /// accumulators per row cover the FMA latency.
+    /// accumulators per row cover the FMA latency. A software prefetch 2-4 KiB ahead (NTA or T1)
+    /// made fp32 decode 9-20 % slower (old and new builds alternated): the streamer does better.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn f32_avx2(w: *const f32, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
         for j in 0..t {
             let row = w.add(j * k);
-            let ahead = row.wrapping_add(F32_AHEAD);
             let mut a = [_mm256_setzero_ps(); 4];
             let mut i = 0;
             while i + 32 <= k {
-                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i) as *const i8);
-                _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(i + 16) as *const i8);
                 for (l, acc) in a.iter_mut().enumerate() {
                     *acc = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(i + 8 * l)), _mm256_loadu_ps(x.add(i + 8 * l)), *acc);
                 }
