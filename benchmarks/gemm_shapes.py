@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import interleaved
 
 
 def _measure(shape: str, threads: int, rounds: int, mm: Callable, lin: Callable) -> str:
@@ -39,15 +42,8 @@ def _measure(shape: str, threads: int, rounds: int, mm: Callable, lin: Callable)
         cands["OpenBLAS a@b"] = lambda: an @ bn
         cands["OpenBLAS a@w.T"] = lambda: an @ wn.T
     flops = 2 * m * n * k
-    reps = max(3, int(0.05 / (flops / 60e9)))
-    times: dict[str, list[float]] = {c: [] for c in cands}
-    for _ in range(rounds):
-        for name, fn in cands.items():
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            times[name].append((time.perf_counter() - t0) / reps)
-    cols = "  ".join(f"{c} {flops / statistics.median(v) / 1e9:.1f}" for c, v in times.items())
+    times = interleaved(cands, repeats=rounds, min_time=0.05)
+    cols = "  ".join(f"{c} {flops / t / 1e9:.1f}" for c, t in times.items())
     return f"{shape}: {cols}"
 
 

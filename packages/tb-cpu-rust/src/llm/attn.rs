@@ -154,10 +154,7 @@ mod tests {
     use super::super::ops::{attention, V4};
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+    use super::super::test_util::lcg;
 
     fn v4(x: &[f32], sizes: [usize; 4]) -> V4 {
         let [_, b, c, d] = sizes;

@@ -224,10 +224,7 @@ unsafe fn pv_cols<const W: usize>(a: &PvArgs) {
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+    use super::super::test_util::lcg;
 
     /// Against the scalar reference: decode over a cache with room to spare (strided K/V
     /// views), GQA groups of 7 (two chunks of four query heads, three pairs and a single in

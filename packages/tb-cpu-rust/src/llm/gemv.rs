@@ -1,11 +1,12 @@
 //! `y = x @ W^T (+ bias)` for packed weights: matrix-vector products for decode, and the same
-//! loops over a few rows of `x` for small batches.
+//! loops over a few rows of `x` for small batches (int4: at any row count).
 //!
-//! Output rows are split into tiles of `TILE` weight rows that share every activation load;
-//! tiles are spread over rayon's pool when the matrix is big enough to pay for it. int8 and
-//! int4 weights meet block-quantized int8 activations in integer dot products (AVX-512 VNNI
-//! `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`), with the block and group scales applied
-//! per 32 values in f32. Every SIMD path has a scalar twin that the tests compare against.
+//! Output rows are split into tiles of weight rows that share every activation load (`TILE`
+//! rows; int4: the layout's 8-row tiles); tiles are spread over rayon's pool when the matrix
+//! is big enough to pay for it. int8 and int4 weights meet block-quantized int8 activations in
+//! integer dot products (int8: AVX-512 VNNI `vpdpbusd` or AVX2 `vpmaddubsw` + `vpmaddwd`; int4:
+//! AVX2 `vpmaddubsw` giving eight weight rows per register), with the block and group scales
+//! applied per 32 values in f32. Every SIMD path has a scalar twin that the tests compare against.
 
 use super::act_quant::{quantize_row, QuantRow, QBLOCK};
 use super::packed::{Packed, INT4_BLOCK_BYTES, INT4_ROWS};
@@ -35,10 +36,12 @@ pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                return if has!("avx512vnni") { Isa::Vnni } else { Isa::Avx512 };
-            }
+            // every SIMD level includes AVX2 + FMA: kernels without an AVX-512 form (int4,
+            // attention) run their AVX2 one on any non-scalar `Isa`
             if has!("avx2") && has!("fma") {
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
+                    return if has!("avx512vnni") { Isa::Vnni } else { Isa::Avx512 };
+                }
                 return Isa::Avx2;
             }
         }
@@ -320,9 +323,9 @@ fn int4_chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
 #[allow(clippy::too_many_arguments)]
 fn int4_tile(wt: &[u8], sc: &[f32], ze: &[f32], k: usize, group: usize, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; INT4_ROWS]; INT4_ACTS], isa: Isa) {
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if isa != Isa::Scalar {
         assert!(wt.len() == (k / 32) * INT4_BLOCK_BYTES && sc.len() == (k / group) * INT4_ROWS && ze.len() == sc.len());
-        // SAFETY: the CPU has AVX2 and FMA (checked above); lengths asserted,
+        // SAFETY: every non-scalar `Isa` has AVX2 and FMA (`detect`); lengths asserted,
         // and `int4_chunk` checked each activation row's lengths.
         unsafe {
             let a = x86::Int4Tile { w: wt.as_ptr(), sc: sc.as_ptr(), ze: ze.as_ptr(), k, group };
@@ -691,10 +694,7 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+    use super::super::test_util::lcg;
 
     fn reference(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
         let mut y = vec![0f32; m * n];

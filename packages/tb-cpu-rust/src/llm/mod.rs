@@ -18,3 +18,13 @@ pub mod packed;
 pub mod panel;
 pub mod py;
 pub mod quant;
+
+/// Deterministic test inputs shared by the kernel tests.
+#[cfg(test)]
+mod test_util {
+    /// A uniform value in [-0.5, 0.5) from a 64-bit LCG.
+    pub fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+}

@@ -109,7 +109,7 @@ impl Packed {
         check_len("scales", scale.len(), n * k / group)?;
         check_len("zeros", zero.len(), n * k / group)?;
         let ng = k / group;
-        Ok(int4_tiles(n, k, group, |r, nib, sr, zr| {
+        Ok(int4_tiles(n, k, group, |r, nib, sr, zr, _| {
             for (c, d) in nib.iter_mut().enumerate() {
                 let b = packed[r * k / 2 + c / 2];
                 *d = if c % 2 == 0 { b & 15 } else { b >> 4 };
@@ -174,7 +174,7 @@ pub const INT4_BLOCK_BYTES: usize = 128;
 
 /// Byte of the int4 layout holding column `c` of row `r`, and whether in the high nibble.
 #[inline]
-pub fn int4_byte(k: usize, r: usize, c: usize) -> (usize, bool) {
+fn int4_byte(k: usize, r: usize, c: usize) -> (usize, bool) {
     let (tile, l) = (r / INT4_ROWS, r % INT4_ROWS);
     let (b, j) = (c / 32, c % 32);
     let (m, hi, i) = (j / 8, j % 8 >= 4, j % 4);
@@ -183,7 +183,7 @@ pub fn int4_byte(k: usize, r: usize, c: usize) -> (usize, bool) {
 
 /// The nibble (0..15) of column `c` of row `r`.
 #[inline]
-pub fn int4_nibble(w: &[u8], k: usize, r: usize, c: usize) -> u8 {
+fn int4_nibble(w: &[u8], k: usize, r: usize, c: usize) -> u8 {
     let (at, hi) = int4_byte(k, r, c);
     if hi {
         w[at] >> 4
@@ -194,13 +194,14 @@ pub fn int4_nibble(w: &[u8], k: usize, r: usize, c: usize) -> u8 {
 
 /// Index of row `r`'s scale / zero of group `g` (`ng` groups per row).
 #[inline]
-pub fn int4_group_index(ng: usize, r: usize, g: usize) -> usize {
+fn int4_group_index(ng: usize, r: usize, g: usize) -> usize {
     ((r / INT4_ROWS) * ng + g) * INT4_ROWS + r % INT4_ROWS
 }
 
-/// The int4 layout of `n` rows, tiles filled in parallel: `row(r, nibbles, scales, zeros)`
-/// writes row `r`'s K nibbles (column order) and its groups' scales and zeros.
-pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8], &mut [f32], &mut [f32]) + Sync) -> Packed {
+/// The int4 layout of `n` rows, tiles filled in parallel: `row(r, nibbles, scales, zeros,
+/// scratch)` writes row `r`'s K nibbles (column order) and its groups' scales and zeros
+/// (`scratch`: a per-thread buffer it may use, e.g. for the row in f32).
+pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8], &mut [f32], &mut [f32], &mut Vec<f32>) + Sync) -> Packed {
     let ng = k / group;
     let tiles = n.div_ceil(INT4_ROWS);
     let tile_bytes = (k / 32) * INT4_BLOCK_BYTES;
@@ -212,10 +213,10 @@ pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8
         .zip(zero.par_chunks_mut((ng * INT4_ROWS).max(1)))
         .enumerate()
         .for_each_init(
-            || (vec![0u8; k], vec![0f32; ng], vec![0f32; ng]),
-            |(nib, sr, zr), (t, ((wt, st), zt))| {
+            || (vec![0u8; k], vec![0f32; ng], vec![0f32; ng], Vec::new()),
+            |(nib, sr, zr, buf), (t, ((wt, st), zt))| {
                 for l in 0..INT4_ROWS.min(n - t * INT4_ROWS) {
-                    row(t * INT4_ROWS + l, nib, sr, zr);
+                    row(t * INT4_ROWS + l, nib, sr, zr, buf);
                     for (c, &q) in nib.iter().enumerate() {
                         let (at, hi) = int4_byte(k, l, c);
                         wt[at] |= if hi { q << 4 } else { q };

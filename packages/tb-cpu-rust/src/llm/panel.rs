@@ -344,10 +344,7 @@ mod tests {
     use super::super::gemv::{detect, linear};
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+    use super::super::test_util::lcg;
 
     /// Against the dequantized weights (`Packed::rows`) times x in f64: only f32 rounding of
     /// the K-long sums separates them.

@@ -160,10 +160,7 @@ mod tests {
     use super::super::gemv::{detect, linear, prepare_rows, run, Job};
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+    use super::super::test_util::lcg;
 
     fn weights(kind: &str, n: usize, k: usize, g: usize, s: &mut u64) -> (Packed, Vec<f32>) {
         if kind == "int8" {

@@ -159,11 +159,7 @@ pub fn packed_int8(src: Src, n: usize, k: usize) -> Result<Packed> {
 pub fn packed_int4(src: Src, n: usize, k: usize, group: usize) -> Result<Packed> {
     check(&src, n, k)?;
     check_group(k, group)?;
-    Ok(int4_tiles(n, k, group, |r, nib, sr, zr| {
-        // one row's f32 copy per call: rows are quantized inside the parallel tile loop
-        let mut buf = Vec::new();
-        int4_row(src.row(r, k, &mut buf), group, nib, sr, zr);
-    }))
+    Ok(int4_tiles(n, k, group, |r, nib, sr, zr, buf| int4_row(src.row(r, k, buf), group, nib, sr, zr)))
 }
 
 #[cfg(test)]
