@@ -20,10 +20,12 @@ BE = NativeLLMBackend()
 def _weight(n: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)
     w = torch.randn(n, k) * 0.02
-    w[0, :32] = 0.25  # a constant group: the scale clamps to 1e-12
+    w[0, :32] = 0.25  # a constant group: the int4 scale clamps to 2**-24 (float16's smallest)
     if n > 2:
         w[2] = 0.0  # an all-zero row: the int8 scale clamps too
         w[1, 5] = 3.0  # an outlier
+        w[1, 32:64] *= 1e-4  # an int4 scale among float16's subnormals
+        w[1, 64:96] += 300.0  # an int4 zero whose float16 rounding is coarse next to the scale
     # exact halves of the step, where round-half-to-even matters
     w[-1, :8] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 127.0, 0.0, 1.0]) * 0.01
     return w.to(dtype)
@@ -57,6 +59,48 @@ def test_int4_bit_identical_to_python(dtype: torch.dtype, group: int, n: int, k:
     py = quantize(w, "int4", group)
     q, s, z = _rust_layout(w, "int4", group)
     assert torch.equal(q, py.qweight) and torch.equal(s, py.scales) and torch.equal(z, py.zeros)
+
+
+def test_int4_scales_and_zeros_are_float16_values() -> None:
+    w = _weight(33, 896, torch.float32, 5)
+    py = quantize(w, "int4", 32)
+    for t in (py.scales, py.zeros):
+        assert torch.equal(t.half().float(), t)
+    assert bool((py.scales > 0).all())
+    # the codes are taken against the rounded scale and zero: within half a step, plus what
+    # float16 takes off the zero (half a unit in its last place, |z| * 2**-11 at most), which
+    # matters only for a group far from 0 next to its spread (the +300 group, as in GGUF Q4_1)
+    err = (py.dequantize() - w).abs().reshape(33, -1, 32)
+    bound = py.scales * 0.51 + py.zeros.abs() * 2.0**-11 + 1e-6
+    assert bool((err <= bound.unsqueeze(-1)).all())
+    assert float(err[1, 2].max()) > 0.6 * float(py.scales[1, 2])  # the +300 group: the zero's rounding shows
+    # a scale among float16's subnormals (coarse steps of 2**-24) still resolves the group
+    assert 0 < float(py.scales[1, 1]) < 2.0**-14
+    assert float(err[1, 1].max()) < 0.1 * float(w[1, 32:64].abs().max())
+
+
+def test_int4_beyond_float16_range_is_an_error_in_both_quantizers() -> None:
+    w = torch.randn(4, 64)
+    w[2, 40] = 1e6
+    with pytest.raises(ValueError, match=r"1 row\(s\).*beyond float16"):
+        quantize(w, "int4", 32)
+    with pytest.raises(ValueError, match=r"1 row\(s\).*beyond float16"):
+        _rust_layout(w, "int4", 32)
+    with pytest.raises(ValueError, match="beyond float16"):
+        _native.llm_quantize(_arg(w), "int4", 32)
+
+
+def test_int4_packing_rejects_scales_that_are_not_float16() -> None:
+    qw = quantize(torch.randn(4, 64), "int4", 32)
+    assert BE.prepare_linear(qw) is not None
+    bad = qw.scales.clone()
+    bad[3, 1] = 0.01  # not a float16 value: packing it as float16 would change the weight
+    with pytest.raises(ValueError, match=r"scales\[3, 1\] = 1e-2 is not a float16 value"):
+        _native.llm_pack_int4(_arg(qw.qweight), _arg(bad), _arg(qw.zeros), 32)
+    bad_z = qw.zeros.clone()
+    bad_z[0, 0] = 1.0 / 3.0
+    with pytest.raises(ValueError, match=r"zeros\[0, 0\].*not a float16 value"):
+        _native.llm_pack_int4(_arg(qw.qweight), _arg(qw.scales), _arg(bad_z), 32)
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])

@@ -9,6 +9,7 @@
 //! applied per 32 values in f32. Every SIMD path has a scalar twin that the tests compare against.
 
 use super::act_quant::{quantize_row, QuantRow, QBLOCK};
+use super::half::f16_to_f32;
 use super::packed::{Packed, INT4_BLOCK_BYTES, INT4_ROWS};
 use rayon::prelude::*;
 use std::sync::OnceLock;
@@ -36,9 +37,10 @@ pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            // every SIMD level includes AVX2 + FMA: kernels without an AVX-512 form (int4,
-            // attention) run their AVX2 one on any non-scalar `Isa`
-            if has!("avx2") && has!("fma") {
+            // every SIMD level includes AVX2 + FMA (and F16C, for int4's float16 scales):
+            // kernels without an AVX-512 form (int4, attention) run their AVX2 one on any
+            // non-scalar `Isa`
+            if has!("avx2") && has!("fma") && has!("f16c") {
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
                     return if has!("avx512vnni") { Isa::Vnni } else { Isa::Avx512 };
                 }
@@ -318,14 +320,14 @@ fn int4_chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
     }
 }
 
-/// `res[i][l]` = weight row `l` of tile `wt` (scales `sc`, zeros `ze`: `[groups][8]`) times
+/// `res[i][l]` = weight row `l` of tile `wt` (scales `sc`, zeros `ze`: `[groups][8]` binary16) times
 /// activation row `i`, for every `i < acts.len()` (at most `INT4_ACTS`).
 #[allow(clippy::too_many_arguments)]
-fn int4_tile(wt: &[u8], sc: &[f32], ze: &[f32], k: usize, group: usize, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; INT4_ROWS]; INT4_ACTS], isa: Isa) {
+fn int4_tile(wt: &[u8], sc: &[u16], ze: &[u16], k: usize, group: usize, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; INT4_ROWS]; INT4_ACTS], isa: Isa) {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
         assert!(wt.len() == (k / 32) * INT4_BLOCK_BYTES && sc.len() == (k / group) * INT4_ROWS && ze.len() == sc.len());
-        // SAFETY: every non-scalar `Isa` has AVX2 and FMA (`detect`); lengths asserted,
+        // SAFETY: every non-scalar `Isa` has AVX2, FMA and F16C (`detect`); lengths asserted,
         // and `int4_chunk` checked each activation row's lengths.
         unsafe {
             let a = x86::Int4Tile { w: wt.as_ptr(), sc: sc.as_ptr(), ze: ze.as_ptr(), k, group };
@@ -356,7 +358,7 @@ fn int4_tile(wt: &[u8], sc: &[f32], ze: &[f32], k: usize, group: usize, acts: &[
                         .sum();
                     gsum += d as f32 * q.scale[b];
                 }
-                acc += sc[g * INT4_ROWS + l] * (gsum + c[g]) + ze[g * INT4_ROWS + l] * xs[g];
+                acc += f16_to_f32(sc[g * INT4_ROWS + l]) * (gsum + c[g]) + f16_to_f32(ze[g * INT4_ROWS + l]) * xs[g];
             }
             res[i][l] = acc;
         }
@@ -492,8 +494,9 @@ mod x86 {
     /// One int4 tile (eight weight rows) and where its scales and zeros are.
     pub struct Int4Tile {
         pub w: *const u8,
-        pub sc: *const f32,
-        pub ze: *const f32,
+        /// binary16 scales and zeros, `[groups][8]`
+        pub sc: *const u16,
+        pub ze: *const u16,
         pub k: usize,
         pub group: usize,
     }
@@ -503,9 +506,9 @@ mod x86 {
     /// eight rows; `vpmaddubsw` against four activation bytes broadcast to every row, summed
     /// in i16 over the block (8 x 2 x 15 x 127 = 30480 < 2^15: no overflow); then one
     /// `vpmaddwd`, one conversion and one FMA with the block's activation scale per activation
-    /// row, for eight weight rows at once. Per group: the group's scales and zeros (one vector
-    /// load each) and the offset / zero-point terms.
-    #[target_feature(enable = "avx2,fma")]
+    /// row, for eight weight rows at once. Per group: the group's float16 scales and zeros
+    /// (one 16-byte load and one `vcvtph2ps` each) and the offset / zero-point terms.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn int4_avx2<const R: usize>(t: &Int4Tile, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; 8]; 4]) {
         let ones = _mm256_set1_epi16(1);
         let nib = _mm256_set1_epi8(15);
@@ -539,8 +542,8 @@ mod x86 {
                     gacc[i] = _mm256_fmadd_ps(d, _mm256_set1_ps(*qs[i].add(b)), gacc[i]);
                 }
             }
-            let s = _mm256_loadu_ps(t.sc.add(g * 8));
-            let z = _mm256_loadu_ps(t.ze.add(g * 8));
+            let s = _mm256_cvtph_ps(_mm_loadu_si128(t.sc.add(g * 8) as *const __m128i));
+            let z = _mm256_cvtph_ps(_mm_loadu_si128(t.ze.add(g * 8) as *const __m128i));
             for i in 0..R {
                 let (_, c, xs) = acts[i];
                 acc[i] = _mm256_fmadd_ps(s, _mm256_add_ps(gacc[i], _mm256_set1_ps(*c.get_unchecked(g))), acc[i]);
@@ -694,6 +697,7 @@ mod x86 {
 mod tests {
     use super::*;
 
+    use super::super::half::round_f16;
     use super::super::test_util::lcg;
 
     fn reference(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
@@ -736,7 +740,7 @@ mod tests {
         let mut s = 1u64;
         for &(n, k, m) in &[(5, 33, 1), (9, 200, 3), (300, 896, 1), (13, 96, 37)] {
             let q: Vec<i8> = (0..n * k).map(|_| (lcg(&mut s) * 254.0) as i8).collect();
-            let sc: Vec<f32> = (0..n).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
+            let sc: Vec<f32> = (0..n).map(|_| round_f16(0.01 + lcg(&mut s).abs() * 0.01)).collect();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
             let w: Vec<f32> = (0..n * k).map(|i| q[i] as f32 * sc[i / k]).collect();
             let want = reference(&w, n, k, &x, m);
@@ -756,8 +760,8 @@ mod tests {
             let nib: Vec<u8> = (0..n * k).map(|_| ((lcg(&mut s) + 0.5) * 15.99) as u8).collect();
             let packed: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
             let ng = n * k / g;
-            let sc: Vec<f32> = (0..ng).map(|_| 0.01 + lcg(&mut s).abs() * 0.01).collect();
-            let ze: Vec<f32> = (0..ng).map(|_| lcg(&mut s) * 0.01).collect();
+            let sc: Vec<f32> = (0..ng).map(|_| round_f16(0.01 + lcg(&mut s).abs() * 0.01)).collect();
+            let ze: Vec<f32> = (0..ng).map(|_| round_f16(lcg(&mut s) * 0.01)).collect();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
             let w: Vec<f32> = (0..n * k).map(|i| (nib[i] as f32 - 8.0) * sc[i / g] + ze[i / g]).collect();
             let want = reference(&w, n, k, &x, m);
@@ -846,8 +850,9 @@ mod tests {
                         "int4" => {
                             let nib: Vec<u8> = w.iter().map(|v| ((v + 0.5) * 15.99) as u8).collect();
                             let pk: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
-                            let (sc, ze) = (vec![0.02f32; n * k / 64], vec![0.01f32; n * k / 64]);
-                            let wd = nib.iter().map(|&v| (v as f32 - 8.0) * 0.02 + 0.01).collect();
+                            let (s2, z1) = (round_f16(0.02), round_f16(0.01));
+                            let (sc, ze) = (vec![s2; n * k / 64], vec![z1; n * k / 64]);
+                            let wd = nib.iter().map(|&v| (v as f32 - 8.0) * s2 + z1).collect();
                             (Packed::int4(n, k, 64, &pk, &sc, &ze).unwrap(), wd)
                         }
                         _ => (Packed::f32(n, k, &w).unwrap(), w.clone()),
@@ -926,7 +931,7 @@ mod bench {
             _ => {
                 let q: Vec<u8> = (0..n * k / 2).map(|_| r() as u8).collect();
                 let g = n * k / 32;
-                Packed::int4(n, k, 32, &q, &vec![0.01; g], &vec![0.001; g]).unwrap()
+                Packed::int4(n, k, 32, &q, &vec![1.0 / 128.0; g], &vec![1.0 / 1024.0; g]).unwrap()
             }
         }
     }

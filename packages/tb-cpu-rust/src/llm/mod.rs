@@ -12,6 +12,7 @@ pub mod attn;
 pub mod attn_decode;
 pub mod qgemm;
 pub mod gemv;
+pub mod half;
 pub mod model;
 pub mod ops;
 pub mod packed;

@@ -12,17 +12,21 @@
 //!   an AND and a shift give four columns of all eight rows, so a `vpmaddubsw` against four
 //!   activation bytes broadcast to every row yields the eight rows' dot products in eight
 //!   lanes: the kernel converts and scales once per block for eight rows, not once per row.
-//!   Nibbles stay unsigned 0..15 (`(q - 8) * s + z`); scales and zeros are f32, laid out per
-//!   tile as `[groups][8]` (one vector load per group for the tile's eight rows).
+//!   Nibbles stay unsigned 0..15 (`(q - 8) * s + z`); scales and zeros are binary16 bits
+//!   (`half`; tb-llm's quantizer makes them float16 values, so nothing is lost), laid out per
+//!   tile as `[groups][8]` (one 16-byte load and one F16C widening per group for the tile's
+//!   eight rows). At group 32 a weight costs 0.5 + 4 / 32 = 0.625 bytes.
 //! * `Bf16` / `F32`: row-major `[N, K]` as given.
 
 use super::act_quant::round_up;
+use super::half::{exact_f16, f16_bits, f16_to_f32};
 use rayon::prelude::*;
 
 pub enum Packed {
     Int8 { n: usize, k: usize, kp: usize, w: Vec<u8>, scale: Vec<f32> },
-    /// `kp`: K rounded up to 128 (the length activations are quantized to)
-    Int4 { n: usize, k: usize, kp: usize, group: usize, w: Vec<u8>, scale: Vec<f32>, zero: Vec<f32> },
+    /// `kp`: K rounded up to 128 (the length activations are quantized to); `scale` and
+    /// `zero`: binary16 bits
+    Int4 { n: usize, k: usize, kp: usize, group: usize, w: Vec<u8>, scale: Vec<u16>, zero: Vec<u16> },
     Bf16 { n: usize, k: usize, w: Vec<u16> },
     F32 { n: usize, k: usize, w: Vec<f32> },
 }
@@ -77,7 +81,7 @@ impl Packed {
     pub fn nbytes(&self) -> usize {
         match self {
             Packed::Int8 { w, scale, .. } => w.len() + 4 * scale.len(),
-            Packed::Int4 { w, scale, zero, .. } => w.len() + 4 * (scale.len() + zero.len()),
+            Packed::Int4 { w, scale, zero, .. } => w.len() + 2 * (scale.len() + zero.len()),
             Packed::Bf16 { w, .. } => 2 * w.len(),
             Packed::F32 { w, .. } => 4 * w.len(),
         }
@@ -100,7 +104,9 @@ impl Packed {
         Ok(Packed::Int8 { n, k, kp, w, scale: scale.to_vec() })
     }
 
-    /// `packed` is tb-llm's `[N, K / 2]` uint8 (column `2j` low nibble, `2j + 1` high).
+    /// `packed` is tb-llm's `[N, K / 2]` uint8 (column `2j` low nibble, `2j + 1` high); every
+    /// scale and zero must be a float16 value (as `tb_llm.quant.quantize_int4` makes them): one
+    /// that is not is an error, not a silent rounding.
     pub fn int4(n: usize, k: usize, group: usize, packed: &[u8], scale: &[f32], zero: &[f32]) -> Result<Packed> {
         if !matches!(group, 32 | 64 | 128) || !k.is_multiple_of(group) {
             return Err(format!("int4 group size must be 32, 64 or 128 and divide K={k}, got {group}"));
@@ -108,6 +114,16 @@ impl Packed {
         check_len("qweight", packed.len(), n * k / 2)?;
         check_len("scales", scale.len(), n * k / group)?;
         check_len("zeros", zero.len(), n * k / group)?;
+        for (what, v) in [("scales", scale), ("zeros", zero)] {
+            if let Some(i) = v.iter().position(|&x| exact_f16(x).is_none()) {
+                return Err(format!(
+                    "int4 {what}[{}, {}] = {:e} is not a float16 value (tb_llm.quant.quantize_int4 rounds scales and zeros to float16)",
+                    i / (k / group),
+                    i % (k / group),
+                    v[i]
+                ));
+            }
+        }
         let ng = k / group;
         Ok(int4_tiles(n, k, group, |r, nib, sr, zr, _| {
             for (c, d) in nib.iter_mut().enumerate() {
@@ -138,7 +154,7 @@ impl Packed {
                     for (c, d) in o.iter_mut().enumerate() {
                         let q = int4_nibble(w, *k, r, c);
                         let g = int4_group_index(*k / group, r, c / group);
-                        *d = (q as f32 - 8.0) * scale[g] + zero[g];
+                        *d = (q as f32 - 8.0) * f16_to_f32(scale[g]) + f16_to_f32(zero[g]);
                     }
                 }
                 Packed::Bf16 { w, .. } => {
@@ -199,15 +215,16 @@ fn int4_group_index(ng: usize, r: usize, g: usize) -> usize {
 }
 
 /// The int4 layout of `n` rows, tiles filled in parallel: `row(r, nibbles, scales, zeros,
-/// scratch)` writes row `r`'s K nibbles (column order) and its groups' scales and zeros
-/// (`scratch`: a per-thread buffer it may use, e.g. for the row in f32).
+/// scratch)` writes row `r`'s K nibbles (column order) and its groups' scales and zeros, which
+/// must be float16 values (stored as binary16 bits; `scratch`: a per-thread buffer it may use,
+/// e.g. for the row in f32).
 pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8], &mut [f32], &mut [f32], &mut Vec<f32>) + Sync) -> Packed {
     let ng = k / group;
     let tiles = n.div_ceil(INT4_ROWS);
     let tile_bytes = (k / 32) * INT4_BLOCK_BYTES;
     let mut w = big_vec(tiles * tile_bytes, 0u8);
-    let mut scale = vec![0f32; tiles * ng * INT4_ROWS];
-    let mut zero = vec![0f32; tiles * ng * INT4_ROWS];
+    let mut scale = vec![0u16; tiles * ng * INT4_ROWS];
+    let mut zero = vec![0u16; tiles * ng * INT4_ROWS];
     w.par_chunks_mut(tile_bytes.max(1))
         .zip(scale.par_chunks_mut((ng * INT4_ROWS).max(1)))
         .zip(zero.par_chunks_mut((ng * INT4_ROWS).max(1)))
@@ -222,8 +239,8 @@ pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8
                         wt[at] |= if hi { q << 4 } else { q };
                     }
                     for g in 0..ng {
-                        st[g * INT4_ROWS + l] = sr[g];
-                        zt[g * INT4_ROWS + l] = zr[g];
+                        (st[g * INT4_ROWS + l], zt[g * INT4_ROWS + l]) = (f16_bits(sr[g]), f16_bits(zr[g]));
+                        debug_assert!(exact_f16(sr[g]).is_some() && exact_f16(zr[g]).is_some());
                     }
                 }
             },

@@ -451,7 +451,8 @@ fn llm_pack_int8(qweight: TensorArg, scales: TensorArg) -> PyResult<LLMWeight> {
     Ok(LLMWeight { inner })
 }
 
-/// uint8 `[N, K / 2]` nibbles with f32 scales / zeros `[N, K / group]` (tb-llm's int4 layout).
+/// uint8 `[N, K / 2]` nibbles with f32 scales / zeros `[N, K / group]` (tb-llm's int4 layout),
+/// each a float16 value (stored as binary16; any other value is a ValueError).
 #[pyfunction]
 fn llm_pack_int4(qweight: TensorArg, scales: TensorArg, zeros: TensorArg, group: usize) -> PyResult<LLMWeight> {
     let q = arg(qweight, "qweight", "uint8", 2, true)?;

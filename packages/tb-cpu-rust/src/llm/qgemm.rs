@@ -160,6 +160,7 @@ mod tests {
     use super::super::gemv::{detect, linear, prepare_rows, run, Job};
     use super::*;
 
+    use super::super::half::round_f16;
     use super::super::test_util::lcg;
 
     fn weights(kind: &str, n: usize, k: usize, g: usize, s: &mut u64) -> (Packed, Vec<f32>) {
@@ -172,8 +173,8 @@ mod tests {
             let nib: Vec<u8> = (0..n * k).map(|_| ((lcg(s) + 0.5) * 15.99) as u8).collect();
             let packed: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
             let ng = n * k / g;
-            let sc: Vec<f32> = (0..ng).map(|_| 0.01 + lcg(s).abs() * 0.01).collect();
-            let ze: Vec<f32> = (0..ng).map(|_| lcg(s) * 0.01).collect();
+            let sc: Vec<f32> = (0..ng).map(|_| round_f16(0.01 + lcg(s).abs() * 0.01)).collect();
+            let ze: Vec<f32> = (0..ng).map(|_| round_f16(lcg(s) * 0.01)).collect();
             let w = (0..n * k).map(|i| (nib[i] as f32 - 8.0) * sc[i / g] + ze[i / g]).collect();
             (Packed::int4(n, k, g, &packed, &sc, &ze).unwrap(), w)
         }
@@ -286,7 +287,7 @@ pub(in crate::llm) mod bench {
                 } else {
                     let q: Vec<u8> = (0..n * k / 2).map(|i| (i * 7919 % 256) as u8).collect();
                     let g = n * k / 32;
-                    Packed::int4(n, k, 32, &q, &vec![0.01; g], &vec![0.001; g]).unwrap()
+                    Packed::int4(n, k, 32, &q, &vec![1.0 / 128.0; g], &vec![1.0 / 1024.0; g]).unwrap()
                 };
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
                 let mut y = vec![0f32; m * n];

@@ -4,16 +4,22 @@
 //! spend seconds in PyTorch's elementwise ops on a 0.5B model.
 //!
 //! * int8: `s = max(amax|w|, 1e-12) / 127`, `q = clamp(round_half_even(w / s), -127, 127)`.
-//! * int4: per group `lo, hi = min, max`, `s = max((hi - lo) / 15, 1e-12)`, `z = lo + 8 s`,
-//!   `q = clamp(round_half_even((w - lo) / s), 0, 15)`.
+//! * int4: per group `lo, hi = min, max`, `s = f16(max((hi - lo) / 15, 2^-24))`,
+//!   `z = f16(lo + 8 s)`, `q = clamp(round_half_even((w - z) / s) + 8, 0, 15)`, where `f16`
+//!   rounds to the nearest float16 value (the kernels keep scales and zeros as binary16); a
+//!   scale or zero beyond float16's range is an error.
 //!
 //! Every step is one f32 operation, in PyTorch's order, and never fused into an FMA.
 
+use super::half::round_f16;
 use super::packed::{big_vec, int4_tiles, Packed, Result};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// PyTorch's `clamp(min=1e-12)` on f32: the Python float rounded to f32.
 const TINY: f32 = 1e-12f64 as f32;
+/// The smallest positive float16 (2^-24): the int4 scale's floor, so it never rounds to 0.
+const TINY_F16: f32 = 1.0 / 16_777_216.0;
 
 /// A row-major `[N, K]` weight as stored in the checkpoint.
 #[derive(Clone, Copy)]
@@ -63,20 +69,25 @@ pub fn int8_row(w: &[f32], q: &mut [i8]) -> f32 {
     s
 }
 
-/// One group to unsigned nibbles (one per byte of `q`); returns its scale and zero.
-pub fn int4_group(w: &[f32], q: &mut [u8]) -> (f32, f32) {
+/// One group to unsigned nibbles (one per byte of `q`); returns its scale and zero (float16
+/// values), or None when one of them is beyond float16's range.
+pub fn int4_group(w: &[f32], q: &mut [u8]) -> Option<(f32, f32)> {
     let (mut lo, mut hi) = (w[0], w[0]);
     for &v in w {
         lo = if v < lo { v } else { lo };
         hi = if v > hi { v } else { hi };
     }
-    let s = ((hi - lo) / 15.0).max(TINY);
-    let z = lo + 8.0 * s;
-    for (d, &v) in q.iter_mut().zip(w) {
-        // (v - lo) / s is within [0, 15] up to rounding: |hi - lo| <= 15 s
-        *d = rne((v - lo) / s).clamp(0.0, 15.0) as u8;
+    let s = round_f16(((hi - lo) / 15.0).max(TINY_F16));
+    let z = round_f16(lo + 8.0 * s);
+    if !(s.is_finite() && z.is_finite()) {
+        return None;
     }
-    (s, z)
+    for (d, &v) in q.iter_mut().zip(w) {
+        // (v - z) / s is within [-8, 7] up to the rounding of s and z; far outside only when
+        // s is tiny, where `rne`'s 2^22 limit no longer matters: the clamp decides
+        *d = (rne((v - z) / s) + 8.0).clamp(0.0, 15.0) as u8;
+    }
+    Some((s, z))
 }
 
 fn check(src: &Src, n: usize, k: usize) -> Result<()> {
@@ -106,6 +117,7 @@ pub fn int4(src: Src, n: usize, k: usize, group: usize) -> Result<(Vec<u8>, Vec<
     let mut packed = vec![0u8; n * k / 2];
     let mut scale = vec![0f32; n * ng];
     let mut zero = vec![0f32; n * ng];
+    let bad = AtomicUsize::new(0);
     packed
         .par_chunks_mut(k / 2)
         .zip(scale.par_chunks_mut(ng))
@@ -114,13 +126,18 @@ pub fn int4(src: Src, n: usize, k: usize, group: usize) -> Result<(Vec<u8>, Vec<
         .for_each_init(
             || (Vec::new(), vec![0u8; k]),
             |(buf, nib), (r, ((pr, sr), zr))| {
-                int4_row(src.row(r, k, buf), group, nib, sr, zr);
+                if !int4_row(src.row(r, k, buf), group, nib, sr, zr) {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
                 for (j, b) in pr.iter_mut().enumerate() {
                     *b = nib[2 * j] | (nib[2 * j + 1] << 4);
                 }
             },
         );
-    Ok((packed, scale, zero))
+    match bad.into_inner() {
+        0 => Ok((packed, scale, zero)),
+        rows => Err(out_of_f16_range(rows)),
+    }
 }
 
 fn check_group(k: usize, group: usize) -> Result<()> {
@@ -130,10 +147,19 @@ fn check_group(k: usize, group: usize) -> Result<()> {
     Ok(())
 }
 
-fn int4_row(w: &[f32], group: usize, nib: &mut [u8], sr: &mut [f32], zr: &mut [f32]) {
+/// One row's groups; false when a group's scale or zero is beyond float16's range.
+fn int4_row(w: &[f32], group: usize, nib: &mut [u8], sr: &mut [f32], zr: &mut [f32]) -> bool {
     for (g, (s, z)) in sr.iter_mut().zip(zr.iter_mut()).enumerate() {
-        (*s, *z) = int4_group(&w[g * group..(g + 1) * group], &mut nib[g * group..(g + 1) * group]);
+        match int4_group(&w[g * group..(g + 1) * group], &mut nib[g * group..(g + 1) * group]) {
+            Some(sz) => (*s, *z) = sz,
+            None => return false,
+        }
     }
+    true
+}
+
+fn out_of_f16_range(n: usize) -> String {
+    format!("int4: {n} row(s) have a group whose range is beyond float16 (|value| > 65504), which int4's float16 scales and zeros cannot hold; quantize this weight to int8 or keep it in bf16 / fp32")
 }
 
 /// Quantized and packed for the kernels in one pass (no tb-llm layout in between): the same
@@ -159,7 +185,16 @@ pub fn packed_int8(src: Src, n: usize, k: usize) -> Result<Packed> {
 pub fn packed_int4(src: Src, n: usize, k: usize, group: usize) -> Result<Packed> {
     check(&src, n, k)?;
     check_group(k, group)?;
-    Ok(int4_tiles(n, k, group, |r, nib, sr, zr, buf| int4_row(src.row(r, k, buf), group, nib, sr, zr)))
+    let bad = AtomicUsize::new(0);
+    let p = int4_tiles(n, k, group, |r, nib, sr, zr, buf| {
+        if !int4_row(src.row(r, k, buf), group, nib, sr, zr) {
+            bad.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    match bad.into_inner() {
+        0 => Ok(p),
+        rows => Err(out_of_f16_range(rows)),
+    }
 }
 
 #[cfg(test)]
@@ -187,12 +222,27 @@ mod tests {
 
     #[test]
     fn constant_group_and_rounding() {
-        // a constant group: scale clamps to 1e-12, every value maps to q = 0, zero = lo + 8e-12
+        // a constant group: the scale clamps to 2^-24 (float16's smallest), the zero rounds to
+        // the value itself, every value maps to q = 8 and dequantizes exactly
         let mut q = [9u8; 32];
-        let (s, z) = int4_group(&[0.5; 32], &mut q);
-        assert_eq!(s, TINY);
-        assert_eq!(z, 0.5 + 8.0 * TINY);
-        assert!(q.iter().all(|&v| v == 0));
+        let (s, z) = int4_group(&[0.5; 32], &mut q).unwrap();
+        assert_eq!(s, TINY_F16);
+        assert_eq!(z, 0.5);
+        assert!(q.iter().all(|&v| v == 8));
+        // scales and zeros are float16 values; the codes are taken against the rounded ones
+        let w: Vec<f32> = (0..32).map(|i| 0.013 * i as f32 - 0.1).collect();
+        let (s, z) = int4_group(&w, &mut q).unwrap();
+        assert_eq!((super::super::half::round_f16(s), super::super::half::round_f16(z)), (s, z));
+        assert_ne!(s, ((0.013f32 * 31.0 - 0.1) - (-0.1)) / 15.0);
+        for (&v, &c) in w.iter().zip(&q) {
+            assert!(((c as f32 - 8.0) * s + z - v).abs() <= s / 2.0 + 1e-6, "{v} -> {c}");
+        }
+        // beyond float16: an error naming the problem, not infinities in the weights
+        assert_eq!(int4_group(&[0.0, 1e6], &mut q[..2]), None);
+        assert_eq!(int4_group(&[7e4; 2], &mut q[..2]), None);
+        let e = int4(Src::F32(&[1e6; 64]), 2, 32, 32).unwrap_err();
+        assert!(e.contains("float16") && e.contains("2 row(s)"), "{e}");
+        assert!(packed_int4(Src::F32(&[1e6; 64]), 2, 32, 32).is_err());
         // ties go to even, like torch.round
         let mut q8 = [0i8; 5];
         let s = int8_row(&[127.0, 0.5, 1.5, -2.5, -126.5], &mut q8);
