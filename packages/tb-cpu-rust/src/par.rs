@@ -64,8 +64,12 @@ pub fn pool() -> &'static str {
     }
 }
 
+/// libgomp's entry points when loops should run on OpenMP: the OpenMP pool is chosen and this
+/// thread is not one of rayon's workers. On a rayon worker (the LLM's fused step runs every
+/// layer inside `rayon::scope`), a `GOMP_parallel` would start a second team of spinning
+/// threads beside rayon's for every attention call, on the cores the GEMVs need.
 fn omp() -> Option<(GompParallel, OmpInt, OmpInt)> {
-    if POOL.load(Ordering::Relaxed) == 0 {
+    if POOL.load(Ordering::Relaxed) == 0 || rayon::current_thread_index().is_some() {
         return None;
     }
     let p = GOMP_PARALLEL.load(Ordering::Acquire);
@@ -174,5 +178,48 @@ mod tests {
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         assert!(set_pool("openmp").is_err() || pool() == "openmp");
         assert!(set_pool("bogus").is_err());
+    }
+
+    thread_local! {
+        /// Regions started from this thread (other tests may start some on theirs meanwhile).
+        static FAKE_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A one-thread OpenMP team: runs the region on the caller and counts the calls.
+    unsafe extern "C" fn fake_parallel(f: unsafe extern "C" fn(*mut c_void), data: *mut c_void, _n: u32, _flags: u32) {
+        FAKE_CALLS.with(|c| c.set(c.get() + 1));
+        unsafe { f(data) };
+    }
+    extern "C" fn fake_max() -> i32 {
+        2
+    }
+    extern "C" fn fake_in_parallel() -> i32 {
+        0
+    }
+
+    #[test]
+    fn rayon_workers_never_start_an_openmp_team() {
+        // SAFETY: the fakes stay valid for the whole process, and run every task (on one thread).
+        unsafe { set_openmp(fake_parallel as usize, fake_max as usize, fake_in_parallel as usize) }.unwrap();
+        set_pool("openmp").unwrap();
+        let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        let calls = || FAKE_CALLS.with(|c| c.get());
+        let before = calls();
+        for_each(64, |i| {
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(calls(), before + 1, "a plain thread uses the OpenMP team");
+        assert_eq!(pool(), "openmp");
+        let inside = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let started = inside.install(|| {
+            let before = calls();
+            for_each(64, |i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!((pool(), threads()), ("rayon", 2));
+            calls() - before
+        });
+        assert_eq!(started, 0, "a rayon worker started an OpenMP region");
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2));
     }
 }

@@ -147,8 +147,7 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     for (ji, j) in jobs.iter().enumerate() {
         let n = j.p.shape().0;
         let row_bytes = (j.p.nbytes() / n.max(1)).max(1);
-        // whole int4 tiles (8 rows; a multiple of TILE too)
-        let per = (target / row_bytes).max(1).div_ceil(INT4_ROWS) * INT4_ROWS;
+        let per = (target / row_bytes).max(1).div_ceil(CHUNK_ROWS) * CHUNK_ROWS;
         let mut r = 0;
         while r < n {
             let nr = per.min(n - r);
@@ -165,6 +164,13 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
         chunks.par_iter().for_each(|&(ji, r0, nr)| chunk(&jobs[ji], r0, nr, isa));
     }
 }
+
+/// Chunks hold a multiple of this many weight rows: whole int4 tiles (8), whole prefill panels
+/// (`panel::NR`, 16) and whole GEMV tiles (`TILE`). Rounding to 8 alone left half a panel at
+/// the end of most prefill chunks (a full 16-column kernel call for 8 columns, then scalar
+/// write-back): `down`'s 56-row chunks paid 4 panels of work for 3.5.
+const CHUNK_ROWS: usize = 16;
+const _: () = assert!(CHUNK_ROWS % INT4_ROWS == 0 && CHUNK_ROWS % super::panel::NR == 0 && CHUNK_ROWS % TILE == 0);
 
 /// Activation rows per pass over a chunk's weights: their quantized values (~1 KiB each for
 /// K = 896) stay in L1 while the chunk's weight tiles stream past them.
