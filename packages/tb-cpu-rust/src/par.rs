@@ -200,7 +200,8 @@ mod tests {
     #[test]
     fn rayon_workers_never_start_an_openmp_team() {
         // SAFETY: the fakes stay valid for the whole process, and run every task (on one thread).
-        unsafe { set_openmp(fake_parallel as usize, fake_max as usize, fake_in_parallel as usize) }.unwrap();
+        let entry = (fake_parallel as GompParallel as usize, fake_max as OmpInt as usize, fake_in_parallel as OmpInt as usize);
+        unsafe { set_openmp(entry.0, entry.1, entry.2) }.unwrap();
         set_pool("openmp").unwrap();
         let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
         let calls = || FAKE_CALLS.with(|c| c.get());

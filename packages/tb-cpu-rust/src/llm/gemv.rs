@@ -170,7 +170,7 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
 /// the end of most prefill chunks (a full 16-column kernel call for 8 columns, then scalar
 /// write-back): `down`'s 56-row chunks paid 4 panels of work for 3.5.
 const CHUNK_ROWS: usize = 16;
-const _: () = assert!(CHUNK_ROWS % INT4_ROWS == 0 && CHUNK_ROWS % super::panel::NR == 0 && CHUNK_ROWS % TILE == 0);
+const _: () = assert!(CHUNK_ROWS.is_multiple_of(INT4_ROWS) && CHUNK_ROWS.is_multiple_of(super::panel::NR) && CHUNK_ROWS.is_multiple_of(TILE));
 
 /// Activation rows per pass over a chunk's weights: their quantized values (~1 KiB each for
 /// K = 896) stay in L1 while the chunk's weight tiles stream past them.
