@@ -340,6 +340,42 @@ def test_fused_step_logits_match_reference_forward(ckpt, arch: str, quant: str) 
         torch.testing.assert_close(c1.v[i][:, :, : c1.length], c2.v[i][:, :, : c2.length], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+@pytest.mark.parametrize("quant", ["fp32", "int4"])
+def test_fused_prefill_of_long_prompts_matches_reference_forward(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
+    """Prompts of 16+ positions in the fused step: the prefill attention kernel (the decode one
+    under a softcap), parallel row work, sliding windows (8 here) far exceeded, a left-padded
+    row; then decode steps over that cache. Same logits and cache as the per-kernel path."""
+    from tb_llm import LLM
+
+    model = LLM.from_pretrained(ckpt(arch), quant=quant, device="cpu", engine="native_cpu").model
+    assert model._fused is not None
+    prompt = [[(i * 37 + 11) % 300 + 3 for i in range(70)], [(i * 53 + 5) % 300 + 3 for i in range(41)]]
+    def check(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+        for g, w in zip(got, want):
+            if quant == "fp32":
+                torch.testing.assert_close(g, w, rtol=2e-4, atol=2e-4)
+            else:
+                # int8 activations: where the two paths' attention differs in the last bits
+                # (a softcap: SDPA in the per-kernel path), an activation can round to the other
+                # int8 step; the logits then differ by a few hundredths, not more
+                cos = torch.nn.functional.cosine_similarity(g.reshape(-1, g.shape[-1]), w.reshape(-1, w.shape[-1]), dim=-1)
+                assert float(cos.min()) > 0.999 and float((g - w).abs().max()) < 0.05 * float(w.abs().max())
+
+    got, c1 = _run_steps(model, model._fused, prompt, 4)
+    want, c2 = _run_steps(model, model.reference_forward, prompt, 4)
+    check(got, want)
+    tol = 1e-4 if quant == "fp32" else 2e-2
+    for i in range(model.cfg.num_layers):
+        torch.testing.assert_close(c1.k[i][:, :, : c1.length], c2.k[i][:, :, : c2.length], rtol=tol, atol=tol)
+        torch.testing.assert_close(c1.v[i][:, :, : c1.length], c2.v[i][:, :, : c2.length], rtol=tol, atol=tol)
+    # every position's logits of a 40-token prompt (last_only=False)
+    got, _ = _run_steps(model, model._fused, [prompt[1][:40]], 1, last_only=False)
+    want, _ = _run_steps(model, model.reference_forward, [prompt[1][:40]], 1, last_only=False)
+    assert got[0].shape == (1, 40, model.cfg.vocab_size)
+    check(got, want)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
 def test_fused_step_all_logits_of_a_short_prompt(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
     from tb_llm import LLM

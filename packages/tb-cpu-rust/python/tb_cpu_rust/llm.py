@@ -19,9 +19,11 @@ tb-llm's PyTorch ``ReferenceBackend``.
   each cached row). Prefill linears (16 rows or more) of fp32 / bf16 / int8 weights run a blocked f32
   GEMM over the packed weights (Rust ``llm/panel.rs``: 16 weight rows dequantized at a time,
   6 x 16 FMA register tile), so fp32 / bf16 models keep one copy of their weights.
-* ``compile_model`` hands tb-llm a step that runs a whole decode forward pass (every layer,
-  the final norm and the head) in one native call with the GIL released (``_native.LLMModel``):
-  no Python per layer. Prefill (more than ``SMALL_M`` rows) keeps the per-kernel path above.
+* ``compile_model`` hands tb-llm a step that runs a whole forward pass (every layer, the final
+  norm and the head) in one native call with the GIL released (``_native.LLMModel``): no
+  Python per layer, for decode steps and whole prompts alike (a prompt's attention takes the
+  prefill kernel, its norms / gated activation / residual adds are spread over the pool). The
+  per-kernel path above serves caches the native step does not own (the server's slots).
 """
 
 from __future__ import annotations
@@ -198,8 +200,8 @@ class NativeLLMBackend(ReferenceBackend):
     # -- whole step -----------------------------------------------------------------------
     def compile_model(self, decoder: Any) -> Callable[..., torch.Tensor] | None:
         """A step running every layer of ``decoder`` in one native call (tb-llm's
-        ``KernelBackend.compile_model`` contract), for up to ``SMALL_M`` rows per step (decode,
-        batched decode, short prompts); longer prompts take ``decoder.reference_forward``.
+        ``KernelBackend.compile_model`` contract): decode steps, batched decode and whole
+        prompts; caches other than tb-llm's ``KVCache`` take ``decoder.reference_forward``.
 
         Every family tb-llm supports maps onto the native step (biases, q/k norms, fused
         projections, Gemma's norm offset / embedding scale / sandwich norms / softcaps,
@@ -270,14 +272,14 @@ class NativeLLMBackend(ReferenceBackend):
 
             logging.getLogger("tb_llm").debug("native_cpu: no fused step (%s)", exc)
             return None
-        return _FusedStep(decoder, native, self.SMALL_M)
+        return _FusedStep(decoder, native)
 
 
 class _FusedStep:
     """``step(ids, positions, cache, last_only)`` over ``_native.LLMModel`` (see compile_model)."""
 
-    def __init__(self, decoder: Any, native: Any, small_m: int) -> None:
-        self.decoder, self.native, self.small_m = decoder, native, small_m
+    def __init__(self, decoder: Any, native: Any) -> None:
+        self.decoder, self.native = decoder, native
         self._bound: tuple[Any, Any] | None = None  # (cache.k list, LLMKVCache) of the last cache
 
     def _kv(self, cache: Any) -> Any:
@@ -292,7 +294,8 @@ class _FusedStep:
         # The native step owns tb-llm's KVCache layout (every row at the same length). Other
         # caches (the server's per-slot views, where each row writes at its own offset) go
         # through the per-kernel path, which only uses their begin / write / commit protocol.
-        if (b * t > self.small_m and t > 1) or not isinstance(cache, KVCache):
+        # Prompts of any length run here too (prefill attention and parallel row work inside).
+        if not isinstance(cache, KVCache):
             return dec.reference_forward(ids, positions, cache, last_only)
         with torch.inference_mode():
             cache.begin(positions)

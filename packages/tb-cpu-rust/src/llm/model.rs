@@ -5,11 +5,18 @@
 //! Activations are quantized once per weight kind and shared by q/k/v and by gate/up, and each
 //! group of projections runs as one parallel region (`gemv::run`). The caller runs `step` on a
 //! rayon worker, so those regions fork from inside the pool instead of waking it from outside.
+//!
+//! Any number of rows: decode steps and whole prompts alike. From `attn::MIN_QUERIES` query
+//! positions on, attention takes the prefill kernel (`attn`; the decode one when a softcap or
+//! the head dim rules it out), and the per-row elementwise work (norms, gated activation,
+//! residual adds) is spread over the pool once there are `PAR_ROWS` rows.
 
+use super::attn;
 use super::attn_decode;
 use super::gemv::{self, Isa, Job};
 use super::ops::{self, V4};
 use super::packed::Packed;
+use rayon::prelude::*;
 
 /// Something that holds a packed weight (a Python `LLMWeight`, or a `Packed` in tests).
 pub trait AsPacked: Sync {
@@ -128,8 +135,32 @@ pub fn masks(positions: &[i64], pos: &[i64], cap: usize, b: usize, t: usize, end
     (full, win)
 }
 
+/// Rows from which the step's elementwise work runs in parallel (a prompt, not a decode step).
+const PAR_ROWS: usize = 32;
+/// Rows per parallel task.
+const ROWS_PER_TASK: usize = 8;
+
+/// `f(x rows, out rows)` over runs of whole rows (`dx` / `dout` values per row), over the pool
+/// when there are many rows.
+fn rows_map(x: &[f32], dx: usize, out: &mut [f32], dout: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    if x.len() >= PAR_ROWS * dx {
+        out.par_chunks_mut(dout * ROWS_PER_TASK).zip(x.par_chunks(dx * ROWS_PER_TASK)).for_each(|(o, xi)| f(xi, o));
+    } else {
+        f(x, out);
+    }
+}
+
 fn rms_rows(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
-    ops::rms_norm(x, w, eps, offset, out);
+    rows_map(x, w.len(), out, w.len(), |xi, o| ops::rms_norm(xi, w, eps, offset, o));
+}
+
+/// `acc += y`, over the pool for many rows of `d`.
+fn add_rows(acc: &mut [f32], y: &[f32], d: usize) {
+    if acc.len() >= PAR_ROWS * d {
+        acc.par_chunks_mut(d * ROWS_PER_TASK).zip(y.par_chunks(d * ROWS_PER_TASK)).for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, v)| *a += v));
+    } else {
+        acc.iter_mut().zip(y).for_each(|(a, v)| *a += v);
+    }
 }
 
 fn rms_inplace_strided(buf: &mut [f32], rows: usize, ld: usize, off: usize, heads: usize, d: usize, w: &[f32], eps: f32, offset: f32) {
@@ -195,6 +226,8 @@ impl<W: AsPacked> Model<W> {
         let mut o_in = vec![0f32; m * qd];
         let mut gu = vec![0f32; m * 2 * inter];
         let mut act = vec![0f32; m * inter];
+        let mut y = vec![0f32; m * hid];
+        let prefill_attn = t >= attn::MIN_QUERIES && attn::takes(d, c.attn_softcap);
         let r = s.rot;
         let cos = V4 { ptr: s.cos.as_ptr(), sizes: [b, 1, t, r], strides: [t * r, 0, r, 1] };
         let sin = V4 { ptr: s.sin.as_ptr(), sizes: [b, 1, t, r], strides: [t * r, 0, r, 1] };
@@ -233,7 +266,11 @@ impl<W: AsPacked> Model<W> {
             };
             let qv = V4 { ptr: qr.as_ptr(), sizes: [b, hq, t, d], strides: [hq * t * d, t * d, d, 1] };
             let mask = if layer.sliding { win.as_deref().unwrap_or(&full) } else { &full };
-            attn_decode::attention(qv, kv_view(kc), kv_view(vc), mask, c.attn_scale, c.attn_softcap, &mut att);
+            if prefill_attn {
+                attn::prefill(qv, kv_view(kc), kv_view(vc), mask, c.attn_scale, &mut att);
+            } else {
+                attn_decode::attention(qv, kv_view(kc), kv_view(vc), mask, c.attn_scale, c.attn_softcap, &mut att);
+            }
             for bi in 0..b {
                 for hh in 0..hq {
                     for ti in 0..t {
@@ -244,26 +281,26 @@ impl<W: AsPacked> Model<W> {
                 }
             }
             project(std::slice::from_ref(&layer.o), &o_in, m, &mut h, hid, isa);
-            let mut y = vec![0f32; m * hid];
             if let Some(pre) = &layer.pre_ff_norm {
                 rms_rows(&h, &layer.post_attn_norm, eps, off, &mut y);
-                x.iter_mut().zip(&y).for_each(|(a, v)| *a += v);
+                add_rows(x, &y, hid);
                 rms_rows(x, pre, eps, off, &mut h);
             } else {
-                x.iter_mut().zip(&h).for_each(|(a, v)| *a += v);
+                add_rows(x, &h, hid);
                 rms_rows(x, &layer.post_attn_norm, eps, off, &mut h);
             }
             project(&layer.gate_up, &h, m, &mut gu, 2 * inter, isa);
-            for i in 0..m {
-                let row = &gu[i * 2 * inter..(i + 1) * 2 * inter];
-                ops::gated_act(&row[..inter], &row[inter..], c.act, &mut act[i * inter..(i + 1) * inter]);
-            }
+            rows_map(&gu, 2 * inter, &mut act, inter, |g, a| {
+                for (row, out) in g.chunks_exact(2 * inter).zip(a.chunks_exact_mut(inter)) {
+                    ops::gated_act(&row[..inter], &row[inter..], c.act, out);
+                }
+            });
             project(std::slice::from_ref(&layer.down), &act, m, &mut h, hid, isa);
             if let Some(post) = &layer.post_ff_norm {
                 rms_rows(&h, post, eps, off, &mut y);
                 h.copy_from_slice(&y);
             }
-            x.iter_mut().zip(&h).for_each(|(a, v)| *a += v);
+            add_rows(x, &h, hid);
         }
         let rows: Vec<usize> = if s.last_only { (0..b).map(|bi| bi * t + t - 1).collect() } else { (0..m).collect() };
         let mut xs = vec![0f32; rows.len() * hid];
