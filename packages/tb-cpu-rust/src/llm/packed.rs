@@ -19,7 +19,7 @@
 //! * `Bf16` / `F32`: row-major `[N, K]` as given.
 
 use super::act_quant::round_up;
-use super::half::{exact_f16, f16_bits, f16_to_f32};
+use super::half::{exact_f16, f16_to_f32, f32_to_f16};
 use rayon::prelude::*;
 
 pub enum Packed {
@@ -239,7 +239,7 @@ pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8
                         wt[at] |= if hi { q << 4 } else { q };
                     }
                     for g in 0..ng {
-                        (st[g * INT4_ROWS + l], zt[g * INT4_ROWS + l]) = (f16_bits(sr[g]), f16_bits(zr[g]));
+                        (st[g * INT4_ROWS + l], zt[g * INT4_ROWS + l]) = (f32_to_f16(sr[g]), f32_to_f16(zr[g]));
                         debug_assert!(exact_f16(sr[g]).is_some() && exact_f16(zr[g]).is_some());
                     }
                 }
