@@ -1,14 +1,18 @@
 //! Scaled dot-product attention, tiled by query blocks: each task takes one (batch, head,
-//! 64-query block), computes its scores against the keys it may see with a packed GEMM,
-//! applies the mask and a numerically stable softmax in place, and multiplies by V. Only a
-//! 64×S tile of scores ever exists, never the L×S matrix; causal blocks skip masked keys.
+//! 128-query block), computes its scores against the keys it may see with a packed GEMM,
+//! applies the mask and the exponentials of a numerically stable softmax in place, multiplies
+//! by V, and divides each output row by its sum (S / E fewer divisions than normalising the
+//! scores). Only a 128×S tile of scores ever exists, never the L×S matrix; causal blocks skip
+//! masked keys.
 
 use crate::exec::{Mem, SPtr};
 use crate::gemm::{sgemm, Mat};
 use crate::mathfn;
 use crate::tensor::{DType, View};
 
-const BQ: usize = 64;
+/// Query rows per task: K and V are packed once per block, so larger blocks pack them fewer
+/// times (128 measured faster than 64 at T = 128..512, D = 64); the score tile is BQ × S.
+const BQ: usize = 128;
 
 /// # Safety
 /// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
@@ -34,6 +38,7 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
         let op = po.add(bi * o.strides[0] + hi * o.strides[1] + i0 * o.strides[2]);
         let lp = pl.add(bi * lse.strides[0] + hi * lse.strides[1] + i0 * lse.strides[2]);
         let mut sc = vec![0f32; rows * nk.max(1)];
+        let mut inv = vec![1f32; rows];
         let scp = SPtr(sc.as_mut_ptr());
         if nk > 0 {
             sgemm(
@@ -76,10 +81,7 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
                 continue;
             }
             let sum = exp_shift_sum(row, mx);
-            let inv = 1.0 / sum;
-            for x in row.iter_mut() {
-                *x *= inv;
-            }
+            inv[r] = 1.0 / sum;
             *lp.add(r * lse.strides[2]) = mx + sum.ln();
         }
         sgemm(
@@ -93,6 +95,14 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
             false,
             1,
         );
+        for (r, &f) in inv.iter().enumerate() {
+            if f != 1.0 {
+                let orow = op.add(r * o.strides[2]);
+                for j in 0..ev {
+                    *orow.add(j * o.strides[3]) *= f;
+                }
+            }
+        }
     };
     if tasks > 1 {
         crate::par::for_each(tasks, task);

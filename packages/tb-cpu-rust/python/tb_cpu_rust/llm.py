@@ -209,6 +209,10 @@ class NativeLLMBackend(ReferenceBackend):
         so every RoPE type tb-llm supports works. Returns None (per-kernel path) when the
         decoder does not run in float32 or holds a weight this backend did not pack.
         """
+        # every weight is packed by now: the loader's freed temporaries (weights widened to
+        # float32, quantizer buffers) go back to the system instead of staying in malloc's heap
+        # beside the packed copies, which have their own huge-page mappings
+        _native.llm_release_free_memory()
         cfg = decoder.cfg
         if decoder.dtype != torch.float32 or decoder.device.type != "cpu":
             return None

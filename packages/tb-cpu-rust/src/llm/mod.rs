@@ -13,6 +13,7 @@ pub mod attn_decode;
 pub mod qgemm;
 pub mod gemv;
 pub mod half;
+pub mod huge;
 pub mod model;
 pub mod ops;
 pub mod packed;

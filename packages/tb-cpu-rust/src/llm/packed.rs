@@ -20,43 +20,23 @@
 
 use super::act_quant::round_up;
 use super::half::{exact_f16, f16_to_f32, f32_to_f16};
+use super::huge::HugeBuf;
 use rayon::prelude::*;
 
 pub enum Packed {
-    Int8 { n: usize, k: usize, kp: usize, w: Vec<u8>, scale: Vec<f32> },
+    Int8 { n: usize, k: usize, kp: usize, w: HugeBuf<u8>, scale: Vec<f32> },
     /// `kp`: K rounded up to 128 (the length activations are quantized to); `scale` and
     /// `zero`: binary16 bits
-    Int4 { n: usize, k: usize, kp: usize, group: usize, w: Vec<u8>, scale: Vec<u16>, zero: Vec<u16> },
-    Bf16 { n: usize, k: usize, w: Vec<u16> },
-    F32 { n: usize, k: usize, w: Vec<f32> },
+    Int4 { n: usize, k: usize, kp: usize, group: usize, w: HugeBuf<u8>, scale: HugeBuf<u16>, zero: HugeBuf<u16> },
+    Bf16 { n: usize, k: usize, w: HugeBuf<u16> },
+    F32 { n: usize, k: usize, w: HugeBuf<f32> },
 }
 
 pub type Result<T> = std::result::Result<T, String>;
 
-/// A filled `Vec` whose big allocations ask Linux for transparent huge pages before the first
-/// touch: a GEMV streams hundreds of MB once per token, and with 4 KiB pages the TLB misses
-/// cost a large share of the bandwidth (PyTorch's allocator does the same for its tensors).
-pub fn big_vec<T: Copy>(n: usize, fill: T) -> Vec<T> {
-    let mut v: Vec<T> = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let bytes = n * std::mem::size_of::<T>();
-        if bytes >= 4 * HUGE {
-            extern "C" {
-                fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-            }
-            let start = (v.as_ptr() as usize).div_ceil(HUGE) * HUGE;
-            let end = (v.as_ptr() as usize + bytes) / HUGE * HUGE;
-            if end > start {
-                // SAFETY: the range lies inside the allocation; MADV_HUGEPAGE (14) only
-                // changes how the kernel backs it. Failure is harmless (4 KiB pages).
-                unsafe { madvise(start as *mut std::ffi::c_void, end - start, 14) };
-            }
-        }
-    }
-    v.resize(n, fill);
-    v
+/// A filled buffer, on transparent huge pages when it is big (`HugeBuf`).
+pub fn big_vec<T: Copy>(n: usize, fill: T) -> HugeBuf<T> {
+    HugeBuf::filled(n, fill)
 }
 
 impl Packed {
@@ -171,14 +151,14 @@ impl Packed {
     pub fn bf16(n: usize, k: usize, w: &[u16]) -> Result<Packed> {
         check_len("weight", w.len(), n * k)?;
         let mut v = big_vec(n * k, 0u16);
-        v.copy_from_slice(w);
+        par_copy(&mut v, w);
         Ok(Packed::Bf16 { n, k, w: v })
     }
 
     pub fn f32(n: usize, k: usize, w: &[f32]) -> Result<Packed> {
         check_len("weight", w.len(), n * k)?;
         let mut v = big_vec(n * k, 0f32);
-        v.copy_from_slice(w);
+        par_copy(&mut v, w);
         Ok(Packed::F32 { n, k, w: v })
     }
 }
@@ -223,8 +203,8 @@ pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8
     let tiles = n.div_ceil(INT4_ROWS);
     let tile_bytes = (k / 32) * INT4_BLOCK_BYTES;
     let mut w = big_vec(tiles * tile_bytes, 0u8);
-    let mut scale = vec![0u16; tiles * ng * INT4_ROWS];
-    let mut zero = vec![0u16; tiles * ng * INT4_ROWS];
+    let mut scale = big_vec(tiles * ng * INT4_ROWS, 0u16);
+    let mut zero = big_vec(tiles * ng * INT4_ROWS, 0u16);
     w.par_chunks_mut(tile_bytes.max(1))
         .zip(scale.par_chunks_mut((ng * INT4_ROWS).max(1)))
         .zip(zero.par_chunks_mut((ng * INT4_ROWS).max(1)))
@@ -246,6 +226,13 @@ pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8
             },
         );
     Packed::Int4 { n, k, kp: round_up(k, 128), group, w, scale, zero }
+}
+
+/// `dst.copy_from_slice(src)` over the pool: the first writes to a fresh mapping fault its
+/// pages in (each a 2 MiB zeroing), which spreads over the cores this way.
+fn par_copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
+    const CHUNK: usize = 1 << 18;
+    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {

@@ -662,6 +662,13 @@ fn llm_attention(
     Ok(())
 }
 
+/// Returns malloc's free heap memory to the system (see `huge::release_free_memory`); tb-llm's
+/// backend calls it once the weights are packed. True when some was released.
+#[pyfunction]
+fn llm_release_free_memory(py: Python<'_>) -> bool {
+    py.detach(super::huge::release_free_memory)
+}
+
 /// The instruction set the LLM kernels run with: avx512-vnni, avx512, avx2+fma or scalar.
 #[pyfunction]
 fn llm_isa() -> &'static str {
@@ -682,5 +689,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(llm_rope, m)?)?;
     m.add_function(wrap_pyfunction!(llm_attention, m)?)?;
     m.add_function(wrap_pyfunction!(llm_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_release_free_memory, m)?)?;
     Ok(())
 }
