@@ -977,7 +977,7 @@ mod bench {
     fn gemv_throughput() {
         let x: Vec<f32> = (0..4864).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
         println!("threads {} isa {}", rayon::current_num_threads(), isa_name());
-        let probe = super::super::packed::big_vec(256 << 20, 1u8);
+        let probe = super::super::huge::HugeBuf::filled(256 << 20, 1u8);
         for kind in ["bf16", "fp32", "int8", "int4"] {
             println!("read probe {:.1} GB/s", read_probe(&probe));
             for &(n, k, copies, what) in

@@ -34,11 +34,6 @@ pub enum Packed {
 
 pub type Result<T> = std::result::Result<T, String>;
 
-/// A filled buffer, on transparent huge pages when it is big (`HugeBuf`).
-pub fn big_vec<T: Copy>(n: usize, fill: T) -> HugeBuf<T> {
-    HugeBuf::filled(n, fill)
-}
-
 impl Packed {
     pub fn shape(&self) -> (usize, usize) {
         match self {
@@ -75,7 +70,7 @@ impl Packed {
             return Err(format!("int8 weight row {r} holds -128; tb-llm's int8 layout is symmetric in [-127, 127]"));
         }
         let kp = round_up(k.max(1), 128);
-        let mut w = big_vec(n * kp, 128u8);
+        let mut w = HugeBuf::filled(n * kp, 128u8);
         w.par_chunks_mut(kp).zip(q.par_chunks(k.max(1))).for_each(|(dst, src)| {
             for (d, &v) in dst.iter_mut().zip(src) {
                 *d = (v as i16 + 128) as u8;
@@ -150,14 +145,14 @@ impl Packed {
 
     pub fn bf16(n: usize, k: usize, w: &[u16]) -> Result<Packed> {
         check_len("weight", w.len(), n * k)?;
-        let mut v = big_vec(n * k, 0u16);
+        let mut v = HugeBuf::filled(n * k, 0u16);
         par_copy(&mut v, w);
         Ok(Packed::Bf16 { n, k, w: v })
     }
 
     pub fn f32(n: usize, k: usize, w: &[f32]) -> Result<Packed> {
         check_len("weight", w.len(), n * k)?;
-        let mut v = big_vec(n * k, 0f32);
+        let mut v = HugeBuf::filled(n * k, 0f32);
         par_copy(&mut v, w);
         Ok(Packed::F32 { n, k, w: v })
     }
@@ -202,9 +197,9 @@ pub fn int4_tiles(n: usize, k: usize, group: usize, row: impl Fn(usize, &mut [u8
     let ng = k / group;
     let tiles = n.div_ceil(INT4_ROWS);
     let tile_bytes = (k / 32) * INT4_BLOCK_BYTES;
-    let mut w = big_vec(tiles * tile_bytes, 0u8);
-    let mut scale = big_vec(tiles * ng * INT4_ROWS, 0u16);
-    let mut zero = big_vec(tiles * ng * INT4_ROWS, 0u16);
+    let mut w = HugeBuf::filled(tiles * tile_bytes, 0u8);
+    let mut scale = HugeBuf::filled(tiles * ng * INT4_ROWS, 0u16);
+    let mut zero = HugeBuf::filled(tiles * ng * INT4_ROWS, 0u16);
     w.par_chunks_mut(tile_bytes.max(1))
         .zip(scale.par_chunks_mut((ng * INT4_ROWS).max(1)))
         .zip(zero.par_chunks_mut((ng * INT4_ROWS).max(1)))

@@ -12,7 +12,8 @@
 //! Every step is one f32 operation, in PyTorch's order, and never fused into an FMA.
 
 use super::half::round_f16;
-use super::packed::{big_vec, int4_tiles, Packed, Result};
+use super::huge::HugeBuf;
+use super::packed::{int4_tiles, Packed, Result};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -167,7 +168,7 @@ fn out_of_f16_range(n: usize) -> String {
 pub fn packed_int8(src: Src, n: usize, k: usize) -> Result<Packed> {
     check(&src, n, k)?;
     let kp = super::act_quant::round_up(k, 128);
-    let mut w = big_vec(n * kp, 128u8);
+    let mut w = HugeBuf::filled(n * kp, 128u8);
     let mut scale = vec![0f32; n];
     w.par_chunks_mut(kp).zip(scale.par_iter_mut()).enumerate().for_each_init(
         || (Vec::new(), vec![0i8; k]),
