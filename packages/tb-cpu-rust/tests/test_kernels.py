@@ -47,7 +47,9 @@ def _gemm_steps(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("act", "name"),
     [(torch.relu, "relu"), (F.gelu, "gelu"), (F.silu, "silu"), (torch.sigmoid, "sigmoid"), (torch.tanh, "tanh")],
 )
-def test_linear_activation_is_one_gemm_with_an_epilogue(act: Callable[..., Any], name: str, lowered: list[dict[str, Any]]) -> None:
+def test_linear_activation_is_one_gemm_with_an_epilogue(
+    act: Callable[..., Any], name: str, lowered: list[dict[str, Any]]
+) -> None:
     lin = torch.nn.Linear(70, 45)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
@@ -309,11 +311,7 @@ def test_3d_pooling_matches_torch(shape: tuple[int, ...], kw: dict[str, Any], ki
             extra = {"divisor_override": 5}
         return F.avg_pool3d(x, **kw, **extra) * 2.0
 
-    try:
-        want = fn(x)
-    except RuntimeError as exc:  # e.g. a dilated window larger than the input
-        pytest.skip(f"PyTorch rejects these parameters: {exc}")
-    torch.testing.assert_close(_run_native(fn, x), want, equal_nan=True)
+    torch.testing.assert_close(_run_native(fn, x), fn(x), equal_nan=True)
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5, 0.0])
@@ -333,7 +331,9 @@ def test_addmv_matches_torch(n: int, k: int, beta: float) -> None:
 
 
 @pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
-@pytest.mark.parametrize(("shape", "dim"), [((7,), 0), ((4, 9), 1), ((4, 9), 0), ((3, 0, 2), 1), ((), 0), ((2, 3, 5), -1)])
+@pytest.mark.parametrize(
+    ("shape", "dim"), [((7,), 0), ((4, 9), 1), ((4, 9), 0), ((3, 0, 2), 1), ((), 0), ((2, 3, 5), -1)]
+)
 def test_cummax_cummin_match_torch(op: Callable[..., Any], shape: tuple[int, ...], dim: int) -> None:
     gen = torch.Generator().manual_seed(len(shape) * 10 + dim)
     x = torch.randint(-3, 4, shape, generator=gen).float()  # small integers: many ties
@@ -353,7 +353,12 @@ def test_cummax_cummin_match_torch(op: Callable[..., Any], shape: tuple[int, ...
 
 @pytest.mark.parametrize(
     ("shape", "out_size"),
-    [((2, 3, 5, 9, 11), (2, 4, 5)), ((1, 2, 4, 4, 4), (4, 2, 1)), ((3, 6, 7, 5), (4, 3, 2)), ((2, 1, 3, 2, 2), (5, 3, 3))],
+    [
+        ((2, 3, 5, 9, 11), (2, 4, 5)),
+        ((1, 2, 4, 4, 4), (4, 2, 1)),
+        ((3, 6, 7, 5), (4, 3, 2)),
+        ((2, 1, 3, 2, 2), (5, 3, 3)),
+    ],
 )
 @pytest.mark.parametrize("kind", ["avg", "max"])
 def test_adaptive_3d_pooling_matches_torch(shape: tuple[int, ...], out_size: tuple[int, ...], kind: str) -> None:
