@@ -144,6 +144,21 @@ class GraphCache:
             pass  # a read-only or full cache directory only costs the next process a compile
 
 
+def user_cache_dir() -> pathlib.Path | None:
+    """The folder for facts worth keeping across processes (an engine's adapter list, say).
+
+    ``TORCHBURN_CACHE_DIR`` when set (``0`` or ``off``: keep nothing), else ``$XDG_CACHE_HOME/torchburn``
+    (``~/.cache/torchburn``). Not created here: a writer makes it when it first stores something.
+    """
+    raw = os.environ.get("TORCHBURN_CACHE_DIR", "").strip()
+    if raw.lower() in ("0", "off", "false", "no"):
+        return None
+    if raw:
+        return pathlib.Path(raw).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "torchburn"
+
+
 _cache: GraphCache | None = None
 
 
@@ -152,7 +167,8 @@ def graph_cache() -> GraphCache:
     if _cache is None:
         _cache = GraphCache(
             maxsize=int(os.environ.get("TORCHBURN_CACHE_SIZE", DEFAULT_MAXSIZE)),
-            disk_dir=os.environ.get("TORCHBURN_CACHE_DIR") or None,
+            # the graph cache writes to disk only where TORCHBURN_CACHE_DIR names a folder
+            disk_dir=os.environ.get("TORCHBURN_CACHE_DIR") if user_cache_dir() is not None else None,
         )
     return _cache
 

@@ -26,7 +26,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "TORCHBURN_CACHE_DIR",
         "(unset: no disk cache)",
         "tb-core",
-        "Directory of the on-disk structural graph cache (compiled engine plans that survive the process).",
+        "Directory of the on-disk structural graph cache (compiled engine plans that survive the process), and of the facts engines remember across processes (the wgpu adapter found; otherwise kept in `~/.cache/torchburn`). `0` or `off`: neither is written.",
     ),
     EnvVar("TORCHBURN_CACHE_SIZE", "512", "tb-core", "Entries of the in-memory structural graph cache (LRU)."),
     EnvVar(

@@ -28,11 +28,27 @@ def reset_stats() -> None:
 
 
 def describe() -> dict[str, Any]:
-    """Adapter name, backend, limits and shader-f16 support, or the reason there is no adapter."""
-    from tb_wgpu.device import probe
+    """Adapter name, backend, limits and shader-f16 support, or the reason there is no adapter.
 
-    ctx, reason = probe()
-    return ctx.describe() if ctx is not None else {"available": False, "reason": reason}
+    From the open device when this process has one, else from the adapter facts (no device opened).
+    """
+    from tb_wgpu import device
+    from tb_wgpu.adapters import adapter_info
+
+    if device._CONTEXT is not None:
+        return device._CONTEXT.describe()
+    adapter, reason = adapter_info()
+    if adapter is None:
+        return {"available": False, "reason": reason}
+    return {
+        "adapter": adapter.name,
+        "backend": adapter.backend,
+        "adapter_type": adapter.adapter_type,
+        "shader-f16": adapter.shader_f16,
+        "shader-int64": adapter.shader_int64,
+        "max_buffer_size": adapter.limits.get("max-buffer-size"),
+        "max_storage_buffer_binding_size": adapter.max_binding,
+    }
 
 
 __all__ = ["__version__", "describe", "reset_stats", "stats"]

@@ -20,26 +20,27 @@ class WgpuEngine(torchburn.Engine):
     device = "gpu"
     distribution = "tb-wgpu"
 
+    # Selection reads what the adapter is (tb_wgpu.adapters: enumerated once, remembered across
+    # processes); the device is opened only when a partition is compiled.
     @property
     def priority(self) -> int:  # type: ignore[override]
-        from tb_wgpu.device import probe
+        from tb_wgpu.adapters import adapter_info
 
-        ctx, _ = probe()
-        if ctx is None:
+        adapter, _ = adapter_info()
+        if adapter is None:
             return 0
-        return SOFTWARE_PRIORITY if ctx.is_software else GPU_PRIORITY
+        return SOFTWARE_PRIORITY if adapter.is_software else GPU_PRIORITY
 
     def is_available(self) -> torchburn.Availability:
-        from tb_wgpu.device import probe
+        from tb_wgpu.adapters import adapter_info
 
-        ctx, reason = probe()
-        return torchburn.Availability(ctx is not None, reason)
+        adapter, reason = adapter_info()
+        return torchburn.Availability(adapter is not None, reason)
 
     def describe(self) -> dict[str, Any]:
-        from tb_wgpu.device import probe
+        from tb_wgpu import describe
 
-        ctx, reason = probe()
-        return ctx.describe() if ctx is not None else {"reason": reason}
+        return describe()
 
     def covered_ops(self) -> set[str]:
         from tb_wgpu.support import RULES

@@ -93,10 +93,10 @@ def f16_available() -> bool:
 
     The same detection the LLM backend uses (``GpuContext.shader_f16``); tests patch this function.
     """
-    from tb_wgpu.device import probe
+    from tb_wgpu.adapters import adapter_info
 
-    ctx, _ = probe()
-    return bool(ctx is not None and ctx.shader_f16)
+    adapter, _ = adapter_info()  # the adapter's features: no device is opened to check a node
+    return bool(adapter is not None and adapter.shader_f16)
 
 
 def _check_matmul(node: Any) -> str | None:
@@ -368,13 +368,13 @@ def _dtype_roles(node: Any) -> str | None:
 
 
 def _size_ok(node: Any) -> str | None:
-    from tb_wgpu.device import probe
+    from tb_wgpu.adapters import adapter_info
 
-    ctx, reason = probe()
-    if ctx is None:
+    adapter, reason = adapter_info()
+    if adapter is None:
         return reason
     for m in _metas(node):
         nbytes = m.numel * {F16: 2, I64: 8}.get(m.dtype, 4)
-        if nbytes > ctx.max_binding:
-            return f"a tensor of {nbytes} bytes exceeds the adapter's {ctx.max_binding}-byte binding limit"
+        if nbytes > adapter.max_binding:
+            return f"a tensor of {nbytes} bytes exceeds the adapter's {adapter.max_binding}-byte binding limit"
     return None
