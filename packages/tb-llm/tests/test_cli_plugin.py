@@ -85,7 +85,7 @@ class _Plugin:
 
     @staticmethod
     def tb_register_llm_backends():  # type: ignore[no-untyped-def]
-        from torchburn.llm_backend import LLMBackend
+        from torchburn.llm import LLMBackend
 
         return [
             LLMBackend(
@@ -94,6 +94,7 @@ class _Plugin:
                 device="cpu",
                 load=lambda: _CountingBackend("cpu"),
                 priority=5,
+                protocol_version=2,
             )
         ]
 
@@ -116,15 +117,20 @@ def test_engine_backend_is_used(llama_dir: Path, llama: LLM) -> None:
 
 
 class _FusedBackend(ReferenceBackend):
-    """A backend that takes over the whole step (here: by wrapping the reference one)."""
+    """A backend that takes over the whole step (here: by running the description's forward pass
+    over its own kernels), given tb-core's ModelDescription, never the Decoder."""
 
     name = "fused"
     steps = 0
 
-    def compile_model(self, decoder):  # type: ignore[no-untyped-def]
+    def compile_model(self, model):  # type: ignore[no-untyped-def]
+        from torchburn.llm import ModelDescription, forward
+
+        assert isinstance(model, ModelDescription)
+
         def step(ids, positions, cache, last_only):  # type: ignore[no-untyped-def]
             type(self).steps += 1
-            return decoder.reference_forward(ids, positions, cache, last_only)
+            return forward(model, self, ids, positions, cache, last_only)
 
         return step
 

@@ -1,10 +1,14 @@
-"""Exceptions tb-llm raises. Every message names the file involved and what is wrong with it."""
+"""Exceptions tb-llm raises. Every message names the file involved and what is wrong with it.
+
+``LLMError`` and ``BackendError`` are tb-core's (``torchburn.llm.errors``), so an engine backend
+raises the class a tb-llm user catches without importing tb-llm.
+"""
 
 from __future__ import annotations
 
+from torchburn.llm.errors import BackendError, LLMError
 
-class LLMError(Exception):
-    """Base class of every tb-llm error."""
+__all__ = ["BackendError", "ChatTemplateError", "CheckpointError", "LLMError", "UnsupportedModelError"]
 
 
 class CheckpointError(LLMError, ValueError):
@@ -22,7 +26,3 @@ class UnsupportedModelError(LLMError, ValueError):
 
 class ChatTemplateError(LLMError, ValueError):
     """The chat template cannot be parsed or rendered."""
-
-
-class BackendError(LLMError, RuntimeError):
-    """No usable kernel backend for the requested device or engine."""

@@ -1,82 +1,8 @@
-"""Preallocated KV cache: one ``[B, KV, capacity, D]`` buffer per layer for keys and values.
-
-Slots are filled left to right for the whole batch together. ``pos[b, s]`` is the token
-position stored in slot ``s`` of row ``b`` (-1: empty or padding), so left-padded batches and
-sliding windows are masks over slots, and a chat turn can rewind to a shared prefix.
-"""
+"""The preallocated KV cache: tb-core's :class:`torchburn.llm.kv_cache.KVCache` (engines write to
+it without importing tb-llm), under the name tb-llm has always exported."""
 
 from __future__ import annotations
 
-import torch
+from torchburn.llm.kv_cache import KVCache
 
-
-class KVCache:
-    def __init__(
-        self,
-        num_layers: int,
-        batch: int,
-        num_kv_heads: int,
-        head_dim: int,
-        capacity: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        self.num_layers, self.batch, self.kv_heads, self.head_dim = num_layers, batch, num_kv_heads, head_dim
-        self.dtype, self.device = dtype, device
-        self.capacity = 0
-        self.length = 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.pos = torch.empty(batch, 0, dtype=torch.long, device=device)
-        # the token id in each slot, kept for LongRoPE models only: lets the model re-encode the
-        # cached sequence when its RoPE frequencies change with length (crossing the original context)
-        self.tokens = torch.empty(batch, 0, dtype=torch.long, device=device)
-        self.reserve(capacity)
-
-    def reserve(self, capacity: int) -> None:
-        """Grow to hold at least ``capacity`` slots (doubling, so chats re-allocate rarely)."""
-        if capacity <= self.capacity:
-            return
-        new = max(capacity, 2 * self.capacity)
-        shape = (self.batch, self.kv_heads, new, self.head_dim)
-        ks, vs = [], []
-        for i in range(self.num_layers):
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            if self.length:
-                k[:, :, : self.length] = self.k[i][:, :, : self.length]
-                v[:, :, : self.length] = self.v[i][:, :, : self.length]
-            ks.append(k)
-            vs.append(v)
-        self.k, self.v = ks, vs
-        pos = torch.full((self.batch, new), -1, dtype=torch.long, device=self.device)
-        pos[:, : self.length] = self.pos[:, : self.length]
-        tokens = torch.zeros((self.batch, new), dtype=torch.long, device=self.device)
-        tokens[:, : self.length] = self.tokens[:, : self.length]
-        self.pos, self.tokens = pos, tokens
-        self.capacity = new
-
-    def begin(self, positions: torch.Tensor) -> None:
-        """Claim slots for ``positions`` ``[B, T]`` (-1 = padding) before a forward pass."""
-        t = positions.shape[1]
-        self.reserve(self.length + t)
-        self.pos[:, self.length : self.length + t] = positions
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this step's ``[B, KV, T, D]`` keys/values; return the views attention reads."""
-        t = k.shape[2]
-        end = self.length + t
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def commit(self, t: int) -> None:
-        self.length += t
-
-    def truncate(self, length: int) -> None:
-        """Forget every slot from ``length`` on (a chat turn that diverges from the cache)."""
-        self.length = min(self.length, length)
-        self.pos[:, self.length :] = -1
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+__all__ = ["KVCache"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tb_llm.backends import KernelBackend, resolve_device, select_backend
+from tb_llm.backends import LLMKernels, resolve_device, select_backend
 from tb_llm.config import ModelConfig, load_config
 from tb_llm.hub import resolve
 from tb_llm.model import Decoder, check_weights
@@ -155,7 +155,7 @@ class LLM:
         return self.model.cfg
 
     @property
-    def backend(self) -> KernelBackend:
+    def backend(self) -> LLMKernels:
         return self.model.backend
 
     @property

@@ -8,44 +8,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tb_llm.backends import KernelBackend
 from tb_llm.config import ModelConfig, RopeConfig
 from tb_llm.errors import CheckpointError
-from tb_llm.kv_cache import KVCache
-from tb_llm.quant import quantize
 from tb_llm.safetensors_io import CheckpointWeights
+from torchburn.llm.activation import Activation
+from torchburn.llm.kv_cache import CacheLike, KVCache
+from torchburn.llm.model import DecoderLayer, ModelDescription, PreparedLinear
+from torchburn.llm.model_forward import forward as forward_pass
+from torchburn.llm.protocol import LLMKernels, default_head_quant
+from torchburn.llm.quantize import quantize
 
+# tb-core's types of the model description, under the names tb-llm has always used
+Linear = PreparedLinear
+Layer = DecoderLayer
 
-@dataclass
-class Linear:
-    handle: Any
-    bias: torch.Tensor | None
-    out_features: int
-
-
-@dataclass
-class Layer:
-    input_norm: torch.Tensor
-    post_attn_norm: torch.Tensor
-    pre_ff_norm: torch.Tensor | None
-    post_ff_norm: torch.Tensor | None
-    qkv: list[Linear]  # [q, k, v] or [qkv] when fused
-    o: Linear
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    gate_up: list[Linear]  # [gate, up] or [gate_up] when fused
-    down: Linear
-    sliding: bool
-
-
-def default_head_quant(quant: str) -> str:
-    """As llama.cpp's default does, int4 models keep the embedding / output head at int8."""
-    return "int8" if quant == "int4" else quant
+__all__ = ["Decoder", "Layer", "Linear", "check_weights", "default_head_quant", "expected_shapes"]
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -120,7 +101,7 @@ class Decoder:
         self,
         cfg: ModelConfig,
         weights: CheckpointWeights,
-        backend: KernelBackend,
+        backend: LLMKernels,
         quant: str,
         group_size: int = 32,
         progress: Callable[[int], None] | None = None,
@@ -202,10 +183,39 @@ class Decoder:
             )
         self._inv_freq = _inv_freq(cfg)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.description = self._describe()
         # A backend may take over the whole step (all layers in one native call): see
-        # KernelBackend.compile_model in tb_llm.backends.
+        # compile_model in torchburn.llm.protocol. It sees the description, never this object.
         compile_model = getattr(backend, "compile_model", None)
-        self._fused: Callable[..., torch.Tensor] | None = compile_model(self) if compile_model is not None else None
+        step = compile_model(self.description) if compile_model is not None else None
+        self._fused: Callable[..., Any] | None = None if step is NotImplemented else step
+
+    def _describe(self) -> ModelDescription:
+        cfg = self.cfg
+        return ModelDescription(
+            hidden_size=cfg.hidden_size,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            intermediate_size=cfg.intermediate_size,
+            vocab_size=cfg.vocab_size,
+            rms_norm_eps=float(cfg.rms_norm_eps),
+            norm_offset=float(cfg.family.norm_offset),
+            attn_scale=float(cfg.attn_scale),
+            attn_softcap=None if cfg.attn_softcap is None else float(cfg.attn_softcap),
+            final_softcap=float(cfg.final_softcap) if cfg.final_softcap else None,
+            sliding_window=None if cfg.sliding_window is None else int(cfg.sliding_window),
+            activation=Activation.from_name(cfg.hidden_act),
+            embed_scale=math.sqrt(cfg.hidden_size) if cfg.family.embed_scale else None,
+            rotary_dim=cfg.rope.rotary_dim,
+            rope=self._cos_sin,
+            embed=self.embed,
+            layers=tuple(self.layers),
+            norm=self.norm,
+            lm_head=self.lm_head,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     @staticmethod
     def linear_count(cfg: ModelConfig) -> int:
@@ -259,8 +269,9 @@ class Decoder:
             positions = torch.cat((cache.pos[:, :keep], positions), dim=1)
             cache.truncate(0)
         start = cache.length
-        step = self._fused if self._fused is not None else self.reference_forward
-        logits = step(ids, positions, cache, last_only)
+        logits = self._fused(ids, positions, cache, last_only) if self._fused is not None else NotImplemented
+        if logits is NotImplemented:  # no compiled step, or it declined this call (e.g. this cache type)
+            logits = self.reference_forward(ids, positions, cache, last_only)
         if longrope and isinstance(cache, KVCache):  # only LongRoPE ever re-encodes the cached tokens
             cache.tokens[:, start : start + ids.shape[1]] = ids
         return logits if last_only else logits[:, -t:]
@@ -273,89 +284,10 @@ class Decoder:
 
     @torch.inference_mode()
     def reference_forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = True
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: CacheLike, last_only: bool = True
     ) -> torch.Tensor:
         """The step as a sequence of backend kernels, one Python call each."""
-        cfg, be = self.cfg, self.backend
-        b, t = ids.shape
-        cache.begin(positions)
-        x = be.embedding(ids, self.embed).to(self.dtype)
-        if cfg.family.embed_scale:
-            x = x * torch.tensor(math.sqrt(cfg.hidden_size), dtype=x.dtype)
-        cos, sin = self._cos_sin(positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        full_mask, window_mask = self._masks(positions, cache)
-        h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        eps, off = cfg.rms_norm_eps, cfg.family.norm_offset
-        x = x.reshape(b * t, -1)
-        for i, layer in enumerate(self.layers):
-            r = x
-            h = be.rms_norm(x, layer.input_norm, eps, off)
-            if len(layer.qkv) == 1:
-                qkv = be.linear(h, layer.qkv[0].handle, layer.qkv[0].bias)
-                q, k, v = qkv.split((h_q * d, h_kv * d, h_kv * d), dim=-1)
-            else:
-                q, k, v = (be.linear(h, lin.handle, lin.bias) for lin in layer.qkv)
-            q = q.reshape(b, t, h_q, d).transpose(1, 2)
-            k = k.reshape(b, t, h_kv, d).transpose(1, 2)
-            v = v.reshape(b, t, h_kv, d).transpose(1, 2)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = be.rms_norm(q, layer.q_norm, eps, off)
-                k = be.rms_norm(k, layer.k_norm, eps, off)
-            q = be.rope(q, cos, sin)
-            k = be.rope(k, cos, sin)
-            k_all, v_all = cache.write(i, k, v)
-            mask = window_mask if layer.sliding and window_mask is not None else full_mask
-            o = be.attention(q.contiguous(), k_all, v_all, mask, cfg.attn_scale, cfg.attn_softcap)
-            o = o.transpose(1, 2).reshape(b * t, h_q * d)
-            h = be.linear(o, layer.o.handle, layer.o.bias)
-            if layer.pre_ff_norm is not None:
-                h = be.rms_norm(h, layer.post_attn_norm, eps, off)
-                x = r + h
-                r = x
-                h = be.rms_norm(x, layer.pre_ff_norm, eps, off)
-            else:
-                x = r + h
-                r = x
-                h = be.rms_norm(x, layer.post_attn_norm, eps, off)
-            if len(layer.gate_up) == 1:
-                gu = be.linear(h, layer.gate_up[0].handle, layer.gate_up[0].bias)
-                gate, up = gu.chunk(2, dim=-1)
-            else:
-                gate = be.linear(h, layer.gate_up[0].handle, layer.gate_up[0].bias)
-                up = be.linear(h, layer.gate_up[1].handle, layer.gate_up[1].bias)
-            h = be.linear(be.gated_act(gate, up, cfg.hidden_act), layer.down.handle, layer.down.bias)
-            if layer.post_ff_norm is not None:
-                h = be.rms_norm(h, layer.post_ff_norm, eps, off)
-            x = r + h
-        cache.commit(t)
-        x = x.reshape(b, t, -1)
-        if last_only:
-            x = x[:, -1]
-        x = be.rms_norm(x, self.norm, eps, off)
-        shape = x.shape[:-1]
-        logits = be.linear(x.reshape(-1, x.shape[-1]), self.lm_head.handle, None).float().reshape(*shape, -1)
-        if cfg.final_softcap:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-        return logits
-
-    def _masks(self, positions: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
-        end = cache.length + positions.shape[1]
-        kpos = cache.pos[:, :end]  # [B, S]
-        qpos = positions  # [B, T]
-        valid = (kpos >= 0)[:, None, :]
-        diff = qpos[:, :, None] - kpos[:, None, :]
-        full = valid & (diff >= 0)
-        window = None
-        if self.cfg.sliding_window is not None and any(self.cfg.sliding_layers):
-            window = full & (diff < self.cfg.sliding_window)
-        return _no_empty_rows(full).unsqueeze(1), (_no_empty_rows(window).unsqueeze(1) if window is not None else None)
-
-
-def _no_empty_rows(mask: torch.Tensor) -> torch.Tensor:
-    # A padding query sees no key; letting it see all of them avoids NaN (its output is unused).
-    empty = ~mask.any(dim=-1, keepdim=True)
-    return mask | empty
+        return forward_pass(self.description, self.backend, ids, positions, cache, last_only)
 
 
 def _inv_freq(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tensor:
