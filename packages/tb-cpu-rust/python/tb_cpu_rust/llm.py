@@ -1,8 +1,9 @@
-"""tb-llm's ``native_cpu`` backend: the hot decode kernels of a decoder step in Rust.
+"""The ``native_cpu`` LLM backend: the hot decode kernels of a decoder step in Rust.
 
 Loaded by tb-llm through the ``tb_register_llm_backends`` hook (``tb_cpu_rust.plugin``); it
-implements ``tb_llm.backends.KernelBackend`` and inherits what it does not speed up from
-tb-llm's PyTorch ``ReferenceBackend``.
+implements tb-core's kernel protocol (``torchburn.llm.protocol``, version 2) without importing
+tb-llm, and declines (``NotImplemented``) what it does not speed up: activations that are not
+float32, for which tb-llm's PyTorch reference runs the kernel.
 
 * Weights are packed once at load time into Rust-owned layouts (``_native.LLMWeight``):
   int8 per output channel, int4 group-wise (re-laid in 8-row tiles so one byte-multiply gives
@@ -19,11 +20,12 @@ tb-llm's PyTorch ``ReferenceBackend``.
   each cached row). Prefill linears (16 rows or more) of fp32 / bf16 / int8 weights run a blocked f32
   GEMM over the packed weights (Rust ``llm/panel.rs``: 16 weight rows dequantized at a time,
   6 x 16 FMA register tile), so fp32 / bf16 models keep one copy of their weights.
-* ``compile_model`` hands tb-llm a step that runs a whole forward pass (every layer, the final
+* ``compile_model`` (given tb-core's ``ModelDescription``) hands tb-llm a step that runs a whole forward pass (every layer, the final
   norm and the head) in one native call with the GIL released (``_native.LLMModel``): no
   Python per layer, for decode steps and whole prompts alike (a prompt's attention takes the
   prefill kernel, its norms / gated activation / residual adds are spread over the pool). The
-  per-kernel path above serves caches the native step does not own (the server's slots).
+  per-kernel path above serves caches the native step does not own (the server's slots): the
+  step declines those calls.
 """
 
 from __future__ import annotations
@@ -36,11 +38,7 @@ import torch.nn.functional as F
 
 from tb_cpu_rust import _native
 from tb_cpu_rust.threads import use_torch_openmp
-from tb_llm.backends import ReferenceBackend
-from tb_llm.errors import BackendError
-from tb_llm.kv_cache import KVCache
-from tb_llm.quant import GROUP_SIZES, QuantWeight
-
+from torchburn.llm import GROUP_SIZES, Activation, BackendError, KVCache, ModelDescription, QuantWeight
 
 # prefill GEMMs (called between PyTorch ops) run on PyTorch's OpenMP team, as the engine's kernels do
 use_torch_openmp()
@@ -80,13 +78,14 @@ class _PackedRows:
         return self.rows(None, dtype)
 
 
-class NativeLLMBackend(ReferenceBackend):
+class NativeLLMBackend:
     name = "native_cpu"
-    #: More activation rows than this: dense weights use PyTorch's GEMM, attention uses SDPA.
+    protocol_version = 2
+    #: More activation rows than this: attention with a softcap or an odd head dim is declined (SDPA).
     SMALL_M = 8
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
-        super().__init__(device)
+        self.device = torch.device(device)
         if self.device.type != "cpu":
             raise BackendError(f"native_cpu LLM backend runs on the CPU, not {self.device}")
         self.isa = _native.llm_isa()
@@ -118,7 +117,7 @@ class NativeLLMBackend(ReferenceBackend):
 
     def quantize_linear(self, weight: torch.Tensor, quant: str, group_size: int) -> Any:
         """Quantize and pack in one native pass over rayon's pool (tb-llm's optional hook):
-        bit for bit the weight ``prepare_linear(tb_llm.quant.quantize(weight, quant, group_size))``
+        bit for bit the weight ``prepare_linear(torchburn.llm.quantize(weight, quant, group_size))``
         gives, without PyTorch's elementwise passes. None (the Python path) for other cases."""
         if quant not in ("int8", "int4") or weight.dim() != 2 or weight.device.type != "cpu":
             return None
@@ -126,7 +125,7 @@ class NativeLLMBackend(ReferenceBackend):
             return None
         kind = "int4" if quant == "int4" and weight.shape[1] % group_size == 0 else "int8"
         if kind == "int4" and group_size not in GROUP_SIZES:
-            return None  # tb_llm.quant raises the user-facing error
+            return None  # torchburn.llm.quantize raises the user-facing error
         return _native.llm_quantize(_arg(weight.contiguous()), kind, group_size)
 
     def embedding_table(self, handle: Any) -> Any:
@@ -158,7 +157,7 @@ class NativeLLMBackend(ReferenceBackend):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
         if x.dtype != torch.float32:
-            return super().rms_norm(x, weight, eps, offset)
+            return NotImplemented
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         out = torch.empty_like(x2)
         _native.llm_rms_norm(_arg(x2), _arg(weight.float().contiguous()), _arg(out), eps, float(offset))
@@ -166,7 +165,7 @@ class NativeLLMBackend(ReferenceBackend):
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.dim() != 4 or cos.shape[0] != x.shape[0]:
-            return super().rope(x, cos, sin)
+            return NotImplemented
         out = torch.empty(x.shape, dtype=torch.float32)
         _native.llm_rope(_arg(_unit_last(x)), _arg(_unit_last(cos.float())), _arg(_unit_last(sin.float())), _arg(out))
         return out
@@ -175,7 +174,7 @@ class NativeLLMBackend(ReferenceBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None
     ) -> torch.Tensor:
         if q.dtype != torch.float32 or (q.shape[2] > self.SMALL_M and (softcap is not None or q.shape[3] % 8 != 0)):
-            return super().attention(q, k, v, mask, scale, softcap)
+            return NotImplemented
         out = torch.empty(q.shape, dtype=torch.float32)
         _native.llm_attention(
             _arg(_unit_last(q)),
@@ -188,9 +187,9 @@ class NativeLLMBackend(ReferenceBackend):
         )
         return out
 
-    def gated_act(self, gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    def gated_act(self, gate: torch.Tensor, up: torch.Tensor, act: Activation) -> torch.Tensor:
         if gate.dtype != torch.float32 or gate.shape != up.shape:
-            return super().gated_act(gate, up, act)
+            return NotImplemented
         g = gate.reshape(-1, gate.shape[-1]).contiguous()
         u = up.reshape(-1, up.shape[-1]).contiguous()
         out = torch.empty_like(g)
@@ -198,23 +197,22 @@ class NativeLLMBackend(ReferenceBackend):
         return out.view(gate.shape)
 
     # -- whole step -----------------------------------------------------------------------
-    def compile_model(self, decoder: Any) -> Callable[..., torch.Tensor] | None:
-        """A step running every layer of ``decoder`` in one native call (tb-llm's
-        ``KernelBackend.compile_model`` contract): decode steps, batched decode and whole
-        prompts; caches other than tb-llm's ``KVCache`` take ``decoder.reference_forward``.
+    def compile_model(self, model: ModelDescription) -> Callable[..., Any] | None:
+        """A step running every layer of ``model`` in one native call (the protocol's
+        ``compile_model``): decode steps, batched decode and whole prompts; it declines caches
+        other than tb-core's ``KVCache`` (tb-llm then runs the per-kernel path).
 
-        Every family tb-llm supports maps onto the native step (biases, q/k norms, fused
-        projections, Gemma's norm offset / embedding scale / sandwich norms / softcaps,
-        sliding windows, partial rotary); RoPE cos/sin come from ``decoder._cos_sin`` per call,
-        so every RoPE type tb-llm supports works. Returns None (per-kernel path) when the
-        decoder does not run in float32 or holds a weight this backend did not pack.
+        Every model a description can hold maps onto the native step (biases, q/k norms, fused
+        projections, Gemma's norm offset / embedding scale / sandwich norms / softcaps, sliding
+        windows, partial rotary); RoPE cos/sin come from ``model.rope`` per call, so every RoPE
+        type works. Returns None (per-kernel path) when the model does not run in float32 or
+        holds a weight this backend did not pack.
         """
         # every weight is packed by now: the loader's freed temporaries (weights widened to
         # float32, quantizer buffers) go back to the system instead of staying in malloc's heap
         # beside the packed copies, which have their own huge-page mappings
         _native.llm_release_free_memory()
-        cfg = decoder.cfg
-        if decoder.dtype != torch.float32 or decoder.device.type != "cpu":
+        if model.dtype != torch.float32 or model.device.type != "cpu":
             return None
 
         def w(handle: Any) -> Any:
@@ -232,8 +230,7 @@ class NativeLLMBackend(ReferenceBackend):
         def link(x: Any) -> tuple[Any, Any]:
             return (w(x.handle), vk(x.bias))
 
-        handles = [w(x.handle) for layer in decoder.layers for x in (*layer.qkv, layer.o, *layer.gate_up, layer.down)]
-        if not all(isinstance(h, _native.LLMWeight) for h in [*handles, w(decoder.lm_head.handle)]):
+        if not all(isinstance(w(lin.handle), _native.LLMWeight) for lin in model.linears()):
             return None
         layers = [
             (
@@ -249,66 +246,71 @@ class NativeLLMBackend(ReferenceBackend):
                 link(layer.down),
                 bool(layer.sliding),
             )
-            for layer in decoder.layers
+            for layer in model.layers
         ]
-        window = cfg.sliding_window if any(layer.sliding for layer in decoder.layers) else None
+        window = model.sliding_window if any(layer.sliding for layer in model.layers) else None
         config = (
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.vocab_size,
-            float(cfg.rms_norm_eps),
-            float(cfg.family.norm_offset),
-            float(cfg.attn_scale),
-            None if cfg.attn_softcap is None else float(cfg.attn_softcap),
-            None if cfg.final_softcap is None else float(cfg.final_softcap),
+            model.hidden_size,
+            model.num_heads,
+            model.num_kv_heads,
+            model.head_dim,
+            model.intermediate_size,
+            model.vocab_size,
+            float(model.rms_norm_eps),
+            float(model.norm_offset),
+            float(model.attn_scale),
+            None if model.attn_softcap is None else float(model.attn_softcap),
+            None if model.final_softcap is None else float(model.final_softcap),
             None if window is None else int(window),
         )
-        embed_scale = float(torch.tensor(cfg.hidden_size**0.5, dtype=torch.float32)) if cfg.family.embed_scale else None
+        # the multiplier rounded to float32, as the per-kernel path rounds it to its compute dtype
+        embed_scale = None if model.embed_scale is None else float(torch.tensor(model.embed_scale, dtype=torch.float32))
         try:
             native = _native.LLMModel(
-                config, _native_act(cfg.hidden_act), embed_scale, layers, vk(decoder.norm), w(decoder.lm_head.handle)
+                config, _native_act(model.activation), embed_scale, layers, vk(model.norm), w(model.lm_head.handle)
             )
         except ValueError as exc:  # a shape or layout the native step does not take
             import logging
 
-            logging.getLogger("tb_llm").debug("native_cpu: no fused step (%s)", exc)
+            logging.getLogger("tb_cpu_rust").debug("native_cpu: no fused step (%s)", exc)
             return None
-        return _FusedStep(decoder, native)
+        return _FusedStep(model, native)
 
 
 class _FusedStep:
     """``step(ids, positions, cache, last_only)`` over ``_native.LLMModel`` (see compile_model)."""
 
-    def __init__(self, decoder: Any, native: Any) -> None:
-        self.decoder, self.native = decoder, native
-        self._bound: tuple[Any, Any] | None = None  # (cache.k list, LLMKVCache) of the last cache
+    def __init__(self, model: ModelDescription, native: Any) -> None:
+        self.model, self.native = model, native
+        # (cache, its generation, LLMKVCache over its buffers): the cache is held so the buffers
+        # the native descriptors point at stay alive until another cache is bound
+        self._bound: tuple[KVCache, int, Any] | None = None
 
-    def _kv(self, cache: Any) -> Any:
-        # KVCache.reserve replaces its lists when it grows: bind the buffers once per allocation
-        if self._bound is None or self._bound[0] is not cache.k:
-            self._bound = (cache.k, _native.LLMKVCache([_arg(t) for t in cache.k], [_arg(t) for t in cache.v]))
-        return self._bound[1]
+    def _kv(self, cache: KVCache) -> Any:
+        # KVCache.reserve replaces its buffers when it grows (a new generation): bind once per allocation
+        if self._bound is None or self._bound[0] is not cache or self._bound[1] != cache.generation:
+            layers = range(cache.num_layers)
+            native = _native.LLMKVCache([_arg(cache.keys(i)) for i in layers], [_arg(cache.values(i)) for i in layers])
+            self._bound = (cache, cache.generation, native)
+        return self._bound[2]
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, last_only: bool = True) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, last_only: bool = True) -> Any:
         b, t = ids.shape
-        dec = self.decoder
-        # The native step owns tb-llm's KVCache layout (every row at the same length). Other
-        # caches (the server's per-slot views, where each row writes at its own offset) go
-        # through the per-kernel path, which only uses their begin / write / commit protocol.
+        model = self.model
+        # The native step owns tb-core's KVCache layout (every row at the same length). Other
+        # caches (the server's per-slot views, where each row writes at its own offset) are
+        # declined before anything is written: tb-llm runs them through the per-kernel path.
         # Prompts of any length run here too (prefill attention and parallel row work inside).
         if not isinstance(cache, KVCache):
-            return dec.reference_forward(ids, positions, cache, last_only)
+            return NotImplemented
         with torch.inference_mode():
             cache.begin(positions)
             kv = self._kv(cache)  # after begin: it may have grown the cache
-            x = dec.embed.rows(ids.reshape(-1), torch.float32).contiguous()
-            cos, sin = dec._cos_sin(positions)
+            x = model.embed.rows(ids.reshape(-1), torch.float32).contiguous()
+            cos, sin = model.rope(positions)
             cos, sin = cos.float().contiguous(), sin.float().contiguous()
             pos = positions.to(torch.long).contiguous()
-            logits = torch.empty(b if last_only else b * t, dec.cfg.vocab_size, dtype=torch.float32)
+            logits = torch.empty(b if last_only else b * t, model.vocab_size, dtype=torch.float32)
             self.native.step(
                 _arg(x), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), cache.length, kv, _arg(logits), last_only
             )
@@ -316,9 +318,9 @@ class _FusedStep:
         return logits if last_only else logits.view(b, t, -1)
 
 
-def _native_act(act: str) -> str:
-    # tb-llm's reference: silu, exact gelu, and the tanh approximation for every other name
-    return act if act in ("silu", "gelu") else "gelu_tanh"
+def _native_act(act: Activation | str) -> str:
+    # the protocol's three activations are the native step's three names
+    return Activation.from_name(act).value
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ def tb_register_engines() -> list[Any]:
 
 @torchburn.hookimpl
 def tb_register_llm_backends() -> list[Any]:
-    from torchburn.llm_backend import LLMBackend
+    from torchburn.llm import LLMBackend
 
     return [
         LLMBackend(
@@ -28,6 +28,7 @@ def tb_register_llm_backends() -> list[Any]:
             load=_load_llm_backend,
             priority=10,
             description="Rust int8/int4 (VNNI) / bf16 / fp32 GEMVs, RMSNorm, RoPE, KV-cache attention",
+            protocol_version=2,  # torchburn.llm.protocol, the version this backend implements
         )
     ]
 
