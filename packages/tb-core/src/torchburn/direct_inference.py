@@ -66,10 +66,11 @@ def trace(
 ) -> torch.fx.GraphModule | None:
     """The Dynamo graph as a functional ATen graph, or None where AOTAutograd must handle it."""
     from torch._dispatch.python import enable_python_dispatcher
-    from torch._functorch.compile_utils import fx_graph_cse
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.multiprocessing.reductions import StorageWeakRef
+
+    from torchburn.cse import eliminate_common_subexpressions
 
     try:
         # a fresh fake mode without a shape environment: static sizes, as the guards are
@@ -88,7 +89,7 @@ def trace(
         # as AOTAutograd leaves its graphs: dead nodes gone (the byte buffer batch norm's
         # reserve output makes), common subexpressions merged
         traced.graph.eliminate_dead_code()
-        traced.graph = fx_graph_cse(traced.graph)
+        traced.graph = eliminate_common_subexpressions(traced.graph)
         traced.recompile()
     except Exception:
         return None
