@@ -71,7 +71,7 @@ def tb_register_engines() -> list[Any]:
 
 @torchburn.hookimpl
 def tb_register_llm_backends() -> list[Any]:
-    from torchburn.llm_backend import LLMBackend
+    from torchburn.llm import LLMBackend
 
     return [
         LLMBackend(
@@ -82,6 +82,7 @@ def tb_register_llm_backends() -> list[Any]:
             priority=GPU_PRIORITY,
             description="whole decode step (all layers, int8/int4 dequantized in-shader, device KV cache) "
             "as one WebGPU command buffer per token",
+            protocol_version=2,  # torchburn.llm.protocol, the version this backend implements
         )
     ]
 

@@ -1,4 +1,4 @@
-// int4 weights as tb_llm.quant stores them (byte j: column 2j low nibble, 2j + 1 high nibble),
+// int4 weights as torchburn.llm.weights lays them out (byte j: column 2j low nibble, 2j + 1 high nibble),
 // eight per u32, with (scale, zero) per group of G columns: w = (q - 8) * scale + zero.
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read> sz: array<vec2<f32>>;
