@@ -34,21 +34,23 @@ def environment_page() -> str:
 
 
 def coverage_page() -> str:
-    from torchburn.cli.ops import coverage
+    from torchburn.cli.ops import cell, coverage, totals
     from torchburn.cli.table import render_markdown
 
     names, rows = coverage()
     shown = [n for n in names if n != "example"]
-    table = [[f"`{r['op']}`", r["category"], *("✓" if r[n] else "" for n in shown)] for r in rows]
-    totals = ["**total**", f"{len(rows)} ops", *(str(sum(1 for r in rows if r[n])) for n in shown)]
+    table = [[f"`{r['op']}`", r["category"], *(cell(r, n, "✓", "torch", "") for n in shown)] for r in rows]
+    total = ["**total**", f"{len(rows)} ops", *(totals(rows, n) for n in shown)]
     intro = (
         "# Op coverage\n\n"
         "Which ATen op overloads of the catalog (Core ATen IR plus the ops tb-core keeps whole) each\n"
-        "engine has native kernels for. An engine may still refuse some dtypes or layouts of a covered\n"
-        "op; `torchburn explain` shows the reason for any node of a real model.\n\n"
+        "engine has native kernels for (✓), and which it takes but hands to PyTorch's own kernel\n"
+        "(`torch`: counted as `delegated` by `torchburn.op_coverage()`, not as native). An engine may\n"
+        "still refuse some dtypes or layouts of a covered op; `torchburn explain` shows the reason for\n"
+        "any node of a real model.\n\n"
         f"Engines: {', '.join(shown) or 'none installed'}.\n\n"
     )
-    return HEADER + intro + render_markdown(["op", "category", *shown], [*table, totals]) + "\n"
+    return HEADER + intro + render_markdown(["op", "category", *shown], [*table, total]) + "\n"
 
 
 def undocumented_variables() -> list[str]:

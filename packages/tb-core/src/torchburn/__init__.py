@@ -18,6 +18,7 @@ from torchburn.cache import graph_cache
 from torchburn.engine import Availability, Engine
 from torchburn.explain import Explanation, explain
 from torchburn.hookspecs import hookimpl
+from torchburn.interop import PreparedProgram
 from torchburn.nodeinfo import NodeInfo, accepts
 from torchburn.options import EngineNotFoundError, Options, TorchburnFallbackWarning, select_engines
 from torchburn.plan import Plan, PlanNode, Ref, TensorMeta
@@ -87,6 +88,7 @@ __all__ = [
     "Options",
     "Plan",
     "PlanNode",
+    "PreparedProgram",
     "Ref",
     "TensorMeta",
     "TorchburnFallbackWarning",

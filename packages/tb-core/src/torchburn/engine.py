@@ -8,15 +8,20 @@ kernel registry, so a small engine only registers kernels; a native engine overr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torchburn._version import PLUGIN_API_VERSION
 from torchburn.nodeinfo import NodeInfo
 from torchburn.plan import GETITEM, Plan
 from torchburn.program import KernelProgram
+
+if TYPE_CHECKING:
+    import torch
+
+    from torchburn.interop import EagerKernel, PreparedProgram
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,23 @@ class Engine:
         """Op overloads this engine has kernels for (some dtypes/layouts may still be refused)."""
         return set(self.kernels())
 
+    def native_ops(self) -> set[str]:
+        """The ops of ``covered_ops()`` this engine runs on kernels of its own.
+
+        The rest it takes by handing them to PyTorch's kernels (``torchburn ops`` shows them as
+        delegated; ``delegated_ops`` says which nodes of a plan). Default: all of them.
+        """
+        return self.covered_ops()
+
+    def runs_registered_kernels(self) -> bool:
+        """True when kernels added to this engine's registry table (``tb_register_kernels``) run.
+
+        The default ``check`` / ``compile`` read the table, so an engine that keeps them does; an
+        engine that overrides either and still consults the table says so by overriding this.
+        """
+        cls = type(self)
+        return cls.check is Engine.check and cls.compile is Engine.compile
+
     def check(self, node: NodeInfo) -> str | None:
         """None if this engine takes ``node``, else the reason it does not."""
         if node.op == GETITEM:
@@ -81,6 +103,33 @@ class Engine:
         """Turn a plan into a callable taking the plan's inputs and returning its outputs."""
         table = self.kernels()
         return KernelProgram(plan, {op: k.fn for op, k in table.items()})
+
+    def delegated_ops(self, plan: Plan) -> Collection[str]:
+        """Ops of ``plan`` this engine's compiled program hands to PyTorch's own kernels.
+
+        Telemetry reports their nodes as "delegated", not "native" (``torchburn.op_coverage``).
+        An engine that runs its own kernel for every node it takes returns nothing (the default).
+        """
+        return ()
+
+    # -- use by other engines (torchburn.interop) ----------------------------------------
+    def prepare(self, plan: Plan) -> PreparedProgram | None:
+        """``plan`` compiled as ``compile`` does it, as a program that runs into the caller's outputs.
+
+        None: this engine offers no such program for this plan (the default). See
+        ``torchburn.interop.PreparedProgram`` for what the program checks and promises.
+        """
+        return None
+
+    def eager_kernel(self, op: str, dtype: torch.dtype) -> EagerKernel | None:
+        """This engine's kernel for one eager call of ``op`` ("aten.sin.default") on ``dtype``.
+
+        The function takes the op's tensor arguments positionally and returns a new tensor equal
+        to the op's result for contiguous, strided tensors of ``dtype`` on this engine's device;
+        for any other input it raises ``ValueError`` or ``TypeError`` and touches no memory.
+        None: not offered (the default).
+        """
+        return None
 
     def serialize(self, compiled: Callable[..., Any], plan: Plan) -> bytes | None:
         """Bytes for the on-disk cache, or None if this engine's plans are not persisted."""

@@ -1,4 +1,8 @@
-"""``torchburn.explain``: which engine runs each partition, and why every fallback op falls back."""
+"""``torchburn.explain``: which engine runs each partition, and why every fallback op falls back.
+
+A partition's ops that its engine hands to PyTorch's own kernels are listed as delegated
+(``Engine.delegated_ops``): they ran inside an engine, but on no kernel of its own.
+"""
 
 from __future__ import annotations
 
@@ -26,14 +30,24 @@ class Explanation:
 
     @property
     def native_ops(self) -> Counter[str]:
+        """Nodes engines ran with their own kernels."""
         c: Counter[str] = Counter()
         for g in self.graphs:
             c.update(g.native_ops())
         return c
 
     @property
+    def delegated_ops(self) -> Counter[str]:
+        """Nodes engines took but ran with PyTorch's own kernels."""
+        c: Counter[str] = Counter()
+        for g in self.graphs:
+            c.update(g.delegated_ops())
+        return c
+
+    @property
     def fully_native(self) -> bool:
-        return all(not g.fallbacks for g in self.graphs) and bool(self.graphs)
+        """Every node ran on an engine's own kernel: no eager fallback and nothing delegated."""
+        return bool(self.graphs) and all(not g.fallbacks and not g.delegated_ops() for g in self.graphs)
 
     def __str__(self) -> str:
         lines = []
@@ -44,6 +58,9 @@ class Explanation:
                 ops = Counter(op for op in p.ops if op != "getitem")
                 listing = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(ops.items()))
                 lines.append(f"  partition {j} on {p.engine} [{p.status}]: {listing}")
+                handed = sorted(op for op in ops if op in p.delegated)
+                if handed and p.ran:
+                    lines.append(f"    delegated to PyTorch's kernels by {p.engine}: {', '.join(handed)}")
             if g.fallbacks:
                 lines.append("  eager fallback:")
                 for (op, reason), n in sorted(Counter(g.fallbacks).items()):

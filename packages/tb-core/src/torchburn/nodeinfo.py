@@ -9,14 +9,14 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn.plan import TensorMeta, meta_of_value, op_name
+from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, meta_of_value, op_name
 
 
 @dataclass
 class NodeInfo:
     op: str  # "aten.addmm.default"
     target: Any
-    args: tuple[Any, ...]  # FX args (Nodes stay Nodes)
+    args: tuple[Any, ...]  # FX args (Nodes stay Nodes); from a plan, Refs stay Refs
     kwargs: dict[str, Any]
     inputs: list[TensorMeta]  # metas of every tensor argument, in order
     out: Any  # TensorMeta, tuple of them, or None
@@ -53,6 +53,35 @@ class NodeInfo:
             symbolic,
             node,
         )
+
+    @staticmethod
+    def of_plan_node(plan: Plan, node: PlanNode) -> NodeInfo:
+        """What a checker sees of one node of a compiled plan (an engine choosing per node at
+        compile time). Tensor arguments are ``Ref``s; their metas come from the plan's slots."""
+        inputs: list[TensorMeta] = []
+        symbolic = False
+
+        def visit(value: Any) -> None:
+            nonlocal symbolic
+            if isinstance(value, Ref):
+                meta = plan.slot_meta(value.slot)
+                if isinstance(meta, TensorMeta):
+                    inputs.append(meta)
+                    symbolic = symbolic or meta.symbolic
+                elif meta is None:
+                    symbolic = True  # a non-tensor value of the graph: a SymInt, say
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    visit(v)
+            elif isinstance(value, dict):
+                for v in value.values():
+                    visit(v)
+
+        visit(node.args)
+        visit(node.kwargs)
+        metas = node.out if isinstance(node.out, tuple) else (node.out,)
+        symbolic = symbolic or any(isinstance(m, TensorMeta) and m.symbolic for m in metas)
+        return NodeInfo(node.op, node.target, tuple(node.args), dict(node.kwargs), inputs, node.out, symbolic)
 
     @property
     def out_metas(self) -> list[TensorMeta]:

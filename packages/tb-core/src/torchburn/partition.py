@@ -42,6 +42,11 @@ class PartitionReport:
     engine: str
     ops: list[str]
     status: str  # "compiled", "cache hit", "below cost threshold", "compile failed: ..."
+    delegated: frozenset[str] = frozenset()  # ops the engine hands to PyTorch's kernels (Engine.delegated_ops)
+
+    @property
+    def ran(self) -> bool:
+        return self.status in ("compiled", "cache hit")
 
 
 @dataclass
@@ -52,11 +57,24 @@ class GraphReport:
     engines: list[str] = field(default_factory=list)
 
     def native_ops(self) -> Counter[str]:
+        """Nodes engines ran with their own kernels."""
         c: Counter[str] = Counter()
         for p in self.partitions:
-            if p.status in ("compiled", "cache hit"):
-                c.update(op for op in p.ops if op != GETITEM)
+            if p.ran:
+                c.update(op for op in p.ops if op != GETITEM and op not in p.delegated)
         return c
+
+    def delegated_ops(self) -> Counter[str]:
+        """Nodes engines took but ran with PyTorch's own kernels."""
+        c: Counter[str] = Counter()
+        for p in self.partitions:
+            if p.ran:
+                c.update(op for op in p.ops if op != GETITEM and op in p.delegated)
+        return c
+
+    def engine_ops(self) -> Counter[str]:
+        """Nodes an engine took, native or delegated (everything that did not fall back)."""
+        return self.native_ops() + self.delegated_ops()
 
 
 def is_compute(op: str) -> bool:
@@ -189,7 +207,7 @@ def _compile_partition(
         )
         report.partitions.append(PartitionReport(engine.name, ops, status))
         return  # the fused sub-module stays in the graph and runs eagerly
-    report.partitions.append(PartitionReport(engine.name, ops, status))
+    report.partitions.append(PartitionReport(engine.name, ops, status, _delegated(engine, plan)))
     runner = _runner(compiled, sub, engine.name, len(report.partitions), opts)
     with gm.graph.inserting_before(node):
         call = gm.graph.call_function(runner, tuple(node.args), dict(node.kwargs))
@@ -198,6 +216,14 @@ def _compile_partition(
     gm.graph.erase_node(node)
     # Keep the eager sub-module reachable from the runner only.
     delattr(gm, str(node.target))
+
+
+def _delegated(engine: Engine, plan: Plan) -> frozenset[str]:
+    try:
+        return frozenset(engine.delegated_ops(plan))
+    except Exception as exc:  # telemetry must not break a compile: count the whole partition as delegated
+        log.warning("engine %s: delegated_ops raised %s: %s", engine.name, type(exc).__name__, exc)
+        return frozenset(plan.ops())
 
 
 def _runner(
@@ -277,14 +303,17 @@ def warn_fallbacks(report: GraphReport, opts: Options) -> None:
 
 def make_record(report: GraphReport) -> telemetry.GraphRecord:
     native: Counter[str] = Counter()
+    delegated: Counter[str] = Counter()
     for p in report.partitions:
-        if p.status in ("compiled", "cache hit"):
-            native.update(f"{p.engine}:{op}" for op in p.ops if op != GETITEM)
+        if p.ran:
+            for op in p.ops:
+                if op != GETITEM:
+                    (delegated if op in p.delegated else native)[f"{p.engine}:{op}"] += 1
     fallback: Counter[str] = Counter(op for op, _ in report.fallbacks)
     for p in report.partitions:
         if p.status.startswith("compile failed"):
             fallback.update(op for op in p.ops if op != GETITEM)
-    return telemetry.new_record(native, fallback)
+    return telemetry.new_record(native, fallback, delegated)
 
 
 __all__ = ["GraphReport", "PartitionReport", "Plan", "compile_graph", "make_record", "warn_fallbacks"]

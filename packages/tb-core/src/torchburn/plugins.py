@@ -65,6 +65,7 @@ class PluginState:
         self.registry = KernelRegistry()
         self.commands: list[Any] = []
         self.llm_backends: list[Any] = []
+        self.unused_kernels: list[tuple[str, str]] = []  # (plugin, engine) whose kernels nothing runs
         if _env_flag("TORCHBURN_TRACE_PLUGINS"):
             self.pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[torchburn] {msg}"))
             self.pm.enable_tracing()
@@ -133,13 +134,32 @@ class PluginState:
                         record.status, record.reason = "broken", f"{hook}: {type(exc).__name__}: {exc}"
 
     def register_kernels(self) -> None:
+        added: dict[str, set[str]] = {}  # plugin -> engines it added kernels to
         for impl in self.pm.hook.tb_register_kernels.get_hookimpls():
             record = self.record(impl.plugin_name)
+            before = self.registry.snapshot()
             try:
                 impl.function(registry=self.registry)
             except Exception as exc:
                 if record is not None:
                     record.status, record.reason = "broken", f"tb_register_kernels: {type(exc).__name__}: {exc}"
+            after = self.registry.snapshot()
+            changed = {engine for engine, table in after.items() if table != before.get(engine)}
+            added.setdefault(impl.plugin_name, set()).update(changed)
+        self.unused_kernels = []
+        for plugin, targets in added.items():
+            for engine_name in sorted(targets):
+                rec = self.engines.get(engine_name)
+                if rec is None or rec.engine.runs_registered_kernels():
+                    continue  # an engine not installed here, or one that runs them
+                note = (
+                    f"kernels registered for {engine_name!r} are not used: that engine compiles "
+                    "partitions into its own executor and does not run registered kernels"
+                )
+                self.unused_kernels.append((plugin, engine_name))
+                record = self.record(plugin)
+                if record is not None and record.status == "loaded":
+                    record.reason = "; ".join(r for r in (record.reason, note) if r)
 
     def record(self, name: str) -> PluginRecord | None:
         return next((r for r in self.records if r.name == name), None)
@@ -171,6 +191,14 @@ def state() -> PluginState:
                 listing = "; ".join(f"{r.name} ({r.distribution}): {r.reason}" for r in problems)
                 warnings.warn(
                     f"torchburn skipped {len(problems)} plugin(s): {listing}. Run `torchburn engines` for details.",
+                    TorchburnPluginWarning,
+                    stacklevel=3,
+                )
+            if st.unused_kernels:
+                listing = ", ".join(f"{plugin} -> {engine}" for plugin, engine in st.unused_kernels)
+                warnings.warn(
+                    f"torchburn: kernels registered for engines that do not run registered kernels are "
+                    f"ignored ({listing}); see docs/plugins.md",
                     TorchburnPluginWarning,
                     stacklevel=3,
                 )

@@ -1,7 +1,10 @@
 """The kernel registry: engine -> op overload -> kernel + checker.
 
 Kernel tables are data keyed by op name. Engines fill their own table; third-party kernel packs
-add to any engine's table through the ``tb_register_kernels`` hook.
+add to any engine's table through the ``tb_register_kernels`` hook. Only engines whose
+``Engine.runs_registered_kernels()`` holds run what is added: the default ``Engine`` (every
+engine built on ``KernelProgram``, the example engine) and ``cython_dispatch``; tb-core warns
+about kernels registered for an installed engine that does not.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class KernelRegistry:
 
     def table(self, engine: str) -> dict[str, Kernel]:
         return dict(self._tables.get(engine, {}))
+
+    def snapshot(self) -> dict[str, dict[str, Kernel]]:
+        """A copy of every table (to see what one plugin's hook added)."""
+        return {engine: dict(table) for engine, table in self._tables.items()}
 
     def engines(self) -> list[str]:
         return sorted(self._tables)

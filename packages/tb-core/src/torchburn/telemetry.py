@@ -1,4 +1,8 @@
-"""Op coverage telemetry: which ATen ops ran native and which fell back, since reset_stats().
+"""Op coverage telemetry: where each executed ATen op ran, since reset_stats().
+
+Three categories: "native" (a kernel the engine implements itself), "delegated" (an engine took
+the node but hands it to PyTorch's own kernel, as ``cython_dispatch`` does; see
+``Engine.delegated_ops``) and "fallback" (no engine took it: eager PyTorch).
 
 Counting is per call of a compiled graph, at the cost of one integer increment: each compiled
 graph keeps its static per-op counts, and ``op_coverage()`` multiplies them out when asked.
@@ -11,12 +15,15 @@ import weakref
 from collections import Counter
 from typing import Any
 
+CATEGORIES = ("native", "delegated", "fallback")
+
 
 class GraphRecord:
-    __slots__ = ("__weakref__", "calls", "fallback", "native")
+    __slots__ = ("__weakref__", "calls", "delegated", "fallback", "native")
 
-    def __init__(self, native: Counter[str], fallback: Counter[str]) -> None:
+    def __init__(self, native: Counter[str], fallback: Counter[str], delegated: Counter[str] | None = None) -> None:
         self.native = native  # "engine:op" -> nodes per call
+        self.delegated = delegated if delegated is not None else Counter()  # "engine:op" -> nodes per call
         self.fallback = fallback  # op -> nodes per call
         self.calls = 0
 
@@ -25,8 +32,8 @@ _records: weakref.WeakSet[GraphRecord] = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-def new_record(native: Counter[str], fallback: Counter[str]) -> GraphRecord:
-    record = GraphRecord(native, fallback)
+def new_record(native: Counter[str], fallback: Counter[str], delegated: Counter[str] | None = None) -> GraphRecord:
+    record = GraphRecord(native, fallback, delegated)
     with _lock:
         _records.add(record)
     return record
@@ -39,27 +46,30 @@ def reset_stats() -> None:
 
 
 def op_coverage(by_engine: bool = False) -> dict[str, dict[str, int]]:
-    """``{"native": {op: count}, "fallback": {op: count}}`` for ops executed since reset_stats.
+    """``{"native": {op: n}, "delegated": {op: n}, "fallback": {op: n}}`` since reset_stats.
 
-    With ``by_engine=True`` the native keys are ``"engine:op"``.
+    "native": nodes an engine ran with its own kernel; "delegated": nodes an engine took but ran
+    with PyTorch's own kernel; "fallback": nodes no engine took. With ``by_engine=True`` the
+    native and delegated keys are ``"engine:op"``.
     """
     native: Counter[str] = Counter()
+    delegated: Counter[str] = Counter()
     fallback: Counter[str] = Counter()
     with _lock:
         records = list(_records)
     for record in records:
         if not record.calls:
             continue
-        for key, n in record.native.items():
-            native[key if by_engine else key.split(":", 1)[1]] += n * record.calls
+        for sink, counts in ((native, record.native), (delegated, record.delegated)):
+            for key, n in counts.items():
+                sink[key if by_engine else key.split(":", 1)[1]] += n * record.calls
         for op, n in record.fallback.items():
             fallback[op] += n * record.calls
-    return {"native": dict(native), "fallback": dict(fallback)}
+    return {"native": dict(native), "delegated": dict(delegated), "fallback": dict(fallback)}
 
 
 def summary() -> dict[str, Any]:
     cov = op_coverage()
-    n_native = sum(cov["native"].values())
-    n_fallback = sum(cov["fallback"].values())
-    total = n_native + n_fallback
-    return {"native": n_native, "fallback": n_fallback, "native_fraction": n_native / total if total else 0.0}
+    counts = {category: sum(cov[category].values()) for category in CATEGORIES}
+    total = sum(counts.values())
+    return {**counts, "native_fraction": counts["native"] / total if total else 0.0}

@@ -8,7 +8,9 @@
 
 Every case compiles a small function with ``options={"engine": engine, "fallback": "error"}``
 and compares with eager PyTorch. Cases whose dtype is in ``native_dtypes`` and whose ops are all
-in ``native_ops`` (None: every op) must also run with no eager fallback for those ops.
+in ``native_ops`` (None: every op) must also run with no eager fallback for those ops: the
+engine must take them (with its own kernel, or delegated to PyTorch's as it declares in
+``Engine.delegated_ops``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def native_and_fallback(reports: list[Any]) -> tuple[set[str], set[str]]:
     native: set[str] = set()
     fallback: set[str] = set()
     for r in reports:
-        native.update(r.native_ops())
+        native.update(r.engine_ops())
         fallback.update(op for op, _ in r.fallbacks)
     return native, fallback
 
