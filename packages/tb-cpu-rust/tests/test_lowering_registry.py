@@ -1,0 +1,163 @@
+"""The lowering registry: one table from op to lowering, the engine's support read from it, and
+the typed step schema that crosses into Rust."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from tb_cpu_rust import lowering
+from tb_cpu_rust.engine import NativeCpuEngine
+from tb_cpu_rust.lowering import registry
+from tb_cpu_rust.lowering import steps as S
+from torchburn.testing.conformance import compile_with, native_and_fallback
+
+
+@pytest.fixture
+def scratch_ops() -> Iterator[list[str]]:
+    """Op names a test may register; removed from the table afterwards."""
+    names: list[str] = []
+    yield names
+    for op in names:
+        registry.LOWERINGS.pop(op, None)
+
+
+def test_engine_support_is_the_registry() -> None:
+    engine = NativeCpuEngine()
+    ops = lowering.supported_ops()
+    assert engine.covered_ops() == set(ops)
+    assert set(engine.kernels()) == set(ops)
+    # every supported op names the family module that lowers it
+    by_family = lowering.families()
+    assert sorted(op for fam in by_family.values() for op in fam) == sorted(ops)
+    assert {"elementwise", "gemm", "reductions", "norms", "attention", "conv_pool", "indexing", "linalg"} <= set(by_family)
+
+
+def test_an_op_has_one_default_lowering(scratch_ops: list[str]) -> None:
+    op = "aten.test_registry_op.default"
+    scratch_ops.append(op)
+
+    @registry.register_lowering(op)
+    def first(lw: Any, node: Any) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="already has a default lowering"):
+
+        @registry.register_lowering(op)
+        def second(lw: Any, node: Any) -> None:
+            return None
+
+
+def test_when_variants_are_tried_before_the_default(scratch_ops: list[str]) -> None:
+    op = "aten.test_registry_variant.default"
+    scratch_ops.append(op)
+
+    def default(lw: Any, node: Any) -> str:
+        return "default"
+
+    def variant(lw: Any, node: Any) -> str:
+        return "variant"
+
+    registry.register_lowering(op)(default)
+    registry.register_lowering(op, when=lambda lw, node: node.args[0] == "wide")(variant)
+
+    class Node:
+        def __init__(self, arg: str) -> None:
+            self.op, self.args, self.out = op, (arg,), None
+
+    assert registry.lowering_for(None, Node("wide")) is variant  # type: ignore[arg-type]
+    assert registry.lowering_for(None, Node("narrow")) is default  # type: ignore[arg-type]
+    # a variant alone does not make an op supported
+    only_variant = "aten.test_registry_variant_only.default"
+    scratch_ops.append(only_variant)
+    registry.register_lowering(only_variant, when=lambda lw, node: True)(variant)
+    assert only_variant not in lowering.supported_ops()
+
+
+def test_an_unregistered_op_is_refused_with_a_reason() -> None:
+    class Info:
+        op = "aten.not_an_op_native_cpu_has.default"
+
+    assert lowering.check(Info()) == "no native kernel"
+
+
+def test_a_registered_check_decides() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.max_pool2d(x, 2)
+
+    # 3-d input: the pooling family's own check refuses it (only 4-d), so it falls back to eager
+    x = torch.randn(2, 6, 6)
+    compiled, reports = compile_with("native_cpu", fn, cache=False)
+    torch.testing.assert_close(compiled(x), fn(x))
+    native, fallback = native_and_fallback(reports)
+    assert any("max_pool2d" in op for op in fallback), (native, fallback)
+
+
+def _dummy(cls: type[S.Step]) -> S.Step:
+    values: dict[str, Any] = {}
+    for i, f in enumerate(dataclasses.fields(cls)):
+        if f.metadata.get("wire"):
+            values[f.name] = [10 + i, 20 + i] if f.metadata.get("many") else 10 + i
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            values[f.name] = "f32"
+    return cls(**values)
+
+
+@pytest.mark.parametrize("kind", sorted(S.step_kinds()))
+def test_every_step_kind_serialises_its_operands_in_field_order(kind: str) -> None:
+    cls = S.step_kinds()[kind]
+    step = _dummy(cls)
+    obj = json.loads(json.dumps(S.wire(step)))
+    assert obj["op"] == kind == cls.OP
+    expect_ins: list[Any] = []
+    expect_outs: list[Any] = []
+    for f in dataclasses.fields(cls):
+        target = {"ins": expect_ins, "outs": expect_outs}.get(f.metadata.get("wire", ""))
+        if target is not None:
+            value = getattr(step, f.name)
+            target.extend(value) if f.metadata.get("many") else target.append(value)
+    assert obj["ins"] == expect_ins
+    assert obj["outs"] == expect_outs
+    assert step.reads() == expect_ins and step.writes() == expect_outs
+
+
+def test_step_kinds_are_unique_and_frozen() -> None:
+    kinds = S.step_kinds()
+    assert len(kinds) == len(set(kinds.values()))
+    gather = S.Gather(x=0, index=1, out=2, dim=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gather.dim = 0  # type: ignore[misc]
+
+
+def test_a_gemm_epilogue_is_recorded_on_the_typed_step() -> None:
+    lin = torch.nn.Linear(8, 4)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(lin(x))
+
+    seen: list[dict[str, Any]] = []
+    from tb_cpu_rust import program
+
+    original = program.lower
+
+    def record(plan: Any) -> dict[str, Any]:
+        result = original(plan)
+        seen.append(result["spec"])
+        return result
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(program, "lower", record)
+    try:
+        compiled, _ = compile_with("native_cpu", fn, cache=False)
+        x = torch.randn(5, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        mp.undo()
+    gemms = [s for spec in seen for s in spec["steps"] if s["op"] == "gemm"]
+    assert len(gemms) == 1 and gemms[0]["epilogue"] == ["relu"]
