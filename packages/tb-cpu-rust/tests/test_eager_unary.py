@@ -70,3 +70,59 @@ def test_bad_calls_raise() -> None:
         _native.unary_f32(0, x.data_ptr(), x.data_ptr() + 1, 1)
     with pytest.raises(OverflowError):
         _native.unary_f32(0, x.data_ptr(), x.data_ptr(), -1)
+
+
+# -- the checked kernels other engines get (NativeCpuEngine.eager_kernel, torchburn.interop) ----
+def _kernel(op: str) -> object:
+    from tb_cpu_rust.engine import NativeCpuEngine
+
+    fn = NativeCpuEngine().eager_kernel(f"aten.{op}.default", torch.float32)
+    assert fn is not None, op
+    return fn
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (9,), (3, 0, 5), (64, 64), (513, 130)], ids=str)
+def test_eager_kernel_matches_torch(op: str, shape: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(shape, generator=g) * 6
+    if x.numel() > 6:
+        x.view(-1)[:6] = torch.tensor([0.0, -0.0, math.nan, math.inf, -math.inf, 3e38])
+    y = _kernel(op)(x)  # type: ignore[operator]
+    want = getattr(torch, op)(x)
+    assert y.data_ptr() != x.data_ptr() or x.numel() == 0
+    assert y.shape == want.shape and y.stride() == want.stride() and y.dtype == torch.float32
+    torch.testing.assert_close(y, want, equal_nan=True)
+
+
+def test_eager_kernel_is_offered_only_for_its_ops_and_float32() -> None:
+    from tb_cpu_rust.engine import NativeCpuEngine
+
+    engine = NativeCpuEngine()
+    assert engine.eager_kernel("aten.sin.default", torch.float64) is None
+    assert engine.eager_kernel("aten.gelu.default", torch.float32) is None
+    assert engine.eager_kernel("aten.sin.out", torch.float32) is None
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_eager_kernel_refuses_what_it_cannot_read(op: str) -> None:
+    fn = _kernel(op)
+
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.randn(6, 4)
+    cases: list[tuple[object, type[Exception], str]] = [
+        (x.double(), ValueError, "dtype torch.float64"),
+        (x.t(), ValueError, "non-contiguous"),
+        (x[:, ::2], ValueError, "non-contiguous"),
+        (torch._neg_view(x), ValueError, "negated"),
+        (x.to_sparse(), ValueError, "layout"),
+        (torch.empty(6, 4, device="meta"), ValueError, "device meta"),
+        (x.as_subclass(Sub), TypeError, "subclass"),
+        (x.tolist(), TypeError, "takes a tensor"),
+        (torch.arange(4), ValueError, "dtype torch.int64"),
+    ]
+    for bad, error, message in cases:
+        with pytest.raises(error, match=message):
+            fn(bad)  # type: ignore[operator]

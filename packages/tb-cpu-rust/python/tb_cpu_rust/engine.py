@@ -1,14 +1,20 @@
 """The ``native_cpu`` engine: checks nodes against the op table and compiles a whole partition
-into one prepared Rust executor."""
+into one prepared Rust executor. Other engines reach the same programs and the eager unary
+kernels through tb-core's interface (``prepare``, ``eager_kernel``; ``torchburn.interop``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torchburn
 from torchburn.nodeinfo import NodeInfo
 from torchburn.plan import GETITEM, Plan
+
+if TYPE_CHECKING:
+    import torch
+
+    from torchburn.interop import EagerKernel, PreparedProgram
 
 
 class NativeCpuEngine(torchburn.Engine):
@@ -50,6 +56,38 @@ class NativeCpuEngine(torchburn.Engine):
         from tb_cpu_rust.program import NativeProgram
 
         return NativeProgram(plan)
+
+    def runs_registered_kernels(self) -> bool:
+        # a partition is one Rust executor: there is no place for a Python kernel in it
+        return False
+
+    def prepare(self, plan: Plan) -> PreparedProgram | None:
+        """The plan lowered and prepared as ``compile`` does it, runnable into the caller's outputs.
+
+        None when the plan has a node this engine does not take, or the lowering refuses it."""
+        from torchburn.interop import preparable
+        from torchburn.nodeinfo import NodeInfo
+
+        if preparable(plan) is not None:
+            return None
+        for node in plan.nodes:
+            if self.check(NodeInfo.of_plan_node(plan, node)) is not None:
+                return None
+        from tb_cpu_rust.program import PreparedNativeProgram
+
+        try:
+            return PreparedNativeProgram(plan)
+        except (ValueError, NotImplementedError, KeyError, TypeError):  # the lowering's refusals
+            return None
+
+    def eager_kernel(self, op: str, dtype: torch.dtype) -> EagerKernel | None:
+        import torch
+
+        if dtype is not torch.float32:
+            return None
+        from tb_cpu_rust.eager import unary_kernel
+
+        return unary_kernel(op)
 
     def serialize(self, compiled: Callable[..., Any], plan: Plan) -> bytes | None:
         # The executor is rebuilt from the plan (cheap); the bytes only mark it as ours.

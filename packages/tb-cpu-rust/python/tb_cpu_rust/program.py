@@ -1,4 +1,5 @@
-"""NativeProgram: the callable a compiled partition becomes.
+"""NativeProgram: the callable a compiled partition becomes; PreparedNativeProgram: the same
+program as ``NativeCpuEngine.prepare`` hands it to other engines (``torchburn.interop``).
 
 Per call: check each input's dtype, sizes and strides against the plan's (one C call per tensor),
 allocate the output buffers with ``torch.empty`` (only those whose values leave the partition),
@@ -10,22 +11,33 @@ are views are made with ``as_strided``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import torch
-from torchburn.plan import Plan
 
 from tb_cpu_rust import _native
 from tb_cpu_rust.lower import lower
 from tb_cpu_rust.threads import use_torch_openmp
+from torchburn.interop import PreparedProgram, check_no_overlap, check_tensors
+from torchburn.plan import Plan
 
 use_torch_openmp()
 
 _DT = {
-    "float32": torch.float32, "int64": torch.int64, "bool": torch.bool, "float64": torch.float64,
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8,
-    "complex64": torch.complex64, "complex128": torch.complex128, "complex32": torch.complex32,
+    "float32": torch.float32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "complex32": torch.complex32,
 }
 
 
@@ -79,17 +91,10 @@ class NativeProgram:
             torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype)
             for (numel, dtype), direct in self._alloc
         ]
-        try:
-            if ptrs is not None:
-                self.executor.run_ptrs(ptrs, [b.data_ptr() for b in bufs])
-            else:
-                self.executor.run(_descriptors(tensors), _descriptors(bufs))
-        except BaseException as exc:
-            # a Rust panic arrives as pyo3's PanicException, a BaseException that tb-core's eager
-            # fallback (which catches Exception) would not see: make it an ordinary error
-            if type(exc).__name__ == "PanicException":
-                raise RuntimeError(f"native_cpu kernel panicked: {exc}") from exc
-            raise
+        if ptrs is not None:
+            _run_ptrs(self.executor, ptrs, [b.data_ptr() for b in bufs])
+        else:
+            _run_checked(self.executor, tensors, bufs)
         result = []
         for kind, spec in self._outputs:
             if kind == "lit":
@@ -103,7 +108,6 @@ class NativeProgram:
                 buf = bufs[b]
                 result.append(buf if b in self._direct else buf.as_strided(shape, stride, off))
         return result[0] if self.single else tuple(result)
-
 
     def _input_ptrs(self, tensors: list[Any]) -> list[int] | None:
         """The inputs' data pointers when every input has the plan's dtype, sizes and strides; else
@@ -120,6 +124,143 @@ class NativeProgram:
         except (AttributeError, AssertionError, TypeError, RuntimeError):
             return None
         return ptrs
+
+
+class PreparedNativeProgram(PreparedProgram):
+    """A NativeProgram as ``torchburn.interop.PreparedProgram``: every tensor checked, then one call.
+
+    When every output of the plan is one whole output buffer of the executor laid out as the
+    plan's output meta (the usual case), ``run`` allocates exactly those buffers and ``run_into``
+    hands the caller's outputs to the executor: one native call, no copy. Otherwise the program
+    runs into its own buffers and copies into the outputs.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        prog = self.program = NativeProgram(plan)
+        self._executor = prog.executor
+        self._constants = prog._constants
+        self._in_layouts = prog._layouts
+        self._in_extents = [_extent(sizes, strides) * _itemsize(dt) for dt, sizes, strides in prog._layouts]
+        self._out_layouts = [(m.dtype, m.shape, m.stride) for m in self.output_metas]
+        self._out_extents = [_extent(m.shape, m.stride) * _itemsize(m.dtype) for m in self.output_metas]
+        self._complex_in = prog._complex_in
+        # executor output buffer b <- plan output order[b], when each output is its own direct buffer
+        order: list[int] = [-1] * len(prog._out_bufs)
+        for index, (kind, spec) in enumerate(prog._outputs):
+            if kind != "out" or spec[0] not in prog._direct or order[spec[0]] != -1:
+                break
+            meta = self.output_metas[index]
+            shape, stride = prog._direct[spec[0]]
+            if shape != meta.shape or any(n > 1 and a != b for n, a, b in zip(shape, stride, meta.stride)):
+                break
+            order[spec[0]] = index
+        else:
+            if -1 not in order:
+                self._order: list[int] | None = order
+                self._identity = order == list(range(len(order)))
+                return
+        self._order = None
+        self._identity = False
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if not self._identity:
+            return super().run(inputs)
+        tensors = [*inputs, *self._constants] if self._constants else inputs
+        ptrs = _checked_ptrs(tensors, self._in_layouts)
+        if ptrs is None or (self._complex_in and _lazy_complex(tensors)):
+            self._refuse(inputs, ())
+        outputs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for dtype, shape, stride in self._out_layouts)
+        _run_ptrs(self._executor, ptrs, [t.data_ptr() for t in outputs])
+        return outputs
+
+    def run_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        tensors = [*inputs, *self._constants] if self._constants else inputs
+        in_ptrs = _checked_ptrs(tensors, self._in_layouts)
+        out_ptrs = _checked_ptrs(outputs, self._out_layouts)
+        if in_ptrs is None or out_ptrs is None or (self._complex_in and _lazy_complex(tensors)):
+            self._refuse(inputs, outputs)
+        # a caller's own output buffers may alias an input or each other; the executor would then
+        # read what it already wrote, so that is refused like every other breach of the contract
+        if _overlap(in_ptrs, self._in_extents, out_ptrs, self._out_extents):
+            self._refuse(inputs, outputs)
+        if self._order is not None:
+            _run_ptrs(self._executor, in_ptrs, [out_ptrs[i] for i in self._order])
+            return
+        result = self.program(*inputs)
+        for out, value in zip(outputs, result if isinstance(result, tuple) else (result,)):
+            out.copy_(value)
+
+    def _refuse(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> NoReturn:
+        """Raise the error that says what about these tensors does not fit the plan."""
+        check_tensors("input", inputs, self.input_metas)
+        if outputs:
+            check_tensors("output", outputs, self.output_metas)
+            check_no_overlap(list(inputs), list(outputs))
+        raise ValueError("native_cpu: the tensors do not fit the prepared program (a lazily conjugated complex input?)")
+
+
+def _checked_ptrs(
+    tensors: Sequence[Any], layouts: list[tuple[torch.dtype, tuple[int, ...], tuple[int, ...]]]
+) -> list[int] | None:
+    """Data pointers of ``tensors`` when each is a CPU tensor with exactly its layout, else None."""
+    if len(tensors) != len(layouts):
+        return None
+    ptrs = []
+    same = _same_layout
+    try:
+        for t, (dtype, sizes, strides) in zip(tensors, layouts):
+            if t.dtype is not dtype or not t.is_cpu or t.is_neg():
+                return None
+            same(t, sizes, strides)
+            ptrs.append(t.data_ptr())
+    except (AttributeError, AssertionError, TypeError, RuntimeError):
+        return None
+    return ptrs
+
+
+def _lazy_complex(tensors: Sequence[Any]) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_conj() for t in tensors)
+
+
+def _overlap(in_ptrs: list[int], in_len: list[int], out_ptrs: list[int], out_len: list[int]) -> bool:
+    """True when an output's byte range meets an input's or another output's."""
+    for i, (o0, n) in enumerate(zip(out_ptrs, out_len)):
+        if not n:
+            continue
+        for p0, m in zip((*in_ptrs, *out_ptrs[:i]), (*in_len, *out_len[:i])):
+            if m and p0 < o0 + n and o0 < p0 + m:
+                return True
+    return False
+
+
+def _run_ptrs(executor: Any, inputs: list[int], outputs: list[int]) -> None:
+    """The only call that hands the executor bare addresses. Every address is the data pointer of
+    a CPU tensor whose dtype, sizes and strides the caller matched against the plan's."""
+    try:
+        executor.run_ptrs(inputs, outputs)
+    except BaseException as exc:
+        _reraise(exc)
+
+
+def _run_checked(executor: Any, inputs: list[Any], outputs: list[Any]) -> None:
+    """The descriptor entry: Rust validates every tensor and raises the precise error."""
+    try:
+        executor.run(_descriptors(inputs), _descriptors(outputs))
+    except BaseException as exc:
+        _reraise(exc)
+
+
+def _reraise(exc: BaseException) -> None:
+    # a Rust panic arrives as pyo3's PanicException, a BaseException that tb-core's eager
+    # fallback (which catches Exception) would not see: make it an ordinary error
+    if type(exc).__name__ == "PanicException":
+        raise RuntimeError(f"native_cpu kernel panicked: {exc}") from exc
+    raise exc
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _descriptors(tensors: list[Any]) -> list[tuple[Any, ...]]:
