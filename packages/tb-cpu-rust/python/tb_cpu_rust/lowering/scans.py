@@ -43,8 +43,9 @@ def _cum_extreme(lw: Lowerer, node: Any) -> tuple[int, ...]:
     x = lw.value(node.args[0])
     outs = [lw.fresh(m) for m in node.out]
     kind = S.Cummax if node.op == "aten.cummax.default" else S.Cummin
+    x1 = lw.as_1d(x)
     values, indices = (lw.as_1d(o) for o in outs)
-    lw.steps.append(kind(x=lw.as_1d(x), values=values, indices=indices, dim=_dim(node, node.out[0].shape)))
+    lw.steps.append(kind(x=x1, values=values, indices=indices, dim=_dim(node, node.out[0].shape)))
     return tuple(outs)
 
 
