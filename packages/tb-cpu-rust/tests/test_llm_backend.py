@@ -1,26 +1,34 @@
-"""tb-llm's native_cpu backend: every kernel against PyTorch, and whole models against the
-reference backend (same greedy tokens)."""
+"""The native_cpu LLM backend's kernels against tb-core's reference math and float64 products
+(tb-core and torch only; whole checkpoints through tb-llm: integration_tests/test_llm_native_cpu.py).
+The conformance suite (test_llm_conformance.py) covers the protocol; these go deeper into the
+native kernels' shapes, row counts and error bounds."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-tb_llm = pytest.importorskip("tb_llm", reason="the LLM backend is tested where tb-llm is installed (nox -s integration)")
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from tb_cpu_rust import _native  # noqa: E402
-from tb_cpu_rust.llm import NativeLLMBackend, _arg  # noqa: E402
-from tb_llm.backends import ReferenceBackend  # noqa: E402
-from tb_llm.quant import quantize  # noqa: E402
+from tb_cpu_rust import _native
+from tb_cpu_rust.llm import NativeLLMBackend, _arg
+from torchburn.llm import (
+    DeclinedWeight,
+    KVCache,
+    ModelDescription,
+    QuantWeight,
+    ReferenceKernels,
+    forward,
+    quantize,
+    reference,
+)
+from torchburn.testing.llm_conformance import MODEL_SPECS, ModelSpec, random_model
 
 BE = NativeLLMBackend()
-REF = ReferenceBackend("cpu")
 
 
 def _linear_ref(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -181,20 +189,20 @@ def test_bad_inputs_raise() -> None:
 def test_rms_norm(offset: float, shape: tuple[int, ...]) -> None:
     x = torch.randn(shape) * 3
     w = torch.randn(shape[-1])
-    torch.testing.assert_close(BE.rms_norm(x, w, 1e-6, offset), REF.rms_norm(x, w, 1e-6, offset))
+    torch.testing.assert_close(BE.rms_norm(x, w, 1e-6, offset), reference.rms_norm(x, w, 1e-6, offset))
 
 
 def test_rms_norm_of_a_transposed_view() -> None:
     x = torch.randn(1, 3, 4, 16).transpose(1, 2)
     w = torch.randn(16)
-    torch.testing.assert_close(BE.rms_norm(x, w, 1e-5, 0.0), REF.rms_norm(x, w, 1e-5, 0.0))
+    torch.testing.assert_close(BE.rms_norm(x, w, 1e-5, 0.0), reference.rms_norm(x, w, 1e-5, 0.0))
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("shape", [(1, 1), (1, 4864), (3, 129)])
 def test_gated_act(act: str, shape: tuple[int, int]) -> None:
     g, u = torch.randn(shape) * 4, torch.randn(shape)
-    torch.testing.assert_close(BE.gated_act(g, u, act), REF.gated_act(g, u, act))
+    torch.testing.assert_close(BE.gated_act(g, u, act), reference.gated_act(g, u, act))
 
 
 @pytest.mark.parametrize("rot", [16, 8])
@@ -205,7 +213,7 @@ def test_rope(rot: int, b: int, h: int, t: int) -> None:
     ang = torch.randn(b, t, rot // 2)
     emb = torch.cat((ang, ang), dim=-1)
     cos, sin = emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
-    torch.testing.assert_close(BE.rope(x, cos, sin), REF.rope(x, cos, sin))
+    torch.testing.assert_close(BE.rope(x, cos, sin), reference.rope(x, cos, sin))
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0])
@@ -221,7 +229,7 @@ def test_attention_over_cache_views(b: int, h: int, kv: int, t: int, s: int, d: 
     mask = torch.rand(b, 1, t, s) > 0.3
     mask[..., 0] = True
     got = BE.attention(q, k, v, mask, d**-0.5, softcap)
-    torch.testing.assert_close(got, REF.attention(q, k, v, mask, d**-0.5, softcap), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, reference.attention(q, k, v, mask, d**-0.5, softcap), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("t", [1, 8, 9, 16, 17, 100, 512])
@@ -242,243 +250,91 @@ def test_prefill_attention_query_counts(t: int, past: int, d: int, padded: bool)
     if padded:
         mask[1, :, :, :2] = False
     got = BE.attention(q, k, v, mask, d**-0.5, None)
-    torch.testing.assert_close(got, REF.attention(q, k, v, mask, d**-0.5, None), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, reference.attention(q, k, v, mask, d**-0.5, None), rtol=1e-4, atol=1e-5)
 
 
-# -- whole models ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    pytest.importorskip("transformers")
-    from tb_llm.testing import make_checkpoint
-
-    made: dict[str, Path] = {}
-
-    def get(arch: str) -> Path:
-        if arch not in made:
-            made[arch] = make_checkpoint(arch, tmp_path_factory.mktemp(arch) / "model")
-        return made[arch]
-
-    return get
+# -- the fused step (compile_model) on tb-core model descriptions --------------------------------
+def _spec(spec_id: str) -> ModelSpec:
+    return next(s for s in MODEL_SPECS if s.id == spec_id)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("quant", ["fp32", "bf16", "int8", "int4"])
-def test_greedy_tokens_match_reference(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    folder = ckpt(arch)
-    native = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="native_cpu")
-    assert native.backend.name == "native_cpu"
-    ref = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="reference")
-    prompt = native.encode("Hello world! How are you")
-    a = native.generate(prompt, max_new_tokens=24, ignore_eos=True).token_ids
-    b = ref.generate(prompt, max_new_tokens=24, ignore_eos=True).token_ids
-    if quant in ("bf16", "int8", "int4"):
-        # the reference runs these in bf16 activations, we in f32 / int8 blocks: allow the
-        # tail to drift once the two disagree on a near-tie, but the start must agree
-        assert a[:12] == b[:12]
-    else:
-        assert a == b
+def _compiled(spec_id: str) -> tuple[ModelDescription, Any]:
+    model = random_model(_spec(spec_id), BE.prepare_linear)
+    step = BE.compile_model(model)
+    assert step is not None, "every model a description holds runs as one native step"
+    return model, step
 
 
-def test_native_is_default_backend(ckpt) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    assert LLM.from_pretrained(ckpt("llama"), device="cpu").backend.name == "native_cpu"
-
-
-# -- the fused step (compile_model): every layer in one native call ---------------------------
-ALL_ARCHS = list(__import__("tb_llm.testing", fromlist=["ARCHS"]).ARCHS)
+def _cache(model: ModelDescription, capacity: int) -> KVCache:
+    return KVCache(
+        model.num_layers, 1, model.num_kv_heads, model.head_dim, capacity, torch.float32, torch.device("cpu")
+    )
 
 
-@pytest.mark.parametrize("arch", ALL_ARCHS)
-def test_fused_greedy_matches_transformers(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-    from tb_llm.testing import reference_greedy
+def test_fused_step_declines_other_caches_untouched() -> None:
+    _, step = _compiled("llama")
 
-    folder = ckpt(arch)
-    llm = LLM.from_pretrained(folder, quant="fp32", device="cpu", engine="native_cpu")
-    assert llm.model._fused is not None, "every tb-llm architecture runs as one native step"
-    prompt = llm.encode("Hello world! How are you")
-    assert llm.generate(prompt, max_new_tokens=32, ignore_eos=True).token_ids == reference_greedy(folder, prompt, 32)
+    class View:  # the protocol's surface, but not a KVCache (as tb-llm's server's row views)
+        length = 0
+        pos = torch.full((1, 4), -1)
 
+        def begin(self, positions: torch.Tensor) -> None:
+            raise AssertionError("a declined call must not touch the cache")
 
-def _run_steps(model, forward, prompt: list[list[int]], steps: int, last_only: bool = True):  # type: ignore[no-untyped-def]
-    """Prefill ``prompt`` (left-padded rows), then ``steps`` greedy decode steps through ``forward``;
-    returns every step's logits."""
-    b, n = len(prompt), max(len(r) for r in prompt)
-    ids = torch.zeros(b, n, dtype=torch.long)
-    pos = torch.full((b, n), -1, dtype=torch.long)
-    for i, r in enumerate(prompt):
-        ids[i, n - len(r) :] = torch.tensor(r)
-        pos[i, n - len(r) :] = torch.arange(len(r))
-    cache = model.new_cache(b, 4)  # small: the steps grow it (rebinding the native cache)
-    out = [forward(ids, pos, cache, last_only)]
-    last = pos[:, -1]
-    for _ in range(steps):
-        nxt = out[-1].reshape(b, -1, out[-1].shape[-1])[:, -1].argmax(-1)
-        last = last + 1
-        out.append(forward(nxt[:, None], last[:, None], cache, True))
-    return out, cache
+    assert step(torch.tensor([[1, 2]]), torch.arange(2)[None], View(), True) is NotImplemented
 
 
-@pytest.mark.parametrize("arch", ALL_ARCHS)
-@pytest.mark.parametrize("quant", ["fp32", "bf16", "int8", "int4"])
-def test_fused_step_logits_match_reference_forward(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    model = LLM.from_pretrained(ckpt(arch), quant=quant, device="cpu", engine="native_cpu").model
-    assert model._fused is not None
-    prompt = [[5, 9, 11, 3, 7], [12, 4]]  # a left-padded batch of two, 5-row prompt: fused too
-    got, c1 = _run_steps(model, model._fused, prompt, 12)
-    want, c2 = _run_steps(model, model.reference_forward, prompt, 12)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(c1.pos, c2.pos)
-    for i in range(model.cfg.num_layers):  # the cache holds the same keys and values
-        torch.testing.assert_close(c1.k[i][:, :, : c1.length], c2.k[i][:, :, : c2.length], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(c1.v[i][:, :, : c1.length], c2.v[i][:, :, : c2.length], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("arch", ALL_ARCHS)
-@pytest.mark.parametrize("quant", ["fp32", "int4"])
-def test_fused_prefill_of_long_prompts_matches_reference_forward(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
-    """Prompts of 16+ positions in the fused step: the prefill attention kernel (the decode one
-    under a softcap), parallel row work, sliding windows (8 here) far exceeded, a left-padded
-    row; then decode steps over that cache. Same logits and cache as the per-kernel path."""
-    from tb_llm import LLM
-
-    model = LLM.from_pretrained(ckpt(arch), quant=quant, device="cpu", engine="native_cpu").model
-    assert model._fused is not None
-    prompt = [[(i * 37 + 11) % 300 + 3 for i in range(70)], [(i * 53 + 5) % 300 + 3 for i in range(41)]]
-    def check(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
-        for g, w in zip(got, want):
-            if quant == "fp32":
-                torch.testing.assert_close(g, w, rtol=2e-4, atol=2e-4)
-            else:
-                # int8 activations: where the two paths' attention differs in the last bits
-                # (a softcap: SDPA in the per-kernel path), an activation can round to the other
-                # int8 step; the logits then differ by a few hundredths, not more
-                cos = torch.nn.functional.cosine_similarity(g.reshape(-1, g.shape[-1]), w.reshape(-1, w.shape[-1]), dim=-1)
-                assert float(cos.min()) > 0.999 and float((g - w).abs().max()) < 0.05 * float(w.abs().max())
-
-    got, c1 = _run_steps(model, model._fused, prompt, 4)
-    want, c2 = _run_steps(model, model.reference_forward, prompt, 4)
-    check(got, want)
-    tol = 1e-4 if quant == "fp32" else 2e-2
-    for i in range(model.cfg.num_layers):
-        torch.testing.assert_close(c1.k[i][:, :, : c1.length], c2.k[i][:, :, : c2.length], rtol=tol, atol=tol)
-        torch.testing.assert_close(c1.v[i][:, :, : c1.length], c2.v[i][:, :, : c2.length], rtol=tol, atol=tol)
-    # every position's logits of a 40-token prompt (last_only=False)
-    got, _ = _run_steps(model, model._fused, [prompt[1][:40]], 1, last_only=False)
-    want, _ = _run_steps(model, model.reference_forward, [prompt[1][:40]], 1, last_only=False)
-    assert got[0].shape == (1, 40, model.cfg.vocab_size)
-    check(got, want)
+def test_fused_step_rebinds_when_the_cache_grows() -> None:
+    """Decode one token at a time into a 2-slot cache: it grows 2 -> 4 -> 8 and the step binds
+    each new set of buffers (KVCache.generation) before writing; keys and logits match the
+    reference forward of the same description over the whole sequence."""
+    model, step = _compiled("qwen3")
+    cache = _cache(model, 2)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    first = cache.generation
+    got = [step(ids[:, i : i + 1], torch.tensor([[i]]), cache, True) for i in range(8)]
+    assert cache.generation > first and cache.length == 8
+    want_cache = _cache(model, 8)
+    want = forward(
+        random_model(_spec("qwen3"), lambda w: w), ReferenceKernels(), ids, torch.arange(8)[None], want_cache, False
+    )
+    torch.testing.assert_close(torch.stack(got, dim=1)[0], want[0], rtol=1e-4, atol=1e-4)
+    for i in range(model.num_layers):
+        torch.testing.assert_close(cache.keys(i)[:, :, :8], want_cache.keys(i)[:, :, :8], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2"])
-def test_fused_step_all_logits_of_a_short_prompt(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    model = LLM.from_pretrained(ckpt(arch), quant="fp32", device="cpu", engine="native_cpu").model
-    got, _ = _run_steps(model, model._fused, [[1, 2, 3, 4, 5, 6]], 2, last_only=False)
-    want, _ = _run_steps(model, model.reference_forward, [[1, 2, 3, 4, 5, 6]], 2, last_only=False)
-    assert got[0].shape == (1, 6, model.cfg.vocab_size)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("quant", ["int8", "int4"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2"])
-def test_fused_quantized_top1_agrees_with_reference(ckpt, arch: str, quant: str) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    folder = ckpt(arch)
-    q = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="native_cpu").model
-    # the same quantized weights, dequantized to bf16 GEMMs in PyTorch (int8 activations here)
-    f = LLM.from_pretrained(folder, quant=quant, device="cpu", engine="reference").model
-    # teacher-forced: both see the same tokens, so one near-tie cannot derail the rest
-    ids = torch.tensor([[1, 17, 42, 99, 7, 23, 64, 5, 31, 77, 12, 90, 3, 55, 28, 61]])
-    agree = 0
-    cq, cf = q.new_cache(1, 32), f.new_cache(1, 32)
-    for i in range(ids.shape[1]):
-        p = torch.tensor([[i]])
-        a = q.forward(ids[:, i : i + 1], p, cq)
-        b = f.forward(ids[:, i : i + 1], p, cf)
-        agree += int(a.argmax() == b.argmax())
-    assert agree >= 14, f"{agree}/16 top-1 agree"
-
-
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
-def test_fused_batch_with_left_padding_matches_single(ckpt, arch: str) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    llm = LLM.from_pretrained(ckpt(arch), quant="fp32", device="cpu", engine="native_cpu")
-    prompts = ["Hi", "The quick brown fox jumps over the lazy dog.", "Hello"]
-    batch = llm.generate(prompts, max_new_tokens=14, ignore_eos=True)
-    for p, g in zip(prompts, batch):
-        assert g.token_ids == llm.generate(p, max_new_tokens=14, ignore_eos=True).token_ids
-
-
-def test_fused_chat_rewinds_the_cache(ckpt) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    llm = LLM.from_pretrained(ckpt("qwen2"), quant="fp32", device="cpu", engine="native_cpu")
-    session = llm.chat_session(system_prompt="terse")
-    session.send("Hello there", max_new_tokens=6)
-    session.send("Again", max_new_tokens=6)  # a short new turn: the fused step prefills it
-    second = session.last
-    assert second is not None
-    fresh = llm.generate(session.messages[:-1], max_new_tokens=6)
-    assert fresh.token_ids == second.token_ids
-    # rewind to a shared prefix shorter than the cache and diverge from there
-    session.messages = session.messages[:1]
-    session.send("Bye", max_new_tokens=6)
-    third = session.last
-    assert third is not None
-    assert llm.generate(session.messages[:-1], max_new_tokens=6).token_ids == third.token_ids
-
-
-def test_fused_step_rejects_bad_descriptors(ckpt) -> None:  # type: ignore[no-untyped-def]
-    from tb_llm import LLM
-
-    model = LLM.from_pretrained(ckpt("llama"), quant="int8", device="cpu", engine="native_cpu").model
-    step = model._fused
-    cache = model.new_cache(1, 4)
+def test_fused_step_rejects_bad_descriptors() -> None:
+    model, step = _compiled("llama-int8")
+    h, vocab, d = model.hidden_size, model.vocab_size, model.head_dim
+    cache = _cache(model, 4)
     kv = step._kv(cache)
-    x = torch.randn(1, model.cfg.hidden_size)
+    x = torch.randn(1, h)
     pos = torch.zeros(1, 1, dtype=torch.long)
-    cos = torch.ones(1, 1, model.cfg.head_dim)
-    sin = torch.zeros(1, 1, model.cfg.head_dim)
-    logits = torch.empty(1, model.cfg.vocab_size)
+    cos = torch.ones(1, 1, d)
+    sin = torch.zeros(1, 1, d)
+    logits = torch.empty(1, vocab)
+    native = step.native
     with pytest.raises(ValueError, match="do not fit"):
-        step.native.step(_arg(x), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 4, kv, _arg(logits), True)
+        native.step(_arg(x), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 4, kv, _arg(logits), True)
     with pytest.raises(ValueError, match="dtype"):
-        step.native.step(_arg(x), _arg(pos.int()), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
+        native.step(_arg(x), _arg(pos.int()), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
     with pytest.raises(ValueError, match="overlaps"):
-        alias = cache.k[0].reshape(-1)[: model.cfg.hidden_size].view(1, -1)
-        step.native.step(_arg(alias), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
+        alias = cache.keys(0).reshape(-1)[:h].view(1, -1)
+        native.step(_arg(alias), _arg(pos), _arg(cos), _arg(sin), _arg(cache.pos), 0, kv, _arg(logits), True)
     with pytest.raises(ValueError, match="overlap"):
-        _native.LLMKVCache([_arg(cache.k[0]), _arg(cache.k[0])], [_arg(cache.v[0]), _arg(cache.v[1])])
+        _native.LLMKVCache([_arg(cache.keys(0)), _arg(cache.keys(0))], [_arg(cache.values(0)), _arg(cache.values(1))])
 
 
-def test_server_slot_caches_take_the_per_kernel_path(ckpt) -> None:  # type: ignore[no-untyped-def]
-    """tb-llm's server keeps one cache row per request, each at its own length (SlotCache views):
-    the fused step hands those to the per-kernel path, with the same logits as a plain cache."""
-    from tb_llm import LLM
-    from tb_llm.serve.slot_cache import SlotCache
+def test_compile_declines_a_model_with_a_weight_it_did_not_pack() -> None:
+    seen = [0]
 
-    model = LLM.from_pretrained(ckpt("llama"), quant="fp32", device="cpu", engine="native_cpu").model
-    assert model._fused is not None
-    cfg = model.cfg
-    slots = SlotCache(cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim, 8, torch.float32, torch.device("cpu"))
-    prompts, nxt = [[5, 9, 11], [12, 4, 7, 8]], [3, 6]
-    want = []
-    for row, p in enumerate(prompts):
-        ids, pos = torch.tensor([p]), torch.arange(len(p))[None]
-        plain = model.new_cache(1, 8)
-        first = model.reference_forward(ids, pos, plain, True)
-        torch.testing.assert_close(model._fused(ids, pos, slots.prefill_view(row), True), first, rtol=1e-4, atol=1e-4)
-        want.append(model.reference_forward(torch.tensor([[nxt[row]]]), torch.tensor([[len(p)]]), plain, True))
-    got = model._fused(torch.tensor(nxt)[:, None], torch.tensor([[3], [4]]), slots.decode_view(2), True)
-    torch.testing.assert_close(got, torch.cat(want), rtol=1e-4, atol=1e-4)
+    def prepare(w: QuantWeight) -> Any:
+        seen[0] += 1
+        return DeclinedWeight(w) if seen[0] == 3 else BE.prepare_linear(w)
+
+    assert BE.compile_model(random_model(_spec("llama"), prepare)) is None
+
+
+def test_compile_declines_a_bf16_model() -> None:
+    model = random_model(_spec("llama"), BE.prepare_linear)
+    assert BE.compile_model(dataclasses.replace(model, dtype=torch.bfloat16)) is None

@@ -34,3 +34,28 @@ def _float32() -> Any:
     import torch
 
     return torch.float32
+
+
+@torchburn.hookimpl
+def tb_register_llm_backends() -> list[Any]:
+    from torchburn.llm import LLMBackend
+
+    return [
+        LLMBackend(
+            name="example",
+            engine="example",
+            device="cpu",
+            load=_load_llm_backend,
+            # a template, not a fast path: chosen by name (engine="example") or when no other
+            # CPU backend is installed
+            priority=-10,
+            description="plain-PyTorch dense linear, RMSNorm, RoPE, gated activation (a template)",
+            protocol_version=2,  # torchburn.llm.protocol, the version this backend implements
+        )
+    ]
+
+
+def _load_llm_backend() -> Any:
+    from tb_example_engine.llm import ExampleLLMBackend
+
+    return ExampleLLMBackend()

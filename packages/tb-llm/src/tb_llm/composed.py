@@ -3,7 +3,7 @@
 The rules are ``torchburn.llm.protocol``'s: a method the engine backend does not define, a kernel
 call it answers with ``NotImplemented``, a weight its ``prepare_linear`` declines, run on the
 :class:`~tb_llm.reference_backend.ReferenceBackend`; ``linear`` goes to whoever prepared the
-handle (the reference's handles are wrapped in :class:`DeclinedWeight`, so an engine's
+handle (the reference's handles are wrapped in ``torchburn.llm.DeclinedWeight``, so an engine's
 ``compile_model`` sees at once that a weight is not its own). Attributes tb-llm does not know (an engine's counters) are the engine backend's.
 """
 
@@ -15,18 +15,9 @@ from typing import Any
 import torch
 
 from tb_llm.reference_backend import ReferenceBackend
-from torchburn.llm.model import ModelDescription
+from torchburn.llm.model import DeclinedWeight, ModelDescription
 from torchburn.llm.protocol import KERNELS, PROTOCOL_VERSION, declined, default_head_quant
 from torchburn.llm.weights import EmbeddingTable, QuantWeight
-
-
-class DeclinedWeight:
-    """A weight the engine backend declined to prepare: the reference's handle for it."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
 
 
 class ComposedBackend:

@@ -19,7 +19,7 @@ from torchburn.llm.activation import Activation
 from torchburn.llm.descriptor import LLMBackend, llm_backends
 from torchburn.llm.errors import BackendError, LLMError, ProtocolVersionError
 from torchburn.llm.kv_cache import CacheLike, KVCache
-from torchburn.llm.model import DecoderLayer, ModelDescription, PreparedLinear, RopeFn
+from torchburn.llm.model import DeclinedWeight, DecoderLayer, ModelDescription, PreparedLinear, RopeFn
 from torchburn.llm.model_forward import forward
 from torchburn.llm.protocol import (
     HOOKS,
@@ -43,6 +43,7 @@ __all__ = [
     "Activation",
     "BackendError",
     "CacheLike",
+    "DeclinedWeight",
     "DecoderLayer",
     "EmbeddingTable",
     "KVCache",

@@ -12,6 +12,8 @@ path or an engine's compiled step, see ``torchburn.llm.protocol``):
    or by writing the buffers ``keys(i)`` / ``values(i)`` in place at exactly those slots;
 3. ``commit(T)`` makes them part of the cache.
 
+What a padding slot (position -1) holds is unspecified: attention never reads it.
+
 An engine that binds the buffers once (a native pointer, a device copy) rebinds when
 ``generation`` changes: ``reserve`` replaces every buffer when it grows. ``capacity``,
 ``length``, ``pos`` and ``generation`` are for reading; only the methods change the cache.

@@ -39,11 +39,24 @@ from torchburn.llm.weights import EmbeddingTable
 RopeFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+class DeclinedWeight:
+    """The handle of a weight the backend's ``prepare_linear`` declined: ``handle`` is what the
+    reference prepared instead. A compiled step that meets one knows the weight is not its own."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"DeclinedWeight({type(self.handle).__name__})"
+
+
 @dataclass
 class PreparedLinear:
     """One linear layer: ``y = x @ W.T + bias`` with ``W`` behind ``handle``."""
 
-    handle: Any  # what prepare_linear returned (opaque to everyone but its backend)
+    handle: Any  # what prepare_linear returned (opaque to all but its backend), or a DeclinedWeight
     bias: torch.Tensor | None
     out_features: int
 

@@ -53,7 +53,8 @@ Optional, for backends that run a whole step natively (no Python per layer):
 
 * ``compile_model(model: ModelDescription) -> step | None``: once, after every weight is
   prepared. A step is ``step(ids [B, T], positions [B, T], cache, last_only) -> float32 logits``
-  (``[B, V]`` for the last position, else ``[B, T, V]``) with the numbers of
+  (``[B, V]`` for the last position, else ``[B, T, V]``; a padding position's are unspecified)
+  with the numbers of
   :func:`torchburn.llm.model_forward.forward`. It follows the cache protocol of
   :mod:`torchburn.llm.kv_cache` (``begin`` first, this step's keys and values through ``write``
   or into ``keys(i)`` / ``values(i)`` at the claimed slots, ``commit(T)`` last). It may return

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchburn.testing.cases import CASES, OpCase
+from torchburn.testing.llm_conformance import LLMBackendConformance as LLMBackendConformance
 from torchburn.testing.models import MODELS, train_losses
 
 _CONFORMANCE = ("EngineConformance", "compile_with", "native_and_fallback")
