@@ -59,6 +59,28 @@ def native_and_fallback(reports: list[Any]) -> tuple[set[str], set[str]]:
     return native, fallback
 
 
+def _exact_where_eager_is_nan(case: OpCase, inputs: Any, expected: Any, actual: Any) -> Any:
+    """Eager's answer, except where eager's float32 kernel says NaN and the exact value is not NaN.
+
+    PyTorch's vectorised float32 kernels of some ops return NaN at infinite inputs where the exact
+    value, and PyTorch's own scalar and float64 kernels, are not NaN (``F.gelu`` at +inf: inf from
+    ``gelu(torch.tensor([inf]))``, NaN from the vectorised loop over a longer tensor, depending on
+    where the element falls and the CPU). There an engine may give either answer: the value it is
+    held to is PyTorch's float64 result, rounded to the output dtype.
+    """
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        return expected
+    if not expected.dtype.is_floating_point or not bool(torch.isnan(expected).any()):
+        return expected
+    if not bool((torch.isnan(expected) & ~torch.isnan(actual)).any()):
+        return expected
+    wide = [t.double() if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t for t in inputs]
+    exact = case.fn(*wide)
+    if not isinstance(exact, torch.Tensor) or exact.shape != expected.shape:
+        return expected
+    return torch.where(torch.isnan(expected), exact.to(expected.dtype), expected)
+
+
 class EngineConformance:
     engine: ClassVar[str] = ""
     xfail: ClassVar[dict[str, str]] = {}
@@ -83,7 +105,7 @@ class EngineConformance:
         actual = compiled(*inputs)
         torch.testing.assert_close(
             actual,
-            expected,
+            _exact_where_eager_is_nan(case, inputs, expected, actual),
             rtol=case.rtol or self.rtol,
             atol=case.atol or self.atol,
             equal_nan=True,
