@@ -11,7 +11,7 @@ from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check
 from tb_cpu_rust.lowering.dtypes import F32
 from tb_cpu_rust.lowering.elementwise import check_ew
-from tb_cpu_rust.lowering.lowerer import Lazy, Lowerer, meta
+from tb_cpu_rust.lowering.lowerer import Lazy, Lowerer, contig, meta
 from tb_cpu_rust.lowering.registry import LoweringError, register_lowering
 
 _check = kernel_check(float_only=True)
@@ -223,3 +223,75 @@ def _group_norm(lw: Lowerer, node: Any) -> tuple[int, ...]:
 
     _normalise(lw, x4, per_group(mean), per_group(rstd), per_channel(w_arg), per_channel(b_arg), y4)
     return y, mean, rstd
+
+
+@register_lowering("aten.native_layer_norm_backward.default", check=_check)
+def _layer_norm_backward(lw: Lowerer, node: Any) -> tuple[int | None, ...]:
+    """Layer norm's gradients over (M rows, N normalised elements), from reductions and sweeps:
+    dx = rstd * (dy*w - mean(dy*w) - xhat * mean(dy*w * xhat)), dw = sum(dy * xhat), db = sum(dy)."""
+    g_arg, x_arg, shape, mean_arg, rstd_arg, w_arg, _b_arg, mask = node.args
+    n = math.prod(shape)
+    x, g = lw.flat(lw.value(x_arg)), lw.flat(lw.value(g_arg))
+    m = lw.values[x]["sizes"][0] // max(n, 1)
+    rows = [lw.flat(lw.value(a)) for a in (mean_arg, rstd_arg)]
+
+    def as_rows(v: int, width: int) -> int:  # a flat value as (M, width)
+        return lw.view_of(v, lw.meta_tensor(v).view(m, width))
+
+    def per_row(v: int) -> int:  # an (M,) value broadcast along each row
+        val = lw.values[v]
+        return lw.new_value(val["buf"], val["offset"], [m, n], [1, 0])
+
+    def sweep(ins: list[int], out: int, prog: list[S.Instr]) -> None:
+        lw.steps.append(S.Ew("f32", ins, [out], [*(S.load(i, i) for i in range(len(ins))), *prog]))
+
+    def row_mean(v: int) -> int:
+        out = lw.temp([m])
+        lw.steps.append(S.Reduce(x=v, y=lw.reduced_view(out, [0, 1], keep=False), kind=1, mask=(0, 1)))
+        return out
+
+    x2, g2, mean, rstd = as_rows(x, n), as_rows(g, n), per_row(rows[0]), per_row(rows[1])
+    xhat = lw.temp([m, n])
+    sweep([x2, mean, rstd], xhat, [S.instr("sub", 3, [0, 1], [1.0]), S.instr("mul", 4, [3, 2]), S.store(0, 4)])
+    gw = g2
+    if w_arg is not None:
+        w = lw.flat(lw.value(w_arg))
+        wv = lw.values[w]
+        gw = lw.temp([m, n])
+        sweep(
+            [g2, lw.new_value(wv["buf"], wv["offset"], [m, n], [0, 1])], gw, [S.instr("mul", 2, [0, 1]), S.store(0, 2)]
+        )
+    outs: list[int | None] = [None, None, None]
+    metas = node.out
+    if mask[0]:
+        gwx = lw.temp([m, n])
+        sweep([gw, xhat], gwx, [S.instr("mul", 2, [0, 1]), S.store(0, 2)])
+        a, b = per_row(row_mean(gw)), per_row(row_mean(gwx))
+        dx = lw.fresh(metas[0])
+        prog = [S.instr("sub", 5, [0, 2], [1.0]), S.instr("mul", 6, [1, 3]), S.instr("sub", 7, [5, 6], [1.0]),
+                S.instr("mul", 8, [7, 4]), S.store(0, 8)]  # fmt: skip
+        sweep([gw, xhat, a, b, rstd], as_rows(lw.flat(dx), n) if _dense(lw, dx) else _no_layout(), prog)
+        outs[0] = dx
+    for k, factor in ((1, xhat), (2, None)):
+        if not mask[k] or metas[k] is None:
+            continue
+        src = g2
+        if factor is not None:
+            src = lw.temp([m, n])
+            sweep([g2, factor], src, [S.instr("mul", 2, [0, 1]), S.store(0, 2)])
+        o = lw.fresh(metas[k])
+        if not _dense(lw, o):
+            _no_layout()
+        flat = lw.flat(o)
+        lw.steps.append(S.Reduce(x=src, y=lw.reduced_view(flat, [1, 0], keep=False), kind=0, mask=(1, 0)))
+        outs[k] = o
+    return tuple(outs)
+
+
+def _dense(lw: Lowerer, v: int) -> bool:
+    val = lw.values[v]
+    return list(val["strides"]) == contig(val["sizes"])
+
+
+def _no_layout() -> int:
+    raise LoweringError("layer norm backward into a non-contiguous gradient")
