@@ -1,14 +1,15 @@
 """The native decision of a Sequential entry (tb_cython_dispatch.native), on both implementations.
 
-Tests that run the native program need tb-cpu-rust and skip without it; the fallback tests run
-everywhere. The timed decision is replaced by a fixed one (``native.decide``) so the tests do not
-depend on the machine's speed; one test keeps the real timing and checks only that it decided.
+The prepared programs come from the conftest's fake engine (tb-core's interop interface in pure
+PyTorch, registered in-process), so these tests run with only tb-core beside this package; the
+same paths on native_cpu are in ``integration_tests/test_cython_dispatch_native.py``. The timed
+decision is replaced by a fixed one (``native.decide``) so the tests do not depend on the
+machine's speed; one test keeps the real timing and checks only that it decided.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -16,27 +17,17 @@ from typing import Any
 import pytest
 import torch
 
+import torchburn
 import turbo_torch
 from tb_cython_dispatch import native
 
-TOL = {"rtol": 1e-5, "atol": 1e-5}  # float32 reassociation of the GEMM's dot products
+TOL: dict[str, Any] = {"rtol": 1e-5, "atol": 1e-5}  # float32 reassociation of the GEMM's dot products
 CALLS = native.HOT_AFTER + 2 * (native.WARMUP + native.SAMPLES) + 2  # enough to decide
 
 
-def _has_rust() -> bool:
-    try:
-        import tb_cpu_rust._native  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_rust = pytest.mark.skipif(not _has_rust(), reason="tb-cpu-rust is not installed (hermetic session)")
-
-
 @pytest.fixture
-def native_on(impl: ModuleType) -> Iterator[ModuleType]:
-    """Native decisions allowed (conftest turns them off for every other test)."""
+def native_on(impl: ModuleType, fake_engine: Any) -> Iterator[ModuleType]:
+    """Native decisions allowed (conftest turns them off for every other test), on the fake engine."""
     yield impl
 
 
@@ -68,7 +59,6 @@ def _run(m: Any, x: torch.Tensor, n: int = CALLS) -> list[torch.Tensor]:
     return [m(x) for _ in range(n)]
 
 
-@needs_rust
 def test_native_entry_decides_and_matches_eager(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
@@ -83,7 +73,6 @@ def test_native_entry_decides_and_matches_eager(always_native: ModuleType) -> No
     assert outs[-1].data_ptr() != outs[-2].data_ptr()  # a fresh output every call, like eager
 
 
-@needs_rust
 def test_real_timing_decides(native_on: ModuleType) -> None:
     m, x = _mlp(), torch.randn(2, 20)
     with torch.no_grad():
@@ -95,7 +84,6 @@ def test_real_timing_decides(native_on: ModuleType) -> None:
     assert turbo_torch.cache_info()["nn.Sequential"]["native"] == (slot.state == native.NATIVE)
 
 
-@needs_rust
 def test_decision_is_per_signature(native_on: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     answers = iter([native.NATIVE, native.TORCH])
     monkeypatch.setattr(native, "decide", lambda native_ns, torch_ns: next(answers))
@@ -111,7 +99,6 @@ def test_decision_is_per_signature(native_on: ModuleType, monkeypatch: pytest.Mo
     assert info["entries"] == 2 and info["native"] == 1
 
 
-@needs_rust
 def test_new_shape_or_dtype_is_a_new_entry(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
@@ -130,7 +117,6 @@ def test_new_shape_or_dtype_is_a_new_entry(always_native: ModuleType) -> None:
     assert _slot(m, x, always_native).state == native.NATIVE
 
 
-@needs_rust
 def test_parameter_values_are_read_live(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
@@ -143,7 +129,6 @@ def test_parameter_values_are_read_live(always_native: ModuleType) -> None:
     assert _slot(m, x, always_native).prepares == 1
 
 
-@needs_rust
 def test_replaced_parameter_layout_prepares_anew(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
@@ -170,7 +155,6 @@ def test_replaced_parameter_layout_prepares_anew(always_native: ModuleType) -> N
             m(x)
 
 
-@needs_rust
 def test_parameter_data_swapped_in_place_is_noticed(always_native: ModuleType) -> None:
     """``p.data = ...`` keeps the Parameter object but changes its layout: never read stale layouts."""
     m, x = _mlp(), torch.randn(3, 20)
@@ -190,7 +174,6 @@ def test_parameter_data_swapped_in_place_is_noticed(always_native: ModuleType) -
             m(x)
 
 
-@needs_rust
 def test_autograd_is_never_skipped(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     outs = _run(m, x)  # grad mode on, parameters require grad: every call records a graph
@@ -209,7 +192,6 @@ def test_autograd_is_never_skipped(always_native: ModuleType) -> None:
     assert torch.equal(out, _eager(m2, x2))
 
 
-@needs_rust
 def test_input_requiring_grad_under_no_grad(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20, requires_grad=True)
     with torch.no_grad():
@@ -218,7 +200,6 @@ def test_input_requiring_grad_under_no_grad(always_native: ModuleType) -> None:
     assert not outs[-1].requires_grad
 
 
-@needs_rust
 def test_inference_mode_output_is_an_inference_tensor(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.inference_mode():
@@ -229,7 +210,6 @@ def test_inference_mode_output_is_an_inference_tensor(always_native: ModuleType)
     torch.testing.assert_close(outs[-1], want, **TOL)
 
 
-@needs_rust
 def test_hooks_and_modes_see_the_aten_path(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
@@ -255,7 +235,6 @@ def test_hooks_and_modes_see_the_aten_path(always_native: ModuleType) -> None:
         assert any("linear" in e.name or "addmm" in e.name for e in prof.events())
 
 
-@needs_rust
 def test_other_stacks_stay_on_aten(always_native: ModuleType) -> None:
     nn = turbo_torch.nn
     torch.manual_seed(0)
@@ -276,7 +255,6 @@ def test_other_stacks_stay_on_aten(always_native: ModuleType) -> None:
         assert _slot(m, x3, always_native) is None
 
 
-@needs_rust
 def test_set_native_enabled_false_is_bit_identical(always_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
@@ -291,12 +269,12 @@ def test_set_native_enabled_false_is_bit_identical(always_native: ModuleType) ->
         assert torch.equal(m2(x), _eager(m2, x))
 
 
-def test_without_tb_cpu_rust_everything_stays_on_aten(native_on: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Hide tb-cpu-rust (a None entry in sys.modules makes its import fail) and forget what was loaded.
-    monkeypatch.setitem(sys.modules, "tb_cpu_rust", None)
-    monkeypatch.setitem(sys.modules, "tb_cpu_rust._native", None)
-    monkeypatch.setitem(sys.modules, "tb_cpu_rust.lower", None)
+def test_without_an_engine_everything_stays_on_aten(impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only this package's own plugin loads: no engine offers prepared programs.
+    monkeypatch.setenv("TORCHBURN_LOAD_PLUGINS", "cython_dispatch")
+    torchburn.plugins.reload()
     native.reset_for_tests()
+    native.set_native_enabled(True)
     try:
         m, x = _mlp(), torch.randn(3, 20)
         with torch.no_grad():
@@ -304,9 +282,52 @@ def test_without_tb_cpu_rust_everything_stays_on_aten(native_on: ModuleType, mon
             want = _eager(m, x)
         assert all(torch.equal(o, want) for o in outs)
         ok, reason = turbo_torch.native_available()
-        assert not ok and "tb-cpu-rust" in reason
+        assert not ok and "no installed engine offers prepared programs" in reason and "tb-cpu-rust" in reason
         assert turbo_torch.cache_info()["nn.Sequential"]["native"] == 0
-        slot = _slot(m, x, native_on)
+        slot = _slot(m, x, impl)
         assert slot is None or slot.state == native.OFF
     finally:
+        monkeypatch.delenv("TORCHBURN_LOAD_PLUGINS")
+        torchburn.plugins.reload()
         native.reset_for_tests()
+
+
+def test_program_is_the_engines_and_runs_once_per_call(always_native: ModuleType, fake_engine: Any) -> None:
+    m, x = _mlp(), torch.randn(3, 20)
+    with torch.no_grad():
+        _run(m, x)
+        slot = _slot(m, x, always_native)
+        assert isinstance(slot.program, fake_engine.program_class)
+        (plan,) = fake_engine.prepared
+        assert list(plan.ops()) == [
+            "aten.t.default", "aten.addmm.default", "aten.relu.default", "aten.t.default", "aten.addmm.default",
+        ]  # fmt: skip
+        before = len(fake_engine.runs)
+        y = m(x)
+        assert fake_engine.runs[before:] == [slot.program]
+        torch.testing.assert_close(y, _eager(m, x), **TOL)
+
+
+def test_engine_that_declines_keeps_the_entry_on_aten(
+    native_on: ModuleType, fake_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fake_engine, "PROGRAM_OPS", frozenset())  # prepare() returns None for every plan
+    m, x = _mlp(), torch.randn(3, 20)
+    with torch.no_grad():
+        outs = _run(m, x)
+        want = _eager(m, x)
+    assert all(torch.equal(o, want) for o in outs)
+    assert _slot(m, x, native_on).state == native.OFF
+    assert fake_engine.runs == [] and turbo_torch.cache_info()["nn.Sequential"]["native"] == 0
+
+
+def test_no_tb_cpu_rust_import_in_this_package() -> None:
+    import pathlib
+
+    import tb_cython_dispatch
+
+    root = pathlib.Path(tb_cython_dispatch.__file__).parent
+    sources = [*root.rglob("*.py"), *root.rglob("*.pyx"), *root.parent.joinpath("turbo_torch").rglob("*.py")]
+    assert sources
+    offenders = [str(p) for p in sources if "tb_cpu_rust" in p.read_text()]
+    assert not offenders, offenders

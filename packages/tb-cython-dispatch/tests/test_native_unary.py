@@ -1,8 +1,10 @@
 """turbo_torch.sin / cos / tanh: cached per element count, native where decided (both implementations).
 
+The eager kernels come from the conftest's fake engine (tb-core's ``Engine.eager_kernel`` in pure
+PyTorch, registered in-process), so these tests run with only tb-core beside this package; the
+same paths on native_cpu's kernels are in ``integration_tests/test_cython_dispatch_native_unary.py``.
 The timed decision is replaced by a fixed one (``native.decide``) so the tests do not depend on the
-machine's speed; one test keeps the real timing and checks only that it decided. Tests that run
-the native kernel need tb-cpu-rust and skip without it.
+machine's speed; one test keeps the real timing and checks only that it decided.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+import torchburn
 import turbo_torch
 from tb_cython_dispatch import native, native_unary
 
@@ -22,20 +25,8 @@ OPS = native_unary.OPS
 CALLS = native.HOT_AFTER + 2 * (native.WARMUP + native.SAMPLES) + 2  # enough to decide
 
 
-def _has_rust() -> bool:
-    try:
-        from tb_cpu_rust import _native
-
-        return hasattr(_native, "unary_f32")
-    except ImportError:
-        return False
-
-
-needs_rust = pytest.mark.skipif(not _has_rust(), reason="tb-cpu-rust is not installed (hermetic session)")
-
-
 @pytest.fixture
-def native_on(impl: ModuleType) -> Iterator[ModuleType]:
+def native_on(impl: ModuleType, fake_engine: Any) -> Iterator[ModuleType]:
     yield impl
 
 
@@ -50,6 +41,16 @@ def _entry(op: str, x: torch.Tensor) -> Any:
     from turbo_torch import _unary
 
     return _unary._cells[op][1].lookup(None, x.numel())[0]
+
+
+def _spy(kernel: Any, seen: list[torch.Tensor]) -> Any:
+    """``kernel``, recording each input it is called with."""
+
+    def spy(t: torch.Tensor) -> Any:
+        seen.append(t)
+        return kernel(t)
+
+    return spy
 
 
 def _decided(op: str, x: torch.Tensor) -> list[torch.Tensor]:
@@ -73,7 +74,6 @@ def _values(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
 SHAPES = [(), (0,), (1,), (7,), (9,), (64, 64), (3, 0, 5), (513, 130), (300, 300)]
 
 
-@needs_rust
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_native_matches_torch(always_native: ModuleType, op: str, shape: tuple[int, ...]) -> None:
@@ -92,29 +92,40 @@ def test_native_matches_torch(always_native: ModuleType, op: str, shape: tuple[i
     assert turbo_torch.cache_info()[f"torch.{op}"]["native"] == 1
 
 
-@needs_rust
 @pytest.mark.parametrize("op", OPS)
-def test_native_calls_the_kernel_once_per_call(always_native: ModuleType, op: str) -> None:
+def test_native_calls_the_kernel_once_per_call(always_native: ModuleType, fake_engine: Any, op: str) -> None:
     x = torch.randn(16, 16)
     _decided(op, x)
     nat = _entry(op, x)
-    seen: list[tuple[int, int, int, int]] = []
+    seen: list[torch.Tensor] = []
     real = nat.kernel
-    nat.kernel = lambda code, src, dst, n: (seen.append((code, src, dst, n)), real(code, src, dst, n))[1]
+    nat.kernel = _spy(real, seen)
+    before = len(fake_engine.runs)
     y = getattr(turbo_torch, op)(x)
-    assert len(seen) == 1 and seen[0][1] == x.data_ptr() and seen[0][2] == y.data_ptr() and seen[0][3] == 256
+    assert len(seen) == 1 and seen[0] is x and fake_engine.runs[before:] == [f"aten.{op}.default"]
     torch.testing.assert_close(y, getattr(torch, op)(x))
 
 
-@needs_rust
+@pytest.mark.parametrize("op", OPS)
+def test_a_kernel_that_refuses_gives_the_torch_result(always_native: ModuleType, op: str) -> None:
+    x = torch.randn(8, 8)
+    _decided(op, x)
+    nat = _entry(op, x)
+
+    def refusing(t: torch.Tensor) -> torch.Tensor:
+        raise ValueError("not this one")
+
+    nat.kernel = refusing
+    assert torch.equal(getattr(turbo_torch, op)(x), getattr(torch, op)(x))
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_what_pytorch_must_see_takes_the_torch_function(always_native: ModuleType, op: str) -> None:
     x = torch.randn(8, 8)
     _decided(op, x)
     nat = _entry(op, x)
-    calls: list[int] = []
-    real = nat.kernel
-    nat.kernel = lambda *a: (calls.append(1), real(*a))[1]
+    calls: list[torch.Tensor] = []
+    nat.kernel = _spy(nat.kernel, calls)
     fn, ref = getattr(turbo_torch, op), getattr(torch, op)
 
     # autograd: an input requiring grad under grad mode records a graph, with the right gradient
@@ -173,29 +184,26 @@ def test_what_pytorch_must_see_takes_the_torch_function(always_native: ModuleTyp
     assert calls == [], "a call PyTorch had to see ran natively"
     # and a plain call after all of that is native again
     fn(x)
-    assert calls == [1]
+    assert len(calls) == 1
 
 
-@needs_rust
 def test_inference_mode_and_no_grad_run_natively(always_native: ModuleType) -> None:
     x = torch.randn(4, 4, requires_grad=True)
     _decided("tanh", x.detach())
     nat = _entry("tanh", x)
-    calls: list[int] = []
-    real = nat.kernel
-    nat.kernel = lambda *a: (calls.append(1), real(*a))[1]
+    calls: list[torch.Tensor] = []
+    nat.kernel = _spy(nat.kernel, calls)
     with torch.no_grad():
         y = turbo_torch.tanh(x)
     assert y.grad_fn is None and not y.requires_grad
     with torch.inference_mode():
         z = turbo_torch.tanh(x)
     assert z.is_inference()
-    assert calls == [1, 1]
+    assert len(calls) == 2
     torch.testing.assert_close(y, torch.tanh(x.detach()))
     torch.testing.assert_close(z, torch.tanh(x.detach()))
 
 
-@needs_rust
 def test_a_new_element_count_is_a_miss_with_the_right_result(always_native: ModuleType) -> None:
     a, b = torch.randn(10, 10), torch.randn(7, 3)
     _decided("sin", a)
@@ -213,7 +221,6 @@ def test_a_new_element_count_is_a_miss_with_the_right_result(always_native: Modu
     assert turbo_torch.cache_info()["torch.sin"]["misses"] == 1
 
 
-@needs_rust
 def test_the_real_timing_decides(native_on: ModuleType) -> None:
     x = torch.randn(64, 64)
     with torch.no_grad():
@@ -260,15 +267,16 @@ def test_compile_script_trace_and_fx_see_the_torch_op(impl: ModuleType, op: str)
     assert fn.__name__ == op and fn.__wrapped__ is ref
 
 
-@needs_rust
-def test_rust_boundary_rejects_bad_calls() -> None:
-    from tb_cpu_rust import _native
-
-    x = torch.randn(4)
-    with pytest.raises(ValueError, match="unknown unary op"):
-        _native.unary_f32(10_000, x.data_ptr(), x.data_ptr(), 4)
-    with pytest.raises(ValueError, match="null"):
-        _native.unary_f32(0, 0, x.data_ptr(), 4)
-    with pytest.raises(ValueError, match="misaligned"):
-        _native.unary_f32(0, x.data_ptr() + 2, x.data_ptr(), 1)
-    _native.unary_f32(0, 0, 0, 0)  # nothing to do, nothing touched
+def test_without_an_engine_the_torch_function_runs(impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHBURN_LOAD_PLUGINS", "cython_dispatch")
+    torchburn.plugins.reload()
+    native.reset_for_tests()
+    native.set_native_enabled(True)
+    try:
+        x = torch.randn(9, 9)
+        assert all(torch.equal(out, torch.sin(x)) for out in _decided("sin", x))
+        assert _entry("sin", x) is None and turbo_torch.cache_info()["torch.sin"]["native"] == 0
+    finally:
+        monkeypatch.delenv("TORCHBURN_LOAD_PLUGINS")
+        torchburn.plugins.reload()
+        native.reset_for_tests()

@@ -327,7 +327,6 @@ cpdef object module_call(object module, tuple args, dict kwargs):
 
 # -- the native decision of a Sequential entry (tb_cython_dispatch.native) ----------------------
 cdef object _f32 = torch.float32
-cdef object _empty = torch.empty
 cdef object _fn_mode = torch._C._is_torch_function_mode_enabled
 cdef object _dispatch_depth = torch._C._len_torch_dispatch_stack
 cdef object _profiling = torch._C._autograd._profiler_enabled
@@ -338,51 +337,38 @@ cpdef object native_fast(tuple parts, object x):
     """One native call of a prepared Sequential entry; None when PyTorch would observe or record
     something (then the caller runs the ATen steps), STALE when the parameters no longer fit.
 
-    Only data pointers cross into Rust (``Executor.run_ptrs``): each parameter's dtype, device,
-    shape and strides are compared here with the ones the program was prepared for; x's layout is
-    part of the entry's key and the output is allocated to the prepared shape."""
-    cdef object run_ptrs = parts[0]
-    cdef tuple lin
-    cdef object child, t, out
+    The tensors go to the engine's prepared program (``program.run``, tb-core's
+    ``torchburn.interop.PreparedProgram``), which checks each one's dtype, device, sizes and
+    strides against what it was prepared for and refuses a mismatch with ``ValueError``."""
+    cdef object run = parts[0]
+    cdef object child, t
     cdef dict params, d
     cdef bint grad = parts[6]
-    cdef list ptrs
+    cdef list tensors
     if _fn_mode() or _dispatch_depth() or _profiling():
         return None
     for child in <tuple>parts[2]:
         if not hooks_free(child):
             return None
-    ptrs = [x.data_ptr()]
-    for lin in <tuple>parts[1]:
-        child = lin[0]
+    tensors = [x]
+    for child in <tuple>parts[1]:
         d = child.__dict__
         if "weight" in d or "bias" in d:
             return None
         params = d["_parameters"]
         t = params.get("weight")
-        if t is None or t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+        if t is None or (grad and t.requires_grad):
             return None
-        if t.shape != lin[2] or t.stride() != lin[3]:
-            return _STALE
-        ptrs.append(t.data_ptr())
+        tensors.append(t)
         t = params.get("bias")
-        if t is None:
-            if lin[1]:
-                return _STALE
-        else:
-            if not lin[1]:
-                return _STALE
-            if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+        if t is not None:
+            if grad and t.requires_grad:
                 return None
-            if t.shape != lin[4] or t.stride() != lin[5]:
-                return _STALE
-            ptrs.append(t.data_ptr())
-    out = _empty(*<tuple>parts[3])  # contiguous: the strides the program was prepared for
+            tensors.append(t)
     try:
-        run_ptrs(ptrs, [out.data_ptr()])
+        return run(tensors)[0]
     except ValueError:
         return _STALE
-    return out
 
 
 # -- compiled plans -----------------------------------------------------------------------------
@@ -467,18 +453,18 @@ cdef inline object _bind(int kind, object value, list values):
 
 
 # -- unary functions (turbo_torch.sin & co., tb_cython_dispatch.native_unary) -------------------
-cdef object _empty_like = torch.empty_like
 cdef object _functorch_active = torch._C._are_functorch_transforms_active
 cdef object _fwd_ad = torch.autograd.forward_ad
 cdef bint _NAMED = hasattr(torch.Tensor, "has_names")  # named tensors (gone in newer torch)
 cdef int _NAT_NATIVE = _native_mod.NATIVE
 
 
-cpdef object unary_native(object kernel, int code, object x):
-    """op(x) by tb-cpu-rust's kernel into a fresh tensor (x: contiguous float32 CPU, checked)."""
-    cdef object y = _empty_like(x)
-    kernel(code, x.data_ptr(), y.data_ptr(), x.numel())
-    return y
+cpdef object unary_native(object kernel, object x, object fn):
+    """op(x) by the engine's eager kernel (a fresh tensor); ``fn(x)`` if the kernel refuses x."""
+    try:
+        return kernel(x)
+    except (ValueError, TypeError):
+        return fn(x)
 
 
 cpdef object unary_call(Site site, object fn, object x):
@@ -503,5 +489,5 @@ cpdef object unary_call(Site site, object fn, object x):
             or _fwd_ad._current_level >= 0:
         return fn(x)
     if state == _NAT_NATIVE:
-        return unary_native(nat.kernel, nat.code, x)
+        return unary_native(nat.kernel, x, fn)
     return nat.call(x, fn, unary_native)

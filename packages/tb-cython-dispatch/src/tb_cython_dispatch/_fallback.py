@@ -264,7 +264,6 @@ def module_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
 # -- the native decision of a Sequential entry (tb_cython_dispatch.native) ----------------------
 _f32 = torch.float32
-_empty = torch.empty
 _fn_mode = torch._C._is_torch_function_mode_enabled
 _dispatch_depth = torch._C._len_torch_dispatch_stack
 _profiling = torch._C._autograd._profiler_enabled
@@ -274,41 +273,33 @@ _STALE = _native_mod.STALE
 def native_fast(parts: tuple[Any, ...], x: Any) -> Any:
     """One native call of a prepared Sequential entry; None when PyTorch would observe or record
     something (then the caller runs the ATen steps), STALE when the parameters no longer fit."""
-    run_ptrs, linears, children, out_shape, _x_shape, _x_stride, grad, _out_stride = parts
+    run, linears, children, _out_shape, _x_shape, _x_stride, grad, _out_stride = parts
     if _fn_mode() or _dispatch_depth() or _profiling():
         return None
     for child in children:
         if not hooks_free(child):
             return None
-    # Only pointers cross into Rust: every parameter's layout is compared here with the one the
-    # program was prepared for (x's is part of the entry's key, the output is made to fit).
-    ptrs = [x.data_ptr()]
-    for child, has_bias, w_shape, w_stride, b_shape, b_stride in linears:
+    # The program (torchburn.interop.PreparedProgram) checks every tensor's layout against the one
+    # it was prepared for and refuses a mismatch with ValueError: the entry then prepares anew.
+    tensors = [x]
+    for child in linears:
         d = child.__dict__
         if "weight" in d or "bias" in d:
             return None
         params = d["_parameters"]
         t = params.get("weight")
-        if t is None or t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+        if t is None or (grad and t.requires_grad):
             return None
-        if t.shape != w_shape or t.stride() != w_stride:
-            return _STALE
-        ptrs.append(t.data_ptr())
+        tensors.append(t)
         t = params.get("bias")
-        if (t is None) == has_bias:
-            return _STALE
         if t is not None:
-            if t.dtype is not _f32 or not t.is_cpu or (grad and t.requires_grad):
+            if grad and t.requires_grad:
                 return None
-            if t.shape != b_shape or t.stride() != b_stride:
-                return _STALE
-            ptrs.append(t.data_ptr())
-    out = _empty(*out_shape)
+            tensors.append(t)
     try:
-        run_ptrs(ptrs, [out.data_ptr()])
+        return run(tensors)[0]
     except ValueError:
         return _STALE
-    return out
 
 
 class PlanRunner:
@@ -363,18 +354,18 @@ def _bind(kind: int, value: Any, values: list[Any]) -> Any:
 
 
 # -- unary functions (turbo_torch.sin & co., tb_cython_dispatch.native_unary) -------------------
-_empty_like = torch.empty_like
 _functorch_active = torch._C._are_functorch_transforms_active
 _fwd_ad = torch.autograd.forward_ad
 _NAMED = hasattr(torch.Tensor, "has_names")  # named tensors (gone in newer torch)
 _NAT_NATIVE = _native_mod.NATIVE
 
 
-def unary_native(kernel: Any, code: int, x: Any) -> Any:
-    """op(x) by tb-cpu-rust's kernel into a fresh tensor (x: contiguous float32 CPU, checked)."""
-    y = _empty_like(x)
-    kernel(code, x.data_ptr(), y.data_ptr(), x.numel())
-    return y
+def unary_native(kernel: Any, x: Any, fn: Any) -> Any:
+    """op(x) by the engine's eager kernel (a fresh tensor); ``fn(x)`` if the kernel refuses x."""
+    try:
+        return kernel(x)
+    except (ValueError, TypeError):
+        return fn(x)
 
 
 def unary_call(site: Site, fn: Any, x: Any) -> Any:
@@ -398,7 +389,7 @@ def unary_call(site: Site, fn: Any, x: Any) -> Any:
         or not x.is_cpu
         or not x.is_contiguous()
         or x.is_neg()
-        or (_NAMED and x.has_names())
+        or (_NAMED and x.has_names())  # type: ignore[attr-defined]
         or _fn_mode()
         or _dispatch_depth()
         or _profiling()
@@ -407,5 +398,5 @@ def unary_call(site: Site, fn: Any, x: Any) -> Any:
     ):
         return fn(x)
     if state == _NAT_NATIVE:
-        return unary_native(nat.kernel, nat.code, x)
+        return unary_native(nat.kernel, x, fn)
     return nat.call(x, fn, unary_native)

@@ -1,4 +1,9 @@
-"""Plan -> PlanRunner: resolve each node's ATen callable and argument slots once."""
+"""Plan -> PlanRunner: resolve each node's callable and argument slots once.
+
+A node's callable is the kernel a plugin registered for ``cython_dispatch`` (``tb_register_kernels``)
+when one is registered for its op and its checker accepts the node; otherwise the op's own ATen
+entry, that is PyTorch's kernel (telemetry counts such nodes as "delegated").
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ import torch
 
 from tb_cython_dispatch import _impl
 from torchburn import NodeInfo, Plan, Ref
-from torchburn.plan import GETITEM, resolve_op
+from torchburn.plan import GETITEM, PlanNode, resolve_op
+from torchburn.registry import Kernel
 
 LITERAL, SLOT, LIST, TUPLE = 0, 1, 2, 3
 
@@ -32,6 +38,27 @@ def entry_point(target: Any, op: str) -> Callable[..., Any]:
         target = resolve_op(op)
     fn = getattr(target, "_op", None)
     return fn if callable(fn) else target  # type: ignore[no-any-return]
+
+
+def registered_kernel(plan: Plan, node: PlanNode, kernels: dict[str, Kernel]) -> Callable[..., Any] | None:
+    """The registered kernel that runs ``node``, or None (its ATen entry runs it)."""
+    kernel = kernels.get(node.op)
+    if kernel is None or node.op == GETITEM:
+        return None
+    if kernel.checker is not None:
+        try:
+            reason = kernel.checker(NodeInfo.of_plan_node(plan, node))
+        except Exception:  # a buggy checker means "no", as in the partitioner
+            return None
+        if reason is not None:
+            return None
+    return kernel.fn
+
+
+def delegated_ops(plan: Plan, kernels: dict[str, Kernel]) -> set[str]:
+    """Ops of ``plan`` with a node that runs on its ATen entry (an op counts as delegated when any
+    of its nodes is, so telemetry never claims a native kernel that did not run)."""
+    return {node.op for node in plan.nodes if node.op != GETITEM and registered_kernel(plan, node, kernels) is None}
 
 
 def _getitem(value: Any, index: Any) -> Any:
@@ -58,8 +85,9 @@ def _has_ref(value: Any) -> bool:
     return False
 
 
-def compile_plan(plan: Plan, core: Any = None) -> Callable[..., Any]:
+def compile_plan(plan: Plan, core: Any = None, kernels: dict[str, Kernel] | None = None) -> Callable[..., Any]:
     core = core or _impl.core
+    kernels = kernels or {}
     n_inputs = len(plan.inputs) - len(plan.constants)
     constants = tuple(plan.constants[k] for k in sorted(plan.constants))
     first = len(plan.inputs)
@@ -73,7 +101,7 @@ def compile_plan(plan: Plan, core: Any = None) -> Callable[..., Any]:
             raise ValueError(f"{node.op}: a dict argument holding tensors is not supported")
         raw.append(
             (
-                entry_point(node.target, node.op),
+                registered_kernel(plan, node, kernels) or entry_point(node.target, node.op),
                 tuple(k for k, _ in args),
                 tuple(v for _, v in args),
                 tuple(name for name, _, _ in kw),

@@ -1,13 +1,16 @@
-"""The native decision of a cached ``nn.Sequential`` entry: one tb-cpu-rust call per forward.
+"""The native decision of a cached ``nn.Sequential`` entry: one prepared-program call per forward.
 
-Where tb-cpu-rust is installed, an entry of a Sequential made only of ``Linear`` and ``ReLU``,
-called on a 2-D float32 CPU tensor with no autograd graph to record, may run the whole stack as
-one prepared native program (GEMM with the ReLU in its epilogue, the next GEMM, one FFI call with
-the GIL released) instead of one ATen call per layer. Whether it does is decided per entry, that
-is per dispatch key, by timing both paths on the entry's own calls; the decision lives in the
-entry and ``cache_info()`` counts the entries that run natively.
+Where an installed engine offers prepared programs through tb-core's interface
+(``Engine.prepare``, ``torchburn.interop``; today ``native_cpu`` from tb-cpu-rust), an entry of a
+Sequential made only of ``Linear`` and ``ReLU``, called on a 2-D float32 CPU tensor with no
+autograd graph to record, may run the whole stack as one prepared program (for native_cpu: GEMM
+with the ReLU in its epilogue, the next GEMM, one FFI call with the GIL released) instead of one
+ATen call per layer. Whether it does is decided per entry, that is per dispatch key, by timing
+both paths on the entry's own calls; the decision lives in the entry and ``cache_info()`` counts
+the entries that run natively. No engine package is imported here: the program comes from
+``engine.prepare(plan)`` on a tb-core ``Plan`` and runs with ``program.run(tensors)``.
 
-Numerics: the native GEMM sums in another order than PyTorch's BLAS, so a native entry's result
+Numerics: a native GEMM sums in another order than PyTorch's BLAS, so a native entry's result
 differs from eager PyTorch by float32 reassociation (a few ulps of each dot product; the tests
 hold it to ``rtol=1e-5, atol=1e-5``). ReLU is exact. ``set_native_enabled(False)`` (or
 ``turbo_torch.set_native_enabled(False)``) keeps every call on the bit-identical ATen path.
@@ -17,8 +20,9 @@ A native call is made only when PyTorch would record nothing and observe nothing
 requiring grad), no hook on the container or a child, no
 ``__torch_function__`` or ``__torch_dispatch__`` mode, profiler off, not tracing. Parameters are
 read live on every call (their values may change freely); a parameter whose shape, strides,
-dtype or device no longer match what the program was prepared for makes the entry prepare anew
-and decide again. Without tb-cpu-rust nothing here is imported and every entry stays on ATen.
+dtype or device no longer match what the program was prepared for makes the program refuse it
+(``ValueError``), and the entry prepares anew and decides again. Without such an engine every
+entry stays on ATen.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ _dispatch_depth = torch._C._len_torch_dispatch_stack
 _profiling = torch._C._autograd._profiler_enabled
 
 STALE = object()  # what native_fast returns when the program no longer fits the parameters
-_state: dict[str, Any] = {"enabled": True, "native": None, "reason": ""}
-_live: weakref.WeakSet[NativeSeq] = weakref.WeakSet()
+# "native": the engine whose programs are used (None: not looked up yet; False: there is none);
+# "unary": op -> that engine's eager kernel (None: not looked up yet; see native_unary)
+_state: dict[str, Any] = {"enabled": True, "native": None, "reason": "", "unary": None}
+_live: weakref.WeakSet[Any] = weakref.WeakSet()  # every NativeSeq and NativeUnary, for counts()
 
 
 def set_native_enabled(enabled: bool) -> None:
@@ -59,28 +65,26 @@ def native_enabled() -> bool:
 
 
 def native_available() -> tuple[bool, str]:
-    """(True, "") when tb-cpu-rust's executor loads, else (False, why)."""
-    return _load() is not None, str(_state["reason"])
+    """(True, "engine <name>") when an installed engine offers prepared programs, else (False, why)."""
+    engine = _load()
+    return engine is not None, str(_state["reason"])
 
 
 def _load() -> Any:
-    mod = _state["native"]
-    if mod is None:
+    """The highest-priority available CPU engine that offers prepared programs, or None."""
+    engine = _state["native"]
+    if engine is None:
         try:
-            from tb_cpu_rust import _native
-            from tb_cpu_rust.lower import lower
-        except Exception as exc:  # not installed, or built for another platform
-            _state["native"] = False
-            _state["reason"] = f"tb-cpu-rust not usable: {type(exc).__name__}: {exc}"
-            return None
-        try:  # kernels' parallel loops on PyTorch's own OpenMP team (tb-cpu-rust with threads.py)
-            from tb_cpu_rust.threads import use_torch_openmp
-        except ImportError:
-            pass
+            from torchburn.interop import engines_with
+
+            found = [e for e in engines_with("prepare", device="cpu") if e.name != "cython_dispatch"]
+        except Exception as exc:  # a plugin state that cannot load: ATen it is
+            found, why = [], f"engine lookup failed: {type(exc).__name__}: {exc}"
         else:
-            use_torch_openmp()
-        mod = _state["native"] = (_native, lower)
-    return mod or None
+            why = "no installed engine offers prepared programs (pip install tb-cpu-rust for native_cpu)"
+        engine = _state["native"] = found[0] if found else False
+        _state["reason"] = f"engine {found[0].name}" if found else why
+    return engine or None
 
 
 def counts(epoch: int) -> dict[str, int]:
@@ -148,15 +152,15 @@ class NativeSeq:
         self.grad = grad  # grad mode on: native only while no parameter requires grad
         self.state = COLD
         self.calls = 0
-        self.executor: Any = None
+        self.program: Any = None  # the engine's torchburn.interop.PreparedProgram
         self.out_shape: tuple[int, ...] = ()
         self.t_native: list[int] = []
         self.t_torch: list[int] = []
         self.prepares = 0
         # Set while the decision is NATIVE: what the implementations' native_fast() needs, as one tuple
-        # (executor.run_ptrs, ((linear, has_bias, w_shape, w_stride, b_shape, b_stride), ...), children,
-        # out_shape, x_shape, x_stride, grad, out_stride). The layouts are the parameters' at prepare
-        # time: a call whose parameters differ from them is STALE and prepares anew.
+        # (program.run, linears, children, out_shape, x_shape, x_stride, grad, out_stride). The program
+        # checks every tensor against the layouts it was prepared for: a call whose parameters differ
+        # from them is refused (ValueError), which makes the entry STALE and prepare anew.
         self.fast: tuple[Any, ...] | None = None
         self._fast_parts: tuple[Any, ...] = ()  # the same tuple, from prepare() on (the trial uses it)
         _live.add(self)
@@ -190,30 +194,28 @@ class NativeSeq:
 
     # -- preparing -------------------------------------------------------------------------------
     def prepare(self, params: list[Any]) -> bool:
-        """Lower the stack for these parameters' shapes; False (and state OFF) when it cannot run natively."""
-        mod = _load()
-        if mod is None:
+        """Prepare the stack for these parameters' layouts; False (and state OFF) when it cannot run natively."""
+        engine = _load()
+        if engine is None:
             self.state = OFF
             return False
-        _native, lower = mod
         try:
-            spec, out_shape = _build_spec(lower, self.shape, self.stride, self.linears, self.relus, params)
-            self.executor = _native.Executor(spec)
-        except Exception:  # a shape the native lowering does not take: ATen it is
+            plan, out_shape = _build_plan(self.shape, self.stride, self.linears, self.relus, params)
+            program = engine.prepare(plan)
+        except Exception:  # a shape the engine does not take: ATen it is
+            program = None
+        if program is None:
             self.state = OFF
             return False
+        self.program = program
         self.out_shape = out_shape
         self.prepares += 1
         self.t_native, self.t_torch = [], []
         self.state = TRIAL
         self.fast = None
-        run_ptrs = getattr(self.executor, "run_ptrs", None)
-        if run_ptrs is None:  # a tb-cpu-rust older than the pointer entry
-            self.state = OFF
-            return False
         self._fast_parts = (
-            run_ptrs,
-            tuple(_layouts(child) for child in self.linears),
+            program.run,
+            self.linears,
             self.children,
             out_shape,
             self.shape,
@@ -263,29 +265,19 @@ class NativeSeq:
         return y
 
 
-def _layouts(linear: Any) -> tuple[Any, ...]:
-    """(linear, has_bias, weight shape, weight strides, bias shape, bias strides) as prepared."""
-    w = linear._parameters["weight"]
-    b = linear._parameters.get("bias")
-    if b is None:
-        return (linear, False, w.shape, w.stride(), None, None)
-    return (linear, True, w.shape, w.stride(), b.shape, b.stride())
-
-
 def decide(native_ns: int, torch_ns: int) -> int:
     """NATIVE when the native program's fastest call beats ATen's fastest by the margin."""
     return NATIVE if native_ns < torch_ns * MARGIN else TORCH
 
 
-def _build_spec(
-    lower: Any,
+def _build_plan(
     shape: tuple[int, ...],
     stride: tuple[int, ...],
     linears: tuple[Any, ...],
     relus: tuple[bool, ...],
     params: list[Any],
-) -> tuple[str, tuple[int, ...]]:
-    """The executor spec of x -> [addmm|mm (+relu)]* as a tb-core plan lowered by tb-cpu-rust."""
+) -> tuple[Any, tuple[int, ...]]:
+    """x -> [addmm|mm (+relu)]* as a tb-core plan, with the output shape."""
     from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, resolve_op
 
     def meta(s: tuple[int, ...], st: tuple[int, ...]) -> TensorMeta:
@@ -321,27 +313,11 @@ def _build_spec(
             cur = add("aten.mm.default", (cur, wt), out_meta)
         if relu:
             cur = add("aten.relu.default", (cur,), out_meta)
-    plan = Plan(inputs, nodes, [cur], {}, True)
-    lowered = lower(plan)
-    out_shape = (rows, nodes[-1].out.shape[1])
-    # The one output must be a whole, contiguous output buffer: then a fresh torch.empty is it.
-    outs = lowered["outputs"]
-    if len(outs) != 1 or outs[0][0] != "v":
-        raise ValueError("native plan output is not a plain value")
-    val = lowered["values"][outs[0][1]]
-    buf = lowered["buffers"][val["buf"]]
-    if (
-        buf["kind"] != "output"
-        or val["offset"] != 0
-        or tuple(val["sizes"]) != out_shape
-        or tuple(val["strides"]) != contig(out_shape)
-        or buf["numel"] != out_shape[0] * out_shape[1]
-    ):
-        raise ValueError("native plan output is not one contiguous output buffer")
-    return str(lowered["json"]), out_shape
+    return Plan(inputs, nodes, [cur], {}, True), (rows, nodes[-1].out.shape[1])
 
 
 def reset_for_tests() -> None:
-    """Forget whether tb-cpu-rust loads (tests that hide it)."""
+    """Forget which engine was found (tests that add or hide one)."""
     _state["native"] = None
     _state["reason"] = ""
+    _state["unary"] = None

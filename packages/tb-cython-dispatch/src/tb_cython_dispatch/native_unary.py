@@ -1,11 +1,12 @@
 """The native decision of a cached unary call: ``turbo_torch.sin(x)``, ``cos``, ``tanh``.
 
 Each of those goes through a dispatch site per op whose key is the element count of the input.
-Where tb-cpu-rust is installed, an entry may run the op as one call of tb-cpu-rust's AVX2 kernel
-over the contiguous float32 buffer (``tb_cpu_rust._native.unary_f32``: no plan, no descriptors,
-the GIL released from 64K elements on) into a fresh ``torch.empty_like(x)`` — instead of
-PyTorch's dispatcher, TensorIterator and kernel. Whether it does is decided per entry, by timing
-both paths on the entry's own calls (as ``tb_cython_dispatch.native`` does for ``Sequential``).
+Where an installed engine offers an eager float32 kernel for the op through tb-core's interface
+(``Engine.eager_kernel``, ``torchburn.interop``; today ``native_cpu``'s AVX2 kernels from
+tb-cpu-rust: no plan, no descriptors, the GIL released from 64K elements on), an entry may run
+the op as one call of that kernel, which returns a fresh tensor — instead of PyTorch's
+dispatcher, TensorIterator and kernel. Whether it does is decided per entry, by timing both
+paths on the entry's own calls (as ``tb_cython_dispatch.native`` does for ``Sequential``).
 
 Only these three are wrapped: on this project's 2-core AVX2 machine they are the unary ops
 where PyTorch's CPU kernel is slow enough for a native call to win at small sizes (64×64,
@@ -18,10 +19,11 @@ A native call is made only when PyTorch would record nothing and observe nothing
 ``torch.Tensor`` (no subclass), strided, contiguous, float32, on the CPU, no neg bit, no names,
 no autograd graph to record (grad mode off, or the input does not require grad), no
 ``__torch_function__``/``__torch_dispatch__`` mode, no functorch transform or forward-AD level,
-profiler off, not tracing, and no ``out=``. Anything else is the torch function itself.
+profiler off, not tracing, and no ``out=``. Anything else is the torch function itself, and so
+is a call the kernel refuses (``ValueError`` / ``TypeError``, its contract for inputs it does not take).
 
-Numerics: polynomial approximations within float32 tolerance of ``torch.testing.assert_close``
-(NaN, ±inf and signed zeros as in PyTorch), not bit-identical.
+Numerics: the engine's (native_cpu: polynomial approximations within float32 tolerance of
+``torch.testing.assert_close``, NaN, ±inf and signed zeros as in PyTorch), not bit-identical.
 ``turbo_torch.set_native_enabled(False)`` keeps every call on PyTorch's kernel.
 """
 
@@ -33,34 +35,37 @@ from tb_cython_dispatch import native
 
 OPS = ("sin", "cos", "tanh")  # the torch functions turbo_torch wraps
 
-_unary: dict[str, Any] = {"fn": None, "codes": {}}
 
+def kernels() -> dict[str, Any]:
+    """op ("sin") -> the eager float32 kernel of the highest-priority CPU engine offering one."""
+    found = native._state["unary"]
+    if found is None:
+        found = {}
+        try:
+            import torch
 
-def kernel() -> Any:
-    """tb_cpu_rust._native.unary_f32, or None when tb-cpu-rust is absent or lacks one of OPS."""
-    fn = _unary["fn"]
-    if fn is None:
-        mod = native._load()
-        fn = False
-        if mod is not None:
-            _native = mod[0]
-            ops = getattr(_native, "unary_ops", None)
-            codes = {name: i for i, name in enumerate(ops())} if ops is not None else {}
-            if all(op in codes for op in OPS):
-                fn = _native.unary_f32
-                _unary["codes"] = codes
-        _unary["fn"] = fn
-    return fn or None
+            from torchburn.interop import engines_with
+
+            engines = [e for e in engines_with("eager_kernel", device="cpu") if e.name != "cython_dispatch"]
+            for op in OPS:
+                for engine in engines:
+                    fn = engine.eager_kernel(f"aten.{op}.default", torch.float32)
+                    if fn is not None:
+                        found[op] = fn
+                        break
+        except Exception:  # a plugin state that cannot load: PyTorch's kernels it is
+            found = {}
+        native._state["unary"] = found
+    return found  # type: ignore[no-any-return]
 
 
 class NativeUnary:
     """The native half of one unary entry (one op, one element count): its decision."""
 
-    __slots__ = ("__weakref__", "calls", "code", "epoch", "kernel", "op", "state", "t_native", "t_torch")
+    __slots__ = ("__weakref__", "calls", "epoch", "kernel", "op", "state", "t_native", "t_torch")
 
-    def __init__(self, op: str, code: int, epoch: int, kernel: Any) -> None:
+    def __init__(self, op: str, epoch: int, kernel: Any) -> None:
         self.op = op
-        self.code = code
         self.epoch = epoch
         self.kernel = kernel
         self.state = native.COLD
@@ -80,7 +85,7 @@ class NativeUnary:
             return torch_fn(x)
         if len(self.t_native) <= len(self.t_torch):
             t0 = native._perf()
-            y = run_native(self.kernel, self.code, x)
+            y = run_native(self.kernel, x, torch_fn)
             self.t_native.append(native._perf() - t0)
         else:
             t0 = native._perf()
@@ -97,7 +102,7 @@ def for_key(op: str, epoch: int) -> NativeUnary | None:
     "torch.sin"), or None when it can never run natively."""
     if not native._state["enabled"]:
         return None
-    fn = kernel()
+    fn = kernels().get(op)
     if fn is None:
         return None
-    return NativeUnary(f"torch.{op}", _unary["codes"][op], epoch, fn)
+    return NativeUnary(f"torch.{op}", epoch, fn)

@@ -13,10 +13,12 @@ _PAYLOAD = b"cython-dispatch-plan/1"
 
 
 class CythonDispatchEngine(torchburn.Engine):
-    """Runs partitions as a typed Cython loop over pre-resolved ATen callables.
+    """Runs partitions as a typed Cython loop over pre-resolved callables.
 
     It takes every ATen op with static shapes: it is a dispatch engine, so a node's kernel is the
-    op's own ATen entry, resolved once at compile time, with its argument slots pre-bound.
+    op's own ATen entry (PyTorch's kernel: "delegated" in telemetry), resolved once at compile
+    time, with its argument slots pre-bound — unless a plugin registered a kernel for
+    ``cython_dispatch`` and that op (``tb_register_kernels``) whose checker accepts the node.
     """
 
     name = "cython_dispatch"
@@ -38,6 +40,13 @@ class CythonDispatchEngine(torchburn.Engine):
 
         return set(CATALOG)
 
+    def native_ops(self) -> set[str]:
+        # only what plugins registered runs on a kernel other than PyTorch's own
+        return set(self.kernels())
+
+    def runs_registered_kernels(self) -> bool:
+        return True
+
     def check(self, node: torchburn.NodeInfo) -> str | None:
         from tb_cython_dispatch.engine import check_node
 
@@ -46,7 +55,12 @@ class CythonDispatchEngine(torchburn.Engine):
     def compile(self, plan: torchburn.Plan) -> Callable[..., Any]:
         from tb_cython_dispatch.engine import compile_plan
 
-        return compile_plan(plan)
+        return compile_plan(plan, kernels=self.kernels())
+
+    def delegated_ops(self, plan: torchburn.Plan) -> set[str]:
+        from tb_cython_dispatch.engine import delegated_ops
+
+        return delegated_ops(plan, self.kernels())
 
     def serialize(self, compiled: Callable[..., Any], plan: torchburn.Plan) -> bytes | None:
         return _PAYLOAD

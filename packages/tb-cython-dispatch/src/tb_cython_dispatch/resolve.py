@@ -79,7 +79,8 @@ def resolve_sequential(seq: nn.Sequential, key: Any) -> tuple[tuple[Any, ...], t
     On other ranks linear's output may be a view, so the two stay separate steps.
 
     The native slot (``tb_cython_dispatch.native.NativeSeq``, or None) holds the entry's
-    prepared tb-cpu-rust program and the timed decision whether to use it.
+    prepared program (an installed engine's, through tb-core's ``Engine.prepare``) and the timed
+    decision whether to use it.
     """
     children = tuple(seq._modules.values())
     types = tuple(type(c) for c in children)

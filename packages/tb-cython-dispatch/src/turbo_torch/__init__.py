@@ -3,12 +3,13 @@
 Every name of ``torch`` resolves here (tensors are real ``torch.Tensor`` objects), and every
 submodule imports under this name too (``turbo_torch.utils.data`` is ``torch.utils.data``).
 What differs is the functions ``sin``, ``cos`` and ``tanh`` (cached per signature, and run by
-tb-cpu-rust's SIMD kernels where that measured faster; see ``tb_cython_dispatch.native_unary``),
+an installed engine's eager kernels, native_cpu's SIMD ones from tb-cpu-rust, where that measured
+faster; see ``tb_cython_dispatch.native_unary``),
 the hot paths of ``turbo_torch.nn`` (module calls without hooks, ``Sequential``
 as a cached plan, ``Linear`` and activations bound to their ATen entries) and
 ``turbo_torch.optim`` (Adam, AdamW and SGD steps as multi-tensor updates). Results are
-bit-identical to PyTorch's, except a ``Sequential`` entry that decided (by timing, where
-tb-cpu-rust is installed) to run as one native program: that one is within float32 reassociation
+bit-identical to PyTorch's, except a ``Sequential`` entry that decided (by timing, where an engine
+such as native_cpu offers prepared programs) to run as one native program: that one is within float32 reassociation
 (``set_native_enabled(False)`` turns it off; see ``tb_cython_dispatch.native``).
 
     import turbo_torch as torch

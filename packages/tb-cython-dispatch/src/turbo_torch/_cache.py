@@ -7,7 +7,8 @@ from tb_cython_dispatch import _impl, native
 
 def cache_info() -> dict[str, dict[str, int]]:
     """Per op (``"nn.Sequential"``, ``"optim.Adam"``...): hits, misses, entries, invalidations, and
-    ``native``: how many live entries run as one tb-cpu-rust program (decided by timing)."""
+    ``native``: how many live entries run natively (one prepared program or eager kernel of an
+    installed engine such as native_cpu, decided by timing)."""
     return _impl.core.CACHE.info()  # type: ignore[no-any-return]
 
 
@@ -27,7 +28,8 @@ def set_cache_enabled(enabled: bool) -> None:
 
 def set_native_enabled(enabled: bool) -> None:
     """False keeps every cached entry on its ATen path (bit-identical to PyTorch); True (the default)
-    lets an entry that tb-cpu-rust can run decide by timing whether to (see ``tb_cython_dispatch.native``)."""
+    lets an entry that an installed engine can run decide by timing whether to (see
+    ``tb_cython_dispatch.native``)."""
     native.set_native_enabled(enabled)
 
 
@@ -36,5 +38,6 @@ def native_enabled() -> bool:
 
 
 def native_available() -> tuple[bool, str]:
-    """(True, "") when tb-cpu-rust's executor can be used, else (False, the reason)."""
+    """(True, "engine <name>") when an installed engine offers prepared programs (tb-core's
+    ``Engine.prepare``; native_cpu from tb-cpu-rust does), else (False, the reason)."""
     return native.native_available()
