@@ -42,7 +42,7 @@ pub unsafe fn prefill(q: V4, k: V4, v: V4, mask: &[u8], scale: f32, out: &mut [f
     let mut kpan = vec![0f32; nkv * kp_len];
     let mut vpan = vec![0f32; nkv * vp_len];
     let (kpp, vpp) = (kpan.as_mut_ptr() as usize, vpan.as_mut_ptr() as usize);
-    crate::par::for_each(nkv, |bk| {
+    crate::core::par::for_each(nkv, |bk| {
         let (bi, kh) = (bk / kvh, bk % kvh);
         // SAFETY: each (b, kv head) writes its own slices of the panels.
         let kp = std::slice::from_raw_parts_mut((kpp as *mut f32).add(bk * kp_len), kp_len);
@@ -71,7 +71,7 @@ pub unsafe fn prefill(q: V4, k: V4, v: V4, mask: &[u8], scale: f32, out: &mut [f
     let nblk = t.div_ceil(QPOS);
     let optr = out.as_mut_ptr() as usize;
     let (kpan, vpan) = (&kpan, &vpan);
-    crate::par::for_each(nkv * nblk, |task| {
+    crate::core::par::for_each(nkv * nblk, |task| {
         let (bk, blk) = (task / nblk, task % nblk);
         let (bi, kh) = (bk / kvh, bk % kvh);
         let (t0, t1) = (blk * QPOS, ((blk + 1) * QPOS).min(t));
@@ -118,7 +118,7 @@ pub unsafe fn prefill(q: V4, k: V4, v: V4, mask: &[u8], scale: f32, out: &mut [f
                 continue;
             }
             // `takes` saw AVX2 and FMA; masked values (-inf) come out ~0 and are zeroed below
-            crate::vmath::exp_shift_sum_avx2(&mut row[..hi], mx);
+            crate::core::math::vector::exp_shift_sum_avx2(&mut row[..hi], mx);
             let mut total = 0f32;
             for (x, &mk) in row[..hi].iter_mut().zip(m) {
                 if mk == 0 {

@@ -38,7 +38,7 @@ pub unsafe fn attention(q: V4, k: V4, v: V4, mask: &[u8], scale: f32, softcap: O
     let group = h / kvh;
     let rows = b * kvh * t;
     // fewer (row, KV head, position) tasks than threads: split each group's query heads
-    let split = (crate::par::threads() / rows).clamp(1, group);
+    let split = (crate::core::par::threads() / rows).clamp(1, group);
     let per = group.div_ceil(split);
     let parts = group.div_ceil(per);
     let optr = out.as_mut_ptr() as usize;
@@ -58,7 +58,7 @@ pub unsafe fn attention(q: V4, k: V4, v: V4, mask: &[u8], scale: f32, softcap: O
     if work < 1 << 15 {
         (0..n).for_each(task);
     } else {
-        crate::par::for_each(n, task);
+        crate::core::par::for_each(n, task);
     }
 }
 
@@ -108,7 +108,7 @@ unsafe fn heads(qs: &[*const f32], k: &Rows, v: &Rows, m: &[u8], d: usize, scale
             row.fill(0.0);
             continue;
         }
-        let mut total = crate::vmath::exp_shift_sum_avx2(row, mx);
+        let mut total = crate::core::math::vector::exp_shift_sum_avx2(row, mx);
         if !dense {
             // masked keys come out of the clamped exp as ~0, not 0
             total = 0.0;

@@ -128,10 +128,10 @@ pub fn linear(p: &Packed, x: &[f32], m: usize, bias: Option<&[f32]>, y: &mut [f3
 /// and weight row `r`, and no two jobs (nor anything else) may write the same element.
 pub unsafe fn run(jobs: &[Job], isa: Isa) {
     // Called from Python between PyTorch ops (the per-kernel path: prefill), the chunks run on
-    // PyTorch's OpenMP team like the other kernels (`crate::par`: no second pool spinning against
+    // PyTorch's OpenMP team like the other kernels (`crate::core::par`: no second pool spinning against
     // OpenMP's workers); inside rayon's pool (the fused step runs in `rayon::scope`) on rayon.
-    let on_omp = rayon::current_thread_index().is_none() && crate::par::pool() == "openmp";
-    let threads = if on_omp { crate::par::threads() } else { rayon::current_num_threads() };
+    let on_omp = rayon::current_thread_index().is_none() && crate::core::par::pool() == "openmp";
+    let threads = if on_omp { crate::core::par::threads() } else { rayon::current_num_threads() };
     let weights: usize = jobs.iter().map(|j| j.p.shape().0 * j.p.shape().1).sum();
     if weights < PAR_MIN || threads == 1 {
         for j in jobs {
@@ -156,7 +156,7 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
         }
     }
     if on_omp {
-        crate::par::for_each(chunks.len(), |c| {
+        crate::core::par::for_each(chunks.len(), |c| {
             let (ji, r0, nr) = chunks[c];
             chunk(&jobs[ji], r0, nr, isa)
         });
@@ -696,7 +696,7 @@ mod x86 {
         }
     }
 
-    use crate::vmath::hsum256;
+    use crate::core::math::vector::hsum256;
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! IEEE 754 binary16 conversions for the int4 scales and zeros (stored as f16 bits: 4 bytes per
 //! group instead of 8, so int4 streams 0.625 bytes per weight at group 32, not 0.75).
 //!
-//! The conversions are the executor's (`crate::cast`): `f32_to_f16` rounds to nearest, ties to
+//! The conversions are the executor's (`crate::core::element`): `f32_to_f16` rounds to nearest, ties to
 //! even, as PyTorch's `.to(torch.float16)` does (tb-llm's quantizer rounds with it, and the
 //! tests check bit equality); the SIMD kernels widen with F16C `vcvtph2ps`, which is exact like
 //! `f16_to_f32`. This module adds what the int4 layout needs on top, and exhaustive tests.
 
-pub use crate::cast::{f16_to_f32, f32_to_f16};
+pub use crate::core::element::{f16_to_f32, f32_to_f16};
 
 /// `x` as binary16 bits when it is exactly a binary16 value (what tb-llm's quantizer produces).
 pub fn exact_f16(x: f32) -> Option<u16> {

@@ -5,7 +5,7 @@
 //! weights meet them in integer dot products (AVX-512 VNNI); `gemv` runs the matrix-vector
 //! products over output rows with rayon; `ops` has the small per-token kernels (RMSNorm,
 //! SiLU-gate, RoPE, the scalar reference attention); `attn_decode` / `attn` attend over the KV
-//! cache for a few / many query positions; `py` is the thin pyo3 layer.
+//! cache for a few / many query positions; its pyo3 layer is `py::llm`.
 
 pub mod act_quant;
 pub mod attn;
@@ -18,7 +18,7 @@ pub mod model;
 pub mod ops;
 pub mod packed;
 pub mod panel;
-pub mod py;
+
 pub mod quant;
 
 /// Deterministic test inputs shared by the kernel tests.

@@ -60,7 +60,7 @@ pub fn gated_act(gate: &[f32], up: &[f32], act: Act, out: &mut [f32]) {
         assert!(gate.len() >= n && up.len() >= n);
         for ((o, g), u) in out.chunks_mut(1024).zip(gate.chunks(1024)).zip(up.chunks(1024)) {
             // SAFETY: `detect` saw AVX2 and FMA.
-            unsafe { crate::vmath::un_avx2(crate::ew::Un::Silu, o, &g[..o.len()]) };
+            unsafe { crate::core::math::vector::un_avx2(crate::core::math::unary::Un::Silu, o, &g[..o.len()]) };
             for (v, &w) in o.iter_mut().zip(u) {
                 *v *= w;
             }

@@ -152,7 +152,7 @@ mod x86 {
         }
     }
 
-    use crate::vmath::hsum256;
+    use crate::core::math::vector::hsum256;
 }
 
 #[cfg(test)]

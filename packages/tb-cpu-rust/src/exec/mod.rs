@@ -1,0 +1,311 @@
+//! The prepared-graph executor. Python hands over a whole partition once, as a JSON spec of
+//! buffers, strided views into them and steps; `Executor::new` validates every view against
+//! its buffer and every step's shapes, so a call only moves pointers and runs kernels.
+//!
+//! Buffers are of three kinds: inputs (tensors passed per call, never written), outputs
+//! (allocated by Python with torch.empty and filled here) and temporaries (owned by the
+//! executor, reused across calls; several values may share one by liveness).
+
+mod dispatch;
+pub mod kernel;
+
+use crate::core::math::unary::Un;
+pub use crate::core::mem::{Mem, SPtr};
+use crate::kernels::elementwise::{Compute, EwStep, InstrSpec};
+use crate::kernels::gemm::EpiSpec;
+use crate::core::tensor::{extent, ranges_overlap, to_usize, DType, Result, View};
+use kernel::Kernel;
+use serde::Deserialize;
+use std::sync::Mutex;
+
+#[derive(Deserialize)]
+struct BufSpec {
+    kind: String,
+    dtype: String,
+    numel: usize,
+    #[serde(default)]
+    sizes: Vec<i64>,
+    #[serde(default)]
+    strides: Vec<i64>,
+}
+
+#[derive(Deserialize)]
+struct ValSpec {
+    buf: usize,
+    offset: usize,
+    sizes: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+#[derive(Deserialize)]
+struct StepSpec {
+    op: String,
+    #[serde(default)]
+    ins: Vec<Option<usize>>,
+    #[serde(default)]
+    outs: Vec<usize>,
+    #[serde(default)]
+    ints: Vec<i64>,
+    #[serde(default)]
+    floats: Vec<f64>,
+    #[serde(default)]
+    prog: Vec<InstrSpec>,
+    #[serde(default)]
+    compute: String,
+    #[serde(default)]
+    epilogue: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Spec {
+    buffers: Vec<BufSpec>,
+    values: Vec<ValSpec>,
+    steps: Vec<StepSpec>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BufKind {
+    Input,
+    Output,
+    Temp,
+}
+
+pub struct Buffer {
+    pub kind: BufKind,
+    pub dtype: DType,
+    pub numel: usize,
+    /// inputs: the exact sizes and strides the plan was prepared for
+    pub sizes: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+#[allow(clippy::large_enum_variant)] // a handful per plan; boxing buys nothing
+pub enum Step {
+    Ew(EwStep),
+    Op(Kernel),
+}
+
+pub struct Executor {
+    pub buffers: Vec<Buffer>,
+    pub steps: Vec<Step>,
+    pub n_inputs: usize,
+    pub n_outputs: usize,
+    workspace: Mutex<Option<Vec<Vec<u64>>>>,
+}
+
+/// One tensor handed over by Python: data pointer, sizes, strides, dtype.
+pub struct Arg {
+    pub ptr: usize,
+    pub sizes: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub dtype: String,
+}
+
+impl Executor {
+    pub fn from_json(text: &str) -> Result<Executor> {
+        let spec: Spec = serde_json::from_str(text).map_err(|e| format!("bad plan spec: {e}"))?;
+        let mut buffers = Vec::with_capacity(spec.buffers.len());
+        let (mut n_inputs, mut n_outputs) = (0, 0);
+        for b in &spec.buffers {
+            let kind = match b.kind.as_str() {
+                "input" => BufKind::Input,
+                "output" => BufKind::Output,
+                "temp" => BufKind::Temp,
+                k => return Err(format!("unknown buffer kind {k:?}")),
+            };
+            let dtype = DType::parse(&b.dtype)?;
+            let (sizes, strides) = (to_usize(&b.sizes, "sizes")?, to_usize(&b.strides, "strides")?);
+            let numel = if kind == BufKind::Input { extent(&sizes, &strides)? } else { b.numel };
+            if numel.checked_mul(dtype.size()).is_none_or(|bytes| bytes > isize::MAX as usize) {
+                return Err("buffer too large".into());
+            }
+            match kind {
+                BufKind::Input => n_inputs += 1,
+                BufKind::Output => n_outputs += 1,
+                BufKind::Temp => {}
+            }
+            buffers.push(Buffer { kind, dtype, numel, sizes, strides });
+        }
+        // inputs first, then outputs: the call passes them in that order
+        let order_ok = buffers.iter().take(n_inputs).all(|b| b.kind == BufKind::Input)
+            && buffers.iter().skip(n_inputs).take(n_outputs).all(|b| b.kind == BufKind::Output);
+        if !order_ok {
+            return Err("buffers must list inputs, then outputs, then temporaries".into());
+        }
+        let mut values = Vec::with_capacity(spec.values.len());
+        for v in &spec.values {
+            let b = buffers.get(v.buf).ok_or_else(|| format!("value names buffer {} of {}", v.buf, buffers.len()))?;
+            let view = View { buf: v.buf, offset: v.offset, sizes: v.sizes.clone(), strides: v.strides.clone(), dtype: b.dtype };
+            view.check_within(b.numel)?;
+            values.push(view);
+        }
+        let get = |i: usize| values.get(i).cloned().ok_or_else(|| format!("step names value {i} of {}", values.len()));
+        let mut steps = Vec::with_capacity(spec.steps.len());
+        for s in &spec.steps {
+            let ins: Vec<Option<View>> = s.ins.iter().map(|i| i.map(get).transpose()).collect::<Result<_>>()?;
+            let outs: Vec<View> = s.outs.iter().map(|&i| get(i)).collect::<Result<_>>()?;
+            for o in &outs {
+                if buffers[o.buf].kind == BufKind::Input {
+                    return Err(format!("step {} would write into an input", s.op));
+                }
+                if ins.iter().flatten().any(|i| i.buf == o.buf) {
+                    return Err(format!("step {} reads and writes the same buffer", s.op));
+                }
+            }
+            let step = if s.op == "ew" {
+                let compute = match s.compute.as_str() {
+                    "f32" | "" => Compute::F32,
+                    "i64" => Compute::I64,
+                    c => return Err(format!("unknown compute type {c:?}")),
+                };
+                let ins: Vec<View> = ins.into_iter().collect::<Option<_>>().ok_or("elementwise input missing")?;
+                Step::Ew(EwStep::new(compute, &s.prog, ins, outs)?)
+            } else {
+                let epilogue = s
+                    .epilogue
+                    .iter()
+                    .map(|e| match e.as_str() {
+                        "relu" => Ok(EpiSpec::Un(Un::Relu)),
+                        "gelu" => Ok(EpiSpec::Un(Un::GeluErf)),
+                        "gelu_tanh" => Ok(EpiSpec::Un(Un::GeluTanh)),
+                        "silu" => Ok(EpiSpec::Un(Un::Silu)),
+                        "sigmoid" => Ok(EpiSpec::Un(Un::Sigmoid)),
+                        "tanh" => Ok(EpiSpec::Un(Un::Tanh)),
+                        "add" => Ok(EpiSpec::Residual),
+                        other => Err(format!("unknown epilogue {other:?}")),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Step::Op(Kernel::new(&s.op, ins, outs, &s.ints, &s.floats, epilogue)?)
+            };
+            steps.push(step);
+        }
+        Ok(Executor { buffers, steps, n_inputs, n_outputs, workspace: Mutex::new(None) })
+    }
+
+    fn check_counts(&self, inputs: usize, outputs: usize) -> Result<()> {
+        if inputs != self.n_inputs || outputs != self.n_outputs {
+            let (ni, no) = (self.n_inputs, self.n_outputs);
+            return Err(format!("expected {ni} inputs and {no} outputs, got {inputs} and {outputs}"));
+        }
+        Ok(())
+    }
+
+    /// Outputs (pointer, bytes) must not overlap each other, nor any input, whose extent is the
+    /// plan's (an input buffer's numel is its extent; its layout was matched before).
+    fn check_no_overlap(&self, outputs: &[(usize, usize)], inputs: impl Iterator<Item = usize> + Clone) -> Result<()> {
+        for (k, &(p, n)) in outputs.iter().enumerate() {
+            for &(q, m) in &outputs[k + 1..] {
+                if ranges_overlap(p, n, q, m) {
+                    return Err("output tensors overlap".into());
+                }
+            }
+            for (q, buf) in inputs.clone().zip(&self.buffers) {
+                if ranges_overlap(p, n, q, buf.numel * buf.dtype.size()) {
+                    return Err("an output tensor overlaps an input".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the tensors of one call against the plan; returns the buffer base pointers.
+    pub fn bind(&self, inputs: &[Arg], outputs: &[Arg]) -> Result<Vec<*mut u8>> {
+        self.check_counts(inputs.len(), outputs.len())?;
+        let mut ptrs = Vec::with_capacity(self.buffers.len());
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for (i, (arg, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
+            let dtype = DType::parse(&arg.dtype)?;
+            if dtype != buf.dtype {
+                return Err(format!("tensor {i}: dtype {} where the plan has {}", dtype.name(), buf.dtype.name()));
+            }
+            let sizes = to_usize(&arg.sizes, "sizes")?;
+            let strides = to_usize(&arg.strides, "strides")?;
+            if sizes.len() != strides.len() {
+                return Err(format!("tensor {i}: sizes {sizes:?} and strides {strides:?} differ in rank"));
+            }
+            let ext = extent(&sizes, &strides)?;
+            if buf.kind == BufKind::Input {
+                if sizes != buf.sizes || strides != buf.strides {
+                    return Err(format!(
+                        "input {i}: sizes {sizes:?} strides {strides:?} differ from the plan's {:?} {:?}",
+                        buf.sizes, buf.strides
+                    ));
+                }
+            } else {
+                if ext < buf.numel {
+                    return Err(format!("output {i}: {ext} elements where the plan needs {}", buf.numel));
+                }
+                ranges.push((arg.ptr, ext * dtype.size()));
+            }
+            if arg.ptr == 0 && ext > 0 {
+                return Err(format!("tensor {i}: null data pointer"));
+            }
+            if !arg.ptr.is_multiple_of(dtype.size()) {
+                return Err(format!("tensor {i}: misaligned data pointer"));
+            }
+            ptrs.push(arg.ptr as *mut u8);
+        }
+        self.check_no_overlap(&ranges, inputs.iter().map(|a| a.ptr))?;
+        Ok(ptrs)
+    }
+
+    /// Checks bare data pointers for a call whose tensors the caller has already matched against
+    /// the plan (same dtypes, sizes and strides as the plan's buffers — the plan's own layouts are
+    /// what the extents below are computed from): counts, null and misaligned pointers, and
+    /// outputs overlapping each other or an input. Returns the buffer base pointers, like `bind`.
+    pub fn bind_ptrs(&self, inputs: &[usize], outputs: &[usize]) -> Result<Vec<*mut u8>> {
+        self.check_counts(inputs.len(), outputs.len())?;
+        let mut ptrs = Vec::with_capacity(self.buffers.len());
+        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(outputs.len());
+        for (i, (&ptr, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
+            let size = buf.dtype.size();
+            let bytes = buf.numel * size; // an input's numel is its extent
+            if ptr == 0 && bytes > 0 {
+                return Err(format!("tensor {i}: null data pointer"));
+            }
+            if !ptr.is_multiple_of(size) {
+                return Err(format!("tensor {i}: misaligned data pointer"));
+            }
+            if buf.kind == BufKind::Output {
+                ranges.push((ptr, bytes));
+            }
+            ptrs.push(ptr as *mut u8);
+        }
+        self.check_no_overlap(&ranges, inputs.iter().copied())?;
+        Ok(ptrs)
+    }
+
+    /// Runs the plan. `ptrs` comes from `bind` (inputs then outputs).
+    ///
+    /// # Safety
+    /// The pointers must be live tensors with the sizes and strides `bind` checked.
+    pub unsafe fn run(&self, mut ptrs: Vec<*mut u8>) -> Result<()> {
+        let mut ws = self.workspace.lock().ok().and_then(|mut g| g.take()).unwrap_or_else(|| {
+            self.buffers
+                .iter()
+                .filter(|b| b.kind == BufKind::Temp)
+                .map(|b| vec![0u64; (b.numel * b.dtype.size()).div_ceil(8).max(1)])
+                .collect()
+        });
+        ptrs.extend(ws.iter_mut().map(|w| w.as_mut_ptr() as *mut u8));
+        let mem = Mem { ptrs };
+        let mut result = Ok(());
+        for step in &self.steps {
+            let r = match step {
+                Step::Ew(s) => {
+                    s.run(&mem);
+                    Ok(())
+                }
+                Step::Op(k) => k.run(&mem),
+            };
+            if r.is_err() {
+                result = r;
+                break;
+            }
+        }
+        if let Ok(mut g) = self.workspace.lock() {
+            *g = Some(ws);
+        }
+        result
+    }
+}

@@ -1,0 +1,913 @@
+//! Fused elementwise kernels: a small register program (loads, arithmetic, stores) run as one
+//! sweep over memory. A chain or DAG of elementwise ops becomes one program, so intermediate
+//! values live in a block-sized register file and never in a buffer.
+//!
+//! Operands are strided views with the output's shape (broadcast inputs carry stride 0);
+//! dimensions that are contiguous for every operand are merged first, so the innermost loop is
+//! as long as possible and contiguous operands take the memcpy-like path.
+
+use crate::core::math::unary::Un;
+use crate::core::mem::{Mem, SPtr};
+use crate::core::math::scalar;
+use crate::core::tensor::{DType, Result, View};
+use serde::Deserialize;
+
+const BLK: usize = 256;
+const PAR_MIN: usize = 1 << 15;
+/// A program runs in parallel from this many element-instructions (numel × program length):
+/// a load-op-store program from PAR_MIN elements as before, a long fused chain (sigmoid, tanh,
+/// ... on every element) from fewer — its sweep then costs far more than a fork/join.
+const PAR_WORK: usize = 3 * PAR_MIN;
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct InstrSpec {
+    pub op: String,
+    #[serde(default)]
+    pub dst: usize,
+    #[serde(default)]
+    pub a: Vec<usize>,
+    #[serde(default)]
+    pub f: Vec<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bin {
+    Add(f32), Sub(f32), Mul, Div, Max, Min, Pow, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Xor, ThresholdBwd(f32),
+    Atan2, Fmod, Remainder, FloorDiv, Copysign, Nextafter, Hypot, Fmax, Fmin, Zeta,
+    /// regularized incomplete gamma P(a, x) and Q(a, x) (igamma.rs)
+    Igamma, Igammac,
+    Poly(scalar::Poly, bool),
+}
+
+#[derive(Clone, Debug)]
+pub enum Instr {
+    Load { dst: usize, src: usize },
+    Const { dst: usize, v: f64 },
+    Un { op: Un, dst: usize, a: usize },
+    Bin { op: Bin, dst: usize, a: usize, b: usize },
+    Where { dst: usize, c: usize, a: usize, b: usize },
+    Store { dst: usize, src: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Compute {
+    F32,
+    I64,
+}
+
+#[derive(Debug)]
+pub struct EwStep {
+    pub compute: Compute,
+    pub prog: Vec<Instr>,
+    pub nregs: usize,
+    pub ins: Vec<View>,
+    pub outs: Vec<View>,
+    /// coalesced iteration shape and per-operand strides (ins then outs)
+    shape: Vec<usize>,
+    strides: Vec<Vec<usize>>,
+}
+
+fn f32p(f: &[f64], i: usize, default: f32) -> f32 {
+    f.get(i).map(|&v| v as f32).unwrap_or(default)
+}
+
+fn parse_instr(s: &InstrSpec, compute: Compute) -> Result<Instr> {
+    let arg = |i: usize| s.a.get(i).copied().ok_or_else(|| format!("instruction {} misses operand {i}", s.op));
+    let un = |op: Un| -> Result<Instr> { Ok(Instr::Un { op, dst: s.dst, a: arg(0)? }) };
+    let bin = |op: Bin| -> Result<Instr> { Ok(Instr::Bin { op, dst: s.dst, a: arg(0)?, b: arg(1)? }) };
+    let f = &s.f;
+    let int_ok = matches!(
+        s.op.as_str(),
+        "load" | "store" | "const" | "where" | "neg" | "abs" | "copy" | "add" | "sub" | "mul" | "maximum" | "minimum"
+            | "eq" | "ne" | "lt" | "le" | "gt" | "ge" | "and" | "or" | "xor" | "logical_not" | "sign" | "square"
+            | "floor_divide" | "remainder" | "clamp" | "relu"
+    );
+    if compute == Compute::I64 && !int_ok {
+        return Err(format!("elementwise op {} has no integer form", s.op));
+    }
+    match s.op.as_str() {
+        "load" => Ok(Instr::Load { dst: s.dst, src: arg(0)? }),
+        "store" => Ok(Instr::Store { dst: s.dst, src: arg(0)? }),
+        "const" => Ok(Instr::Const { dst: s.dst, v: *f.first().ok_or("const without value")? }),
+        "where" => Ok(Instr::Where { dst: s.dst, c: arg(0)?, a: arg(1)?, b: arg(2)? }),
+        "neg" => un(Un::Neg),
+        "abs" => un(Un::Abs),
+        "exp" => un(Un::Exp),
+        "exp2" => un(Un::Exp2),
+        "log" => un(Un::Log),
+        "log2" => un(Un::Log2),
+        "log1p" => un(Un::Log1p),
+        "expm1" => un(Un::Expm1),
+        "sqrt" => un(Un::Sqrt),
+        "rsqrt" => un(Un::Rsqrt),
+        "sin" => un(Un::Sin),
+        "cos" => un(Un::Cos),
+        "tan" => un(Un::Tan),
+        "atan" => un(Un::Atan),
+        "asin" => un(Un::Asin),
+        "acos" => un(Un::Acos),
+        "sinh" => un(Un::Sinh),
+        "cosh" => un(Un::Cosh),
+        "tanh" => un(Un::Tanh),
+        "sigmoid" => un(Un::Sigmoid),
+        "relu" => un(Un::Relu),
+        "gelu" => un(Un::GeluErf),
+        "gelu_tanh" => un(Un::GeluTanh),
+        "silu" => un(Un::Silu),
+        "erf" => un(Un::Erf),
+        "floor" => un(Un::Floor),
+        "ceil" => un(Un::Ceil),
+        "round" => un(Un::Round),
+        "trunc" => un(Un::Trunc),
+        "frac" => un(Un::Frac),
+        "sign" => un(Un::Sign),
+        "reciprocal" => un(Un::Recip),
+        "square" => un(Un::Square),
+        "copy" => un(Un::Copy),
+        "isnan" => un(Un::IsNan),
+        "logical_not" => un(Un::LogicalNot),
+        "clamp" => un(Un::Clamp(f32p(f, 0, f32::NEG_INFINITY), f32p(f, 1, f32::INFINITY))),
+        "leaky_relu" => un(Un::Leaky(f32p(f, 0, 0.01))),
+        "elu" => un(Un::Elu(f32p(f, 0, 1.0), f32p(f, 1, 1.0), f32p(f, 2, 1.0))),
+        "softplus" => un(Un::Softplus(f32p(f, 0, 1.0), f32p(f, 1, 20.0))),
+        "pow_scalar" => un(Un::PowS(f32p(f, 0, 1.0))),
+        "add" => bin(Bin::Add(f32p(f, 0, 1.0))),
+        "sub" => bin(Bin::Sub(f32p(f, 0, 1.0))),
+        "mul" => bin(Bin::Mul),
+        "div" => bin(Bin::Div),
+        "maximum" => bin(Bin::Max),
+        "minimum" => bin(Bin::Min),
+        "pow" => bin(Bin::Pow),
+        "atan2" => bin(Bin::Atan2),
+        "fmod" => bin(Bin::Fmod),
+        "remainder" => bin(Bin::Remainder),
+        "floor_divide" => bin(Bin::FloorDiv),
+        "eq" => bin(Bin::Eq),
+        "ne" => bin(Bin::Ne),
+        "lt" => bin(Bin::Lt),
+        "le" => bin(Bin::Le),
+        "gt" => bin(Bin::Gt),
+        "ge" => bin(Bin::Ge),
+        "and" => bin(Bin::And),
+        "or" => bin(Bin::Or),
+        "xor" => bin(Bin::Xor),
+        "threshold_backward" => bin(Bin::ThresholdBwd(f32p(f, 0, 0.0))),
+        "lgamma" => un(Un::Lgamma),
+        "digamma" => un(Un::Digamma),
+        "erfc" => un(Un::Erfc),
+        "erfinv" => un(Un::Erfinv),
+        "log10" => un(Un::Log10),
+        "asinh" => un(Un::Asinh),
+        "acosh" => un(Un::Acosh),
+        "atanh" => un(Un::Atanh),
+        "isinf" => un(Un::IsInf),
+        "signbit" => un(Un::Signbit),
+        "copysign" => bin(Bin::Copysign),
+        "nextafter" => bin(Bin::Nextafter),
+        "hypot" => bin(Bin::Hypot),
+        "fmax" => bin(Bin::Fmax),
+        "fmin" => bin(Bin::Fmin),
+        "zeta" => bin(Bin::Zeta),
+        "igamma" => bin(Bin::Igamma),
+        "igammac" => bin(Bin::Igammac),
+        "erfcx" => un(Un::Erfcx),
+        "spherical_j0" => un(Un::SphJ0),
+        "i0" => un(Un::I0),
+        "i0e" => un(Un::I0e),
+        "i1" => un(Un::I1),
+        "i1e" => un(Un::I1e),
+        "ndtri" => un(Un::Ndtri),
+        "bessel_j0" => un(Un::BesselJ0),
+        "bessel_j1" => un(Un::BesselJ1),
+        "bessel_y0" => un(Un::BesselY0),
+        "bessel_y1" => un(Un::BesselY1),
+        poly if poly.starts_with("poly_") => {
+            let (name, shifted) = match poly.strip_prefix("poly_shifted_") {
+                Some(rest) => (rest, true),
+                None => (&poly[5..], false),
+            };
+            let kind = match name {
+                "chebyshev_t" => scalar::Poly::ChebT,
+                "chebyshev_u" => scalar::Poly::ChebU,
+                "chebyshev_v" => scalar::Poly::ChebV,
+                "chebyshev_w" => scalar::Poly::ChebW,
+                "hermite_h" => scalar::Poly::HermiteH,
+                "hermite_he" => scalar::Poly::HermiteHe,
+                "laguerre_l" => scalar::Poly::LaguerreL,
+                "legendre_p" => scalar::Poly::LegendreP,
+                other => return Err(format!("unknown polynomial {other:?}")),
+            };
+            bin(Bin::Poly(kind, shifted))
+        }
+        other => Err(format!("unknown elementwise op {other:?}")),
+    }
+}
+
+impl EwStep {
+    pub fn new(compute: Compute, specs: &[InstrSpec], ins: Vec<View>, outs: Vec<View>) -> Result<EwStep> {
+        let prog: Vec<Instr> = specs.iter().map(|s| parse_instr(s, compute)).collect::<Result<_>>()?;
+        let shape = outs.first().ok_or("elementwise step without output")?.sizes.clone();
+        for v in ins.iter().chain(&outs) {
+            if v.sizes != shape {
+                return Err(format!("elementwise operand of shape {:?} where {:?} was expected", v.sizes, shape));
+            }
+            if !v.dtype.is_core() {
+                return Err(format!("elementwise operand of dtype {}: float32, int64 and bool only", v.dtype.name()));
+            }
+            if compute == Compute::I64 && v.dtype == DType::F32 && ins.contains(v) {
+                return Err("integer elementwise program cannot read float32".into());
+            }
+        }
+        let mut nregs = 0usize;
+        let mut written = vec![false; 0];
+        let defined = |r: usize, written: &mut Vec<bool>| {
+            if r >= written.len() {
+                written.resize(r + 1, false);
+            }
+            written[r] = true;
+        };
+        for ins_ in &prog {
+            let (dst, reads): (Option<usize>, Vec<usize>) = match *ins_ {
+                Instr::Load { dst, src } => {
+                    if src >= ins.len() {
+                        return Err(format!("load of input {src} of {}", ins.len()));
+                    }
+                    (Some(dst), vec![])
+                }
+                Instr::Const { dst, .. } => (Some(dst), vec![]),
+                Instr::Un { dst, a, .. } => (Some(dst), vec![a]),
+                Instr::Bin { dst, a, b, .. } => (Some(dst), vec![a, b]),
+                Instr::Where { dst, c, a, b } => (Some(dst), vec![c, a, b]),
+                Instr::Store { dst, src } => {
+                    if dst >= outs.len() {
+                        return Err(format!("store to output {dst} of {}", outs.len()));
+                    }
+                    (None, vec![src])
+                }
+            };
+            for &r in &reads {
+                if !written.get(r).copied().unwrap_or(false) {
+                    return Err(format!("register {r} read before it is written"));
+                }
+                if Some(r) == dst {
+                    return Err(format!("instruction writes register {r} that it reads"));
+                }
+            }
+            if let Some(d) = dst {
+                if d > 4096 {
+                    return Err("too many registers".into());
+                }
+                defined(d, &mut written);
+                nregs = nregs.max(d + 1);
+            }
+        }
+        let (shape, strides) = coalesce(&shape, ins.iter().chain(&outs).map(|v| v.strides.clone()).collect());
+        Ok(EwStep { compute, prog, nregs, ins, outs, shape, strides })
+    }
+
+    /// `load; op; store` over contiguous float32: the op reads the input and writes the
+    /// output directly, with no register block in between.
+    fn unary_contiguous(&self) -> Option<Un> {
+        if self.compute != Compute::F32 || self.shape.len() != 1 || self.strides.iter().any(|s| s[0] != 1) {
+            return None;
+        }
+        if self.ins.len() != 1 || self.outs.len() != 1 || self.ins[0].dtype != DType::F32 || self.outs[0].dtype != DType::F32 {
+            return None;
+        }
+        match self.prog.as_slice() {
+            [Instr::Load { dst: r0, src: 0 }, Instr::Un { op, dst: r1, a }, Instr::Store { dst: 0, src }] if a == r0 && src == r1 => Some(*op),
+            _ => None,
+        }
+    }
+
+    pub fn run(&self, mem: &Mem) {
+        let numel: usize = self.shape.iter().product();
+        if numel == 0 {
+            return;
+        }
+        if let Some(op) = self.unary_contiguous() {
+            let (x, y) = unsafe { (mem.ptr::<f32>(&self.ins[0]), mem.ptr::<f32>(&self.outs[0])) };
+            // chunks of 16 Ki elements (64 KiB in + out: L2-sized), threads only when there
+            // are several chunks
+            const CH: usize = 1 << 14;
+            let chunk = |c: usize| {
+                let (lo, hi) = (c * CH, ((c + 1) * CH).min(numel));
+                // SAFETY: the views were validated for `numel` contiguous elements
+                let (xs, ys) = unsafe { (std::slice::from_raw_parts(x.add(lo), hi - lo), std::slice::from_raw_parts_mut(y.add(lo), hi - lo)) };
+                un_dispatch(op, ys, xs);
+            };
+            let chunks = numel.div_ceil(CH);
+            if numel >= PAR_MIN && chunks > 1 && crate::core::par::threads() > 1 {
+                crate::core::par::for_each(chunks, chunk);
+            } else {
+                (0..chunks).for_each(chunk);
+            }
+            return;
+        }
+        let inner = *self.shape.last().unwrap_or(&1);
+        let outer = numel / inner.max(1);
+        let chunks_per_row = inner.div_ceil(BLK);
+        let items = outer * chunks_per_row;
+        let bases: Vec<SPtr<u8>> = self
+            .ins
+            .iter()
+            .chain(&self.outs)
+            .map(|v| SPtr(unsafe { mem.byte_ptr(v) }))
+            .collect();
+        let work = |range: std::ops::Range<usize>| match self.compute {
+            Compute::F32 => dispatch_f32(self, &bases, range, chunks_per_row, inner),
+            Compute::I64 => i64::with_regs(self.nregs.max(1), |regs| run_items::<i64>(self, &bases, range, chunks_per_row, inner, regs)),
+        };
+        if numel.saturating_mul(self.prog.len()) >= PAR_WORK && items > 1 && crate::core::par::threads() > 1 {
+            let tasks = (crate::core::par::threads() * 4).min(items);
+            let per = items.div_ceil(tasks);
+            crate::core::par::for_each(tasks, |t| work(t * per..((t + 1) * per).min(items)));
+        } else {
+            work(0..items);
+        }
+    }
+}
+
+/// Merges adjacent dimensions that are contiguous for every operand and drops size-1 dims.
+pub fn coalesce(shape: &[usize], strides: Vec<Vec<usize>>) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let keep: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] != 1).collect();
+    let mut out_shape: Vec<usize> = Vec::new();
+    let mut out_strides: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+    for &d in &keep {
+        let merge = !out_shape.is_empty()
+            && strides.iter().enumerate().all(|(k, st)| out_strides[k].last() == Some(&(st[d] * shape[d])));
+        if merge {
+            let last = out_shape.len() - 1;
+            out_shape[last] *= shape[d];
+            for (k, st) in strides.iter().enumerate() {
+                let l = out_strides[k].len() - 1;
+                out_strides[k][l] = st[d];
+            }
+        } else {
+            out_shape.push(shape[d]);
+            for (k, st) in strides.iter().enumerate() {
+                out_strides[k].push(st[d]);
+            }
+        }
+    }
+    if out_shape.is_empty() {
+        out_shape.push(1);
+        for s in out_strides.iter_mut() {
+            s.push(0);
+        }
+    }
+    (out_shape, out_strides)
+}
+
+fn dispatch_f32(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
+    // the register blocks come from a per-thread pool, fetched here, outside the
+    // target-feature functions, so the hot loop below is never split off into a closure
+    f32::with_regs(step.nregs.max(1), |regs| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::core::isa::has_avx512() {
+                return unsafe { run_f32_avx512(step, bases, range, cpr, inner, regs) };
+            }
+            if crate::core::isa::has_avx2() {
+                return unsafe { run_f32_avx2(step, bases, range, cpr, inner, regs) };
+            }
+        }
+        run_items::<f32>(step, bases, range, cpr, inner, regs)
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn run_f32_avx512(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[f32; BLK]]) {
+    run_items::<f32>(step, bases, range, cpr, inner, regs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[f32; BLK]]) {
+    run_items::<f32>(step, bases, range, cpr, inner, regs)
+}
+
+/// `f32::un` in the best instantiation for this CPU.
+fn un_dispatch(op: Un, y: &mut [f32], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return unsafe { un_avx512_inst(op, y, x) };
+        }
+        if crate::core::isa::has_avx2() {
+            return unsafe { un_avx2_inst(op, y, x) };
+        }
+    }
+    f32::un(op, y, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn un_avx512_inst(op: Un, y: &mut [f32], x: &[f32]) {
+    f32::un(op, y, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn un_avx2_inst(op: Un, y: &mut [f32], x: &[f32]) {
+    f32::un(op, y, x)
+}
+
+pub trait Scalar: Copy + Default + Send + Sync + 'static {
+    /// # Safety
+    /// `p` must point to a buffer of `dt` elements with index `i` in bounds.
+    unsafe fn load(p: *const u8, dt: DType, i: usize) -> Self;
+    /// # Safety
+    /// As `load`, for writing.
+    unsafe fn store(self, p: *mut u8, dt: DType, i: usize);
+    fn from_f64(v: f64) -> Self;
+    fn truthy(self) -> bool;
+    fn from_bool(b: bool) -> Self;
+    fn un(op: Un, x: &mut [Self], a: &[Self]);
+    fn bin(op: Bin, x: &mut [Self], a: &[Self], b: &[Self]);
+    /// Runs `f` on `n` register blocks from a per-thread pool (allocated once per thread, not
+    /// per call; a fresh one only if the pool is already in use on this thread).
+    fn with_regs(n: usize, f: impl FnOnce(&mut [[Self; BLK]]));
+}
+
+thread_local! {
+    static REGS_F32: std::cell::RefCell<Vec<[f32; BLK]>> = const { std::cell::RefCell::new(Vec::new()) };
+    static REGS_I64: std::cell::RefCell<Vec<[i64; BLK]>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[inline(always)]
+fn with_pool<T: Copy + Default>(pool: &'static std::thread::LocalKey<std::cell::RefCell<Vec<[T; BLK]>>>, n: usize, f: impl FnOnce(&mut [[T; BLK]])) {
+    pool.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < n {
+                v.resize(n, [T::default(); BLK]);
+            }
+            f(&mut v[..n])
+        }
+        Err(_) => f(&mut vec![[T::default(); BLK]; n]),
+    })
+}
+
+impl Scalar for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const u8, dt: DType, i: usize) -> f32 {
+        {
+            match dt {
+                DType::F32 => *(p as *const f32).add(i),
+                DType::I64 => *(p as *const i64).add(i) as f32,
+                DType::Bool => (*p.add(i) != 0) as u8 as f32,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut u8, dt: DType, i: usize) {
+        {
+            match dt {
+                DType::F32 => *(p as *mut f32).add(i) = self,
+                DType::I64 => *(p as *mut i64).add(i) = self as i64,
+                DType::Bool => *p.add(i) = (self != 0.0) as u8,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+            }
+        }
+    }
+    fn from_f64(v: f64) -> f32 {
+        v as f32
+    }
+    #[inline(always)]
+    fn truthy(self) -> bool {
+        self != 0.0
+    }
+    #[inline(always)]
+    fn from_bool(b: bool) -> f32 {
+        b as u8 as f32
+    }
+    fn with_regs(n: usize, f: impl FnOnce(&mut [[f32; BLK]])) {
+        with_pool(&REGS_F32, n, f)
+    }
+    #[inline(always)]
+    fn un(op: Un, x: &mut [f32], a: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf) && crate::core::isa::has_avx512() {
+                // SAFETY: the CPU has AVX-512F (checked just above)
+                if unsafe { crate::core::math::vector::un_avx512(op, x, a) } {
+                    return;
+                }
+            } else if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf | Un::Tanh) && crate::core::isa::has_avx2() {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above)
+                if unsafe { crate::core::math::vector::un_avx2(op, x, a) } {
+                    return;
+                }
+            }
+            if matches!(op, Un::Sin | Un::Cos) && crate::core::isa::has_avx2() {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above)
+                unsafe { crate::core::math::vector_trig::sincos_avx2(x, a, op == Un::Cos) };
+                return;
+            }
+        }
+        macro_rules! map {
+            ($v:ident => $e:expr) => {
+                for (o, &$v) in x.iter_mut().zip(a) {
+                    *o = $e;
+                }
+            };
+        }
+        match op {
+            Un::Neg => map!(v => -v),
+            Un::Abs => map!(v => v.abs()),
+            Un::Copy => map!(v => v),
+            Un::Exp => map!(v => scalar::exp(v)),
+            Un::Exp2 => map!(v => v.exp2()),
+            Un::Log => map!(v => v.ln()),
+            Un::Log2 => map!(v => v.log2()),
+            Un::Log1p => map!(v => v.ln_1p()),
+            Un::Expm1 => map!(v => v.exp_m1()),
+            Un::Sqrt => map!(v => v.sqrt()),
+            Un::Rsqrt => map!(v => 1.0 / v.sqrt()),
+            Un::Sin => map!(v => v.sin()),
+            Un::Cos => map!(v => v.cos()),
+            Un::Tan => map!(v => v.tan()),
+            Un::Atan => map!(v => v.atan()),
+            Un::Asin => map!(v => v.asin()),
+            Un::Acos => map!(v => v.acos()),
+            Un::Sinh => map!(v => v.sinh()),
+            Un::Cosh => map!(v => v.cosh()),
+            Un::Tanh => map!(v => scalar::tanh(v)),
+            Un::Sigmoid => map!(v => scalar::sigmoid(v)),
+            Un::Relu => map!(v => if v < 0.0 { 0.0 } else { v }),
+            Un::GeluErf => map!(v => scalar::gelu_erf(v)),
+            Un::GeluTanh => map!(v => scalar::gelu_tanh(v)),
+            Un::Silu => map!(v => v * scalar::sigmoid(v)),
+            Un::Erf => map!(v => scalar::erf(v)),
+            Un::Floor => map!(v => v.floor()),
+            Un::Ceil => map!(v => v.ceil()),
+            Un::Round => map!(v => v.round_ties_even()),
+            Un::Trunc => map!(v => v.trunc()),
+            Un::Frac => map!(v => v - v.trunc()),
+            Un::Sign => map!(v => if v > 0.0 { 1.0 } else if v < 0.0 { -1.0 } else { 0.0 }),
+            Un::Recip => map!(v => 1.0 / v),
+            Un::Square => map!(v => v * v),
+            Un::IsNan => map!(v => v.is_nan() as u8 as f32),
+            Un::IsInf => map!(v => v.is_infinite() as u8 as f32),
+            Un::Signbit => map!(v => v.is_sign_negative() as u8 as f32),
+            Un::Lgamma => map!(v => scalar::lgamma(v as f64) as f32),
+            Un::Digamma => map!(v => scalar::digamma(v as f64) as f32),
+            Un::Erfc => map!(v => scalar::erfc(v as f64) as f32),
+            Un::Erfinv => map!(v => scalar::erfinv(v as f64) as f32),
+            Un::Log10 => map!(v => v.log10()),
+            Un::Asinh => map!(v => (v as f64).asinh() as f32),
+            Un::Acosh => map!(v => (v as f64).acosh() as f32),
+            Un::Atanh => map!(v => (v as f64).atanh() as f32),
+            Un::Erfcx => map!(v => scalar::erfcx(v as f64) as f32),
+            Un::SphJ0 => map!(v => scalar::spherical_j0(v as f64) as f32),
+            Un::I0 => map!(v => scalar::bessel_i(0, v as f64, false) as f32),
+            Un::I0e => map!(v => scalar::bessel_i(0, v as f64, true) as f32),
+            Un::I1 => map!(v => scalar::bessel_i(1, v as f64, false) as f32),
+            Un::I1e => map!(v => scalar::bessel_i(1, v as f64, true) as f32),
+            Un::BesselJ0 => map!(v => libm::j0(v as f64) as f32),
+            Un::BesselJ1 => map!(v => libm::j1(v as f64) as f32),
+            Un::BesselY0 => map!(v => libm::y0(v as f64) as f32),
+            Un::BesselY1 => map!(v => libm::y1(v as f64) as f32),
+            Un::Ndtri => map!(v => (std::f64::consts::SQRT_2 * scalar::erfinv(2.0 * v as f64 - 1.0)) as f32),
+            Un::LogicalNot => map!(v => (v == 0.0) as u8 as f32),
+            Un::Clamp(lo, hi) => map!(v => if v < lo { lo } else if v > hi { hi } else { v }),
+            Un::Leaky(s) => map!(v => if v > 0.0 { v } else { v * s }),
+            Un::Elu(alpha, scale, input_scale) => {
+                map!(v => if v > 0.0 { v * scale } else { alpha * scale * (scalar::exp(v * input_scale) - 1.0) })
+            }
+            Un::Softplus(beta, threshold) => {
+                map!(v => if v * beta > threshold { v } else { (1.0 + scalar::exp(v * beta)).ln() / beta })
+            }
+            Un::PowS(e) => {
+                if e == 2.0 {
+                    map!(v => v * v)
+                } else if e == 1.0 {
+                    map!(v => v)
+                } else if e == 0.5 {
+                    map!(v => v.sqrt())
+                } else if e == 3.0 {
+                    map!(v => v * v * v)
+                } else if e == -1.0 {
+                    map!(v => 1.0 / v)
+                } else if e == -0.5 {
+                    map!(v => 1.0 / v.sqrt())
+                } else {
+                    map!(v => v.powf(e))
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    fn bin(op: Bin, x: &mut [f32], a: &[f32], b: &[f32]) {
+        macro_rules! zip {
+            ($p:ident, $q:ident => $e:expr) => {
+                for ((o, &$p), &$q) in x.iter_mut().zip(a).zip(b) {
+                    *o = $e;
+                }
+            };
+        }
+        match op {
+            Bin::Add(alpha) => {
+                if alpha == 1.0 {
+                    zip!(p, q => p + q)
+                } else {
+                    zip!(p, q => p + alpha * q)
+                }
+            }
+            Bin::Sub(alpha) => {
+                if alpha == 1.0 {
+                    zip!(p, q => p - q)
+                } else {
+                    zip!(p, q => p - alpha * q)
+                }
+            }
+            Bin::Mul => zip!(p, q => p * q),
+            Bin::Div => zip!(p, q => p / q),
+            Bin::Max => zip!(p, q => if p.is_nan() || q.is_nan() { f32::NAN } else if p > q { p } else { q }),
+            Bin::Min => zip!(p, q => if p.is_nan() || q.is_nan() { f32::NAN } else if p < q { p } else { q }),
+            Bin::Pow => zip!(p, q => if q == 2.0 { p * p } else { p.powf(q) }),
+            Bin::Atan2 => zip!(p, q => p.atan2(q)),
+            Bin::Fmod => zip!(p, q => p % q),
+            Bin::Remainder => zip!(p, q => { let r = p % q; if r != 0.0 && ((r < 0.0) != (q < 0.0)) { r + q } else { r } }),
+            Bin::FloorDiv => zip!(p, q => (p / q).floor()),
+            Bin::Eq => zip!(p, q => (p == q) as u8 as f32),
+            Bin::Ne => zip!(p, q => (p != q) as u8 as f32),
+            Bin::Lt => zip!(p, q => (p < q) as u8 as f32),
+            Bin::Le => zip!(p, q => (p <= q) as u8 as f32),
+            Bin::Gt => zip!(p, q => (p > q) as u8 as f32),
+            Bin::Ge => zip!(p, q => (p >= q) as u8 as f32),
+            Bin::And => zip!(p, q => (p != 0.0 && q != 0.0) as u8 as f32),
+            Bin::Or => zip!(p, q => (p != 0.0 || q != 0.0) as u8 as f32),
+            Bin::Xor => zip!(p, q => ((p != 0.0) != (q != 0.0)) as u8 as f32),
+            Bin::ThresholdBwd(t) => zip!(g, s => if s <= t { 0.0 } else { g }),
+            Bin::Copysign => zip!(p, q => p.copysign(q)),
+            Bin::Nextafter => zip!(p, q => scalar::nextafter(p, q)),
+            Bin::Hypot => zip!(p, q => p.hypot(q)),
+            // fmax/fmin: NaN only when both are NaN
+            Bin::Fmax => zip!(p, q => p.max(q)),
+            Bin::Fmin => zip!(p, q => p.min(q)),
+            Bin::Zeta => zip!(p, q => scalar::zeta(p as f64, q as f64) as f32),
+            Bin::Igamma => zip!(p, q => crate::core::math::igamma::igamma(p as f64, q as f64) as f32),
+            Bin::Igammac => zip!(p, q => crate::core::math::igamma::igammac(p as f64, q as f64) as f32),
+            // shifted polynomials: the same recurrence at 2x - 1
+            Bin::Poly(kind, shifted) => zip!(p, q => scalar::poly(kind, if shifted { p + p - 1.0 } else { p }, q)),
+        }
+    }
+}
+
+impl Scalar for i64 {
+    #[inline(always)]
+    unsafe fn load(p: *const u8, dt: DType, i: usize) -> i64 {
+        {
+            match dt {
+                DType::F32 => *(p as *const f32).add(i) as i64,
+                DType::I64 => *(p as *const i64).add(i),
+                DType::Bool => (*p.add(i) != 0) as i64,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut u8, dt: DType, i: usize) {
+        {
+            match dt {
+                DType::F32 => *(p as *mut f32).add(i) = self as f32,
+                DType::I64 => *(p as *mut i64).add(i) = self,
+                DType::Bool => *p.add(i) = (self != 0) as u8,
+                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+            }
+        }
+    }
+    fn from_f64(v: f64) -> i64 {
+        v as i64
+    }
+    fn truthy(self) -> bool {
+        self != 0
+    }
+    fn from_bool(b: bool) -> i64 {
+        b as i64
+    }
+    fn with_regs(n: usize, f: impl FnOnce(&mut [[i64; BLK]])) {
+        with_pool(&REGS_I64, n, f)
+    }
+    fn un(op: Un, x: &mut [i64], a: &[i64]) {
+        for (o, &v) in x.iter_mut().zip(a) {
+            *o = match op {
+                Un::Neg => v.wrapping_neg(),
+                Un::Abs => v.wrapping_abs(),
+                Un::Sign => v.signum(),
+                Un::Square => v.wrapping_mul(v),
+                Un::LogicalNot => (v == 0) as i64,
+                Un::Relu => v.max(0),
+                Un::Clamp(lo, hi) => {
+                    let mut r = v;
+                    if lo.is_finite() {
+                        r = r.max(lo as i64)
+                    }
+                    if hi.is_finite() {
+                        r = r.min(hi as i64)
+                    }
+                    r
+                }
+                _ => v,
+            };
+        }
+    }
+    fn bin(op: Bin, x: &mut [i64], a: &[i64], b: &[i64]) {
+        for ((o, &p), &q) in x.iter_mut().zip(a).zip(b) {
+            *o = match op {
+                Bin::Add(alpha) => p.wrapping_add((alpha as i64).wrapping_mul(q)),
+                Bin::Sub(alpha) => p.wrapping_sub((alpha as i64).wrapping_mul(q)),
+                Bin::Mul => p.wrapping_mul(q),
+                Bin::Max => p.max(q),
+                Bin::Min => p.min(q),
+                Bin::Eq => (p == q) as i64,
+                Bin::Ne => (p != q) as i64,
+                Bin::Lt => (p < q) as i64,
+                Bin::Le => (p <= q) as i64,
+                Bin::Gt => (p > q) as i64,
+                Bin::Ge => (p >= q) as i64,
+                Bin::And => p & q,
+                Bin::Or => p | q,
+                Bin::Xor => p ^ q,
+                // division by zero is a Python-visible error in torch; here it yields 0 rather than a crash
+                Bin::FloorDiv => {
+                    if q == 0 {
+                        0
+                    } else {
+                        p.wrapping_div(q) - (((p % q) != 0) && ((p < 0) != (q < 0))) as i64
+                    }
+                }
+                Bin::Remainder => {
+                    if q == 0 {
+                        0
+                    } else {
+                        let r = p.wrapping_rem(q);
+                        if r != 0 && ((r < 0) != (q < 0)) {
+                            r + q
+                        } else {
+                            r
+                        }
+                    }
+                }
+                _ => p,
+            };
+        }
+    }
+}
+
+/// Runs `$body` with `$d` bound to the constant dtype of each arm, so that `match`es on the
+/// dtype inside inlined loads and stores fold away.
+macro_rules! with_dtype {
+    ($dt:expr, $d:ident => $body:expr) => {
+        match $dt {
+            DType::F32 => {
+                let $d = DType::F32;
+                $body
+            }
+            DType::I64 => {
+                let $d = DType::I64;
+                $body
+            }
+            DType::Bool => {
+                let $d = DType::Bool;
+                $body
+            }
+            _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+        }
+    };
+}
+
+#[inline(always)]
+fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[T; BLK]]) {
+    let nd = step.shape.len();
+    let nin = step.ins.len();
+    let mut idx = vec![0usize; nd];
+    let mut offs = vec![0usize; bases.len()];
+    for item in range {
+        let row = item / cpr;
+        let start = (item % cpr) * BLK;
+        let n = BLK.min(inner - start);
+        // multi-index of the row over the outer dims
+        let mut r = row;
+        for d in (0..nd.saturating_sub(1)).rev() {
+            idx[d] = r % step.shape[d];
+            r /= step.shape[d];
+        }
+        for (k, st) in step.strides.iter().enumerate() {
+            let mut o = start * st[nd - 1];
+            for d in 0..nd - 1 {
+                o += idx[d] * st[d];
+            }
+            offs[k] = o;
+        }
+        for ins in &step.prog {
+            match *ins {
+                Instr::Load { dst, src } => {
+                    let v = &step.ins[src];
+                    let st = step.strides[src][nd - 1];
+                    let base = bases[src].0 as *const u8;
+                    let o = offs[src];
+                    let reg = &mut regs[dst];
+                    // the dtype is matched once per block so each loop below is a plain
+                    // (vectorisable) copy or conversion
+                    with_dtype!(v.dtype, dt => {
+                        if st == 1 {
+                            for (i, r) in reg[..n].iter_mut().enumerate() {
+                                *r = unsafe { T::load(base, dt, o + i) };
+                            }
+                        } else if st == 0 {
+                            let x = unsafe { T::load(base, dt, o) };
+                            reg[..n].fill(x);
+                        } else {
+                            for (i, r) in reg[..n].iter_mut().enumerate() {
+                                *r = unsafe { T::load(base, dt, o + i * st) };
+                            }
+                        }
+                    })
+                }
+                Instr::Const { dst, v } => regs[dst][..n].fill(T::from_f64(v)),
+                // registers are read through raw pointers so that no 1 KiB block is copied per
+                // instruction; `EwStep::new` checked that no instruction writes a register it reads
+                Instr::Un { op, dst, a } => {
+                    let base = regs.as_mut_ptr();
+                    let src = unsafe { &(&(*base.add(a)))[..n] };
+                    T::un(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, src);
+                }
+                Instr::Bin { op, dst, a, b } => {
+                    let base = regs.as_mut_ptr();
+                    let (ra, rb) = unsafe { (&(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
+                    T::bin(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, ra, rb);
+                }
+                Instr::Where { dst, c, a, b } => {
+                    let base = regs.as_mut_ptr();
+                    let (rc, ra, rb) = unsafe { (&(&(*base.add(c)))[..n], &(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
+                    let out = unsafe { &mut (&mut (*base.add(dst)))[..n] };
+                    for i in 0..n {
+                        out[i] = if rc[i].truthy() { ra[i] } else { rb[i] };
+                    }
+                }
+                Instr::Store { dst, src } => {
+                    let k = nin + dst;
+                    let v = &step.outs[dst];
+                    let st = step.strides[k][nd - 1];
+                    let base = bases[k].0;
+                    let o = offs[k];
+                    let reg = &regs[src];
+                    with_dtype!(v.dtype, dt => {
+                        if st == 1 {
+                            for (i, &x) in reg[..n].iter().enumerate() {
+                                unsafe { x.store(base, dt, o + i) };
+                            }
+                        } else {
+                            for (i, &x) in reg[..n].iter().enumerate() {
+                                unsafe { x.store(base, dt, o + i * st) };
+                            }
+                        }
+                    })
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_contiguous_dims() {
+        let (s, st) = coalesce(&[2, 3, 4], vec![vec![12, 4, 1], vec![0, 4, 1]]);
+        assert_eq!(s, vec![2, 12]);
+        assert_eq!(st, vec![vec![12, 1], vec![0, 1]]);
+        let (s, _) = coalesce(&[1, 1], vec![vec![1, 1]]);
+        assert_eq!(s, vec![1]);
+    }
+
+    #[test]
+    fn fused_program_runs() {
+        let x: Vec<f32> = (0..10).map(|i| i as f32 - 5.0).collect();
+        let mut y = vec![0f32; 10];
+        let v = |buf| View { buf, offset: 0, sizes: vec![10], strides: vec![1], dtype: DType::F32 };
+        let prog = vec![
+            InstrSpec { op: "load".into(), dst: 0, a: vec![0], f: vec![] },
+            InstrSpec { op: "relu".into(), dst: 1, a: vec![0], f: vec![] },
+            InstrSpec { op: "const".into(), dst: 2, a: vec![], f: vec![2.0] },
+            InstrSpec { op: "mul".into(), dst: 3, a: vec![1, 2], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 0, a: vec![3], f: vec![] },
+        ];
+        let step = EwStep::new(Compute::F32, &prog, vec![v(0)], vec![v(1)]).unwrap();
+        let mem = Mem { ptrs: vec![x.as_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
+        step.run(&mem);
+        assert_eq!(y, vec![0., 0., 0., 0., 0., 0., 2., 4., 6., 8.]);
+    }
+
+    #[test]
+    fn reading_an_unwritten_register_is_an_error() {
+        let v = View { buf: 0, offset: 0, sizes: vec![1], strides: vec![1], dtype: DType::F32 };
+        let prog = vec![InstrSpec { op: "store".into(), dst: 0, a: vec![5], f: vec![] }];
+        assert!(EwStep::new(Compute::F32, &prog, vec![], vec![v]).is_err());
+    }
+}

@@ -1,0 +1,282 @@
+//! Matrix products (mm, addmm, bmm, baddbmm) over strided operands, with fused epilogues.
+//!
+//! Two maintained kernels are wired in and chosen at run time (`set_backend`): faer's `gemm`
+//! crate and `matrixmultiply`. Both pack operands into cache blocks and dispatch on the CPU's
+//! ISA; transposed operands are passed as strides, never copied. The benchmark picks the
+//! default (see README).
+
+pub mod epilogue;
+pub mod gemv;
+pub mod own;
+
+use crate::core::math::unary::Un;
+pub use epilogue::{Epi, EpiOp, EpiSpec, Mat, MAX_EPI};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+static BACKEND: AtomicU8 = AtomicU8::new(DEFAULT);
+/// "auto": our kernel where the CPU has AVX-512 or AVX2+FMA, else faer's `gemm` crate.
+const DEFAULT: u8 = 3;
+
+pub fn set_backend(name: &str) -> Result<(), String> {
+    let v = match name {
+        "gemm" => 0,
+        "matrixmultiply" => 1,
+        "own" if crate::kernels::gemm::own::available() => 2,
+        "own" => return Err("the own GEMM kernel needs x86-64 with AVX-512 or AVX2+FMA".into()),
+        "auto" => DEFAULT,
+        other => return Err(format!("unknown GEMM backend {other:?} (auto, own, gemm, matrixmultiply)")),
+    };
+    BACKEND.store(v, Ordering::Relaxed);
+    Ok(())
+}
+
+fn resolved() -> u8 {
+    match BACKEND.load(Ordering::Relaxed) {
+        3 if crate::kernels::gemm::own::available() => 2,
+        3 => 0,
+        b => b,
+    }
+}
+
+pub fn backend() -> &'static str {
+    match resolved() {
+        0 => "gemm",
+        1 => "matrixmultiply",
+        _ => "own",
+    }
+}
+
+/// c = beta_c * c + alpha * a @ b, where a is m×k, b is k×n, c is m×n.
+/// `accumulate` false means c is write-only (its old contents are ignored).
+///
+/// # Safety
+/// The three matrices must be valid for the given dimensions and strides and `c` must not
+/// overlap `a` or `b`; the executor checks both when it prepares a plan.
+pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize) {
+    sgemm_epi(m, n, k, a, b, c, alpha, accumulate, threads, &Epi::default())
+}
+
+/// `sgemm`, then the epilogue `epi` on every output element (inside the kernel's tile loop
+/// for the own kernel; one pass over the output for the crates).
+///
+/// # Safety
+/// As `sgemm`; the epilogue's matrices must be valid for m×n.
+pub unsafe fn sgemm_epi(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize, epi: &Epi) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let be = resolved();
+    if be == 2 && m <= crate::kernels::gemm::gemv::MAX_ROWS && crate::kernels::gemm::gemv::sgemv(m, n, k, a, b, c, alpha, accumulate, threads, epi) {
+        return;
+    }
+    if k == 0 || be != 2 {
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    for j in 0..n {
+                        *c.p.0.offset(i as isize * c.rs + j as isize * c.cs) = 0.0;
+                    }
+                }
+            }
+        } else {
+            crate_sgemm(be, m, n, k, a, b, c, alpha, accumulate, threads);
+        }
+        if !epi.is_empty() {
+            epilogue_pass(m, n, c, epi);
+        }
+        return;
+    }
+    crate::kernels::gemm::own::sgemm(m, n, k, a, b, c, alpha, accumulate, threads, epi)
+}
+
+unsafe fn crate_sgemm(be: u8, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize) {
+    let flops = m * n * k;
+    let threads = if flops < 48 * 48 * 48 { 1 } else { threads };
+    if be == 1 {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.p.0,
+            a.rs,
+            a.cs,
+            b.p.0,
+            b.rs,
+            b.cs,
+            if accumulate { 1.0 } else { 0.0 },
+            c.p.0,
+            c.rs,
+            c.cs,
+        );
+    } else {
+        let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+        gemm::gemm(
+            m, n, k, c.p.0, c.cs, c.rs, accumulate, a.p.0, a.cs, a.rs, b.p.0, b.cs, b.rs, 1.0, alpha, false, false, false,
+            par,
+        );
+    }
+}
+
+/// One pass over an m×n output applying `epi` row by row.
+unsafe fn epilogue_pass(m: usize, n: usize, c: Mat, epi: &Epi) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return epilogue_pass_avx512(m, n, c, epi);
+        }
+        if crate::core::isa::has_avx2() {
+            return epilogue_pass_avx2(m, n, c, epi);
+        }
+    }
+    epilogue_pass_generic(m, n, c, epi)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn epilogue_pass_avx512(m: usize, n: usize, c: Mat, epi: &Epi) {
+    epilogue_pass_generic(m, n, c, epi)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn epilogue_pass_avx2(m: usize, n: usize, c: Mat, epi: &Epi) {
+    epilogue_pass_generic(m, n, c, epi)
+}
+
+#[inline(always)]
+unsafe fn epilogue_pass_generic(m: usize, n: usize, c: Mat, epi: &Epi) {
+    let mut tmp = [0f32; 256];
+    for i in 0..m {
+        let mut j = 0;
+        while j < n {
+            let w = 256.min(n - j);
+            let row = c.p.0.offset(i as isize * c.rs + j as isize * c.cs);
+            if c.cs == 1 {
+                epi.apply_row(std::slice::from_raw_parts_mut(row, w), i, j);
+            } else {
+                for q in 0..w {
+                    tmp[q] = *row.offset(q as isize * c.cs);
+                }
+                epi.apply_row(&mut tmp[..w], i, j);
+                for q in 0..w {
+                    *row.offset(q as isize * c.cs) = tmp[q];
+                }
+            }
+            j += w;
+        }
+    }
+}
+
+/// Applies unary epilogue ops in place to an m×n strided matrix.
+///
+/// # Safety
+/// `c` must be valid for m×n with its strides.
+pub unsafe fn epilogue(m: usize, n: usize, c: Mat, ops: &[Un]) {
+    if ops.is_empty() {
+        return;
+    }
+    for chunk in ops.chunks(MAX_EPI) {
+        epilogue_pass(m, n, c, &Epi::new(None, chunk.iter().map(|&u| EpiOp::Un(u))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::mem::SPtr;
+    use std::sync::Mutex;
+
+    // the backend is a process-wide setting: tests that switch it take turns
+    static LOCK: Mutex<()> = Mutex::new(());
+
+    fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    fn backends() -> Vec<&'static str> {
+        let mut v = vec!["gemm", "matrixmultiply"];
+        if crate::kernels::gemm::own::available() {
+            v.push("own");
+        }
+        v
+    }
+
+    fn data(len: usize, mul: usize, md: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * mul % md) as f32 - (md / 2) as f32) / md as f32).collect()
+    }
+
+    #[test]
+    fn every_backend_matches_naive_with_transposed_b_and_odd_sizes() {
+        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        for &(m, n, k) in &[(37usize, 29usize, 53usize), (1, 1, 1), (8, 32, 256), (9, 33, 257), (130, 70, 600), (3, 100, 2)] {
+            let a = data(m * k, 7, 13);
+            let b = data(k * n, 5, 11);
+            // b^T stored n×k, read through strides as k×n
+            let mut bt = vec![0f32; n * k];
+            for p in 0..k {
+                for j in 0..n {
+                    bt[j * k + p] = b[p * n + j];
+                }
+            }
+            let expect = naive(m, n, k, &a, &b);
+            for be in backends() {
+                set_backend(be).unwrap();
+                for (bmat, threads) in [(Mat { p: SPtr(bt.as_ptr() as *mut f32), rs: 1, cs: k as isize }, 2), (Mat { p: SPtr(b.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 1)] {
+                    let mut c = vec![7f32; m * n];
+                    unsafe {
+                        sgemm(m, n, k, Mat { p: SPtr(a.as_ptr() as *mut f32), rs: k as isize, cs: 1 }, bmat, Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, 1.0, false, threads);
+                    }
+                    for (x, y) in c.iter().zip(&expect) {
+                        assert!((x - y).abs() < 1e-3, "{be} {m}x{n}x{k}: {x} vs {y}");
+                    }
+                }
+            }
+        }
+        set_backend("auto").unwrap();
+        assert!(set_backend("blas").is_err());
+    }
+
+    #[test]
+    fn epilogue_bias_activation_residual_and_accumulate() {
+        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, n, k) = (19, 45, 300);
+        let a = data(m * k, 7, 13);
+        let b = data(k * n, 5, 11);
+        let bias = data(n, 3, 7);
+        let res = data(m * n, 11, 17);
+        let base = naive(m, n, k, &a, &b);
+        for be in backends() {
+            set_backend(be).unwrap();
+            // c (column-major, to exercise strided output) = 0.5 * (2*ab + 3*bias) -> relu -> + 2*res
+            let mut c = vec![1f32; m * n];
+            let epi = Epi::new(
+                Some((Mat { p: SPtr(bias.as_ptr() as *mut f32), rs: 0, cs: 1 }, 3.0)),
+                [EpiOp::Un(Un::Relu), EpiOp::Add(Mat { p: SPtr(res.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 2.0)],
+            );
+            unsafe {
+                sgemm_epi(
+                    m, n, k,
+                    Mat { p: SPtr(a.as_ptr() as *mut f32), rs: k as isize, cs: 1 },
+                    Mat { p: SPtr(b.as_ptr() as *mut f32), rs: n as isize, cs: 1 },
+                    Mat { p: SPtr(c.as_mut_ptr()), rs: 1, cs: m as isize },
+                    2.0, true, 2, &epi,
+                );
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    let want = (1.0 + 2.0 * base[i * n + j] + 3.0 * bias[j]).max(0.0) + 2.0 * res[i * n + j];
+                    let got = c[j * m + i];
+                    assert!((got - want).abs() < 1e-3, "{be} ({i},{j}): {got} vs {want}");
+                }
+            }
+        }
+        set_backend("auto").unwrap();
+    }
+}

@@ -1,0 +1,141 @@
+//! Reductions into a computed set of destinations: `segment_reduce` (consecutive segments of
+//! given lengths or offsets along one axis) and the backward of 2-d max pooling (each gradient
+//! added at the input position its index names).
+
+use crate::core::element::load_i64;
+use crate::core::mem::Mem;
+use crate::core::tensor::{need, DType, Result, View};
+
+/// data (O, N, I), lengths (O, S) or offsets (O, S + 1), out (O, S, I)
+pub struct Segment {
+    data: View,
+    bounds: View,
+    out: View,
+    offsets: bool,
+    reduce: i64,
+    initial: Option<f64>,
+}
+
+impl Segment {
+    /// ints: [reduce (0 sum, 1 mean, 2 max, 3 min, 4 prod), offsets?, has initial]; floats: [initial]
+    pub fn new(ins: &[Option<View>], outs: &[View], ints: &[i64], floats: &[f64]) -> Result<Segment> {
+        let data = ins.first().cloned().flatten().ok_or("segment_reduce: missing data")?;
+        let bounds = ins.get(1).cloned().flatten().ok_or("segment_reduce: missing lengths")?;
+        let out = outs.first().cloned().ok_or("segment_reduce: missing output")?;
+        need(ints.len() == 3 && (0..=4).contains(&ints[0]), "segment_reduce parameters")?;
+        need(data.dtype == DType::F32 && out.dtype == DType::F32, "segment_reduce takes float32 data")?;
+        need(matches!(bounds.dtype, DType::I64 | DType::I32), "segment lengths are int64 or int32")?;
+        need(data.rank() == 3 && bounds.rank() == 2 && out.rank() == 3, "segment_reduce views")?;
+        let offsets = ints[1] != 0;
+        let s = bounds.sizes[1].saturating_sub(offsets as usize);
+        need(offsets <= (bounds.sizes[1] > 0), "segment offsets need at least one entry")?;
+        need(bounds.sizes[0] == data.sizes[0] && out.sizes == [data.sizes[0], s, data.sizes[2]], "segment_reduce shapes")?;
+        let initial = if ints[2] != 0 { floats.first().copied() } else { None };
+        Ok(Segment { data, bounds, out, offsets, reduce: ints[0], initial })
+    }
+
+    /// # Safety
+    /// The views must have been validated by the executor.
+    pub unsafe fn run(&self, mem: &Mem) -> Result<()> {
+        let (d, b, o) = (&self.data, &self.bounds, &self.out);
+        let (pd, pb, po) = (mem.ptr::<f32>(d), mem.byte_ptr(b), mem.ptr::<f32>(o));
+        let (n, inner, segs) = (d.sizes[1], d.sizes[2], o.sizes[1]);
+        for oi in 0..d.sizes[0] {
+            let bound = |k: usize| load_i64(pb, b.dtype, oi * b.strides[0] + k * b.strides[1]);
+            let mut start = if self.offsets { bound(0) } else { 0 };
+            for s in 0..segs {
+                let len = if self.offsets { bound(s + 1) - bound(s) } else { bound(s) };
+                if self.offsets {
+                    start = bound(s);
+                }
+                if len < 0 || start < 0 || (start + len) as usize > n {
+                    return Err(format!("segment_reduce: segment {s} ({start}..{}) is outside 0..{n}", start + len));
+                }
+                for j in 0..inner {
+                    let init = self.initial.map(|v| v as f32);
+                    let mut acc = match self.reduce {
+                        2 => init.unwrap_or(f32::NEG_INFINITY),
+                        3 => init.unwrap_or(f32::INFINITY),
+                        4 => init.unwrap_or(1.0),
+                        _ => init.unwrap_or(0.0),
+                    };
+                    for t in start..start + len {
+                        let v = *pd.add(oi * d.strides[0] + t as usize * d.strides[1] + j * d.strides[2]);
+                        acc = match self.reduce {
+                            // std::max / std::min as ATen uses them: a NaN seen stays
+                            2 if v.is_nan() || acc < v => v,
+                            3 if v.is_nan() || v < acc => v,
+                            2 | 3 => acc,
+                            4 => acc * v,
+                            _ => acc + v,
+                        };
+                    }
+                    if self.reduce == 1 {
+                        if len == 0 && self.initial.is_none() {
+                            acc = f32::NAN;
+                        } else if len > 0 && !acc.is_nan() {
+                            acc /= len as f32;
+                        }
+                    }
+                    *po.add(oi * o.strides[0] + s * o.strides[1] + j * o.strides[2]) = acc;
+                }
+                if !self.offsets {
+                    start += len;
+                }
+            }
+            if !self.offsets && start as usize != n {
+                return Err(format!("segment_reduce: the lengths add up to {start}, not to the axis size {n}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// grad (N, C, OH, OW), indices (N, C, OH, OW) into each H x W plane, gi (N, C, H, W)
+pub struct PoolBwd {
+    g: View,
+    idx: View,
+    gi: View,
+}
+
+impl PoolBwd {
+    pub fn new(ins: &[Option<View>], outs: &[View]) -> Result<PoolBwd> {
+        let g = ins.first().cloned().flatten().ok_or("max_pool2d backward: missing grad")?;
+        let idx = ins.get(1).cloned().flatten().ok_or("max_pool2d backward: missing indices")?;
+        let gi = outs.first().cloned().ok_or("max_pool2d backward: missing output")?;
+        need(g.dtype == DType::F32 && gi.dtype == DType::F32 && idx.dtype == DType::I64, "max_pool2d backward dtypes")?;
+        need(g.rank() == 4 && gi.rank() == 4 && idx.sizes == g.sizes && g.sizes[..2] == gi.sizes[..2], "max_pool2d backward shapes")?;
+        Ok(PoolBwd { g, idx, gi })
+    }
+
+    /// # Safety
+    /// The views must have been validated by the executor.
+    pub unsafe fn run(&self, mem: &Mem) -> Result<()> {
+        let (g, idx, gi) = (&self.g, &self.idx, &self.gi);
+        let (pg, pi, po) = (mem.ptr::<f32>(g), mem.ptr::<i64>(idx), mem.ptr::<f32>(gi));
+        let (h, w) = (gi.sizes[2], gi.sizes[3]);
+        let plane = (h * w) as i64;
+        for n in 0..gi.sizes[0] {
+            for c in 0..gi.sizes[1] {
+                let ob = n * gi.strides[0] + c * gi.strides[1];
+                for y in 0..h {
+                    for x in 0..w {
+                        *po.add(ob + y * gi.strides[2] + x * gi.strides[3]) = 0.0;
+                    }
+                }
+                for oy in 0..g.sizes[2] {
+                    for ox in 0..g.sizes[3] {
+                        let at = |v: &View| n * v.strides[0] + c * v.strides[1] + oy * v.strides[2] + ox * v.strides[3];
+                        let k = *pi.add(at(idx));
+                        if k < 0 || k >= plane {
+                            return Err(format!("max_pool2d backward: index {k} is outside a {h}x{w} plane"));
+                        }
+                        let (y, x) = (k as usize / w, k as usize % w);
+                        *po.add(ob + y * gi.strides[2] + x * gi.strides[3]) += *pg.add(at(g));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
