@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from native_helpers import run_native as _run_native
 
 from tb_cpu_rust import _native
-from torchburn.testing.conformance import compile_with, native_and_fallback
+from torchburn.testing.conformance import compile_with
 
 
 @pytest.fixture
@@ -29,14 +30,6 @@ def lowered(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     monkeypatch.setattr(program, "lower", record)
     return seen
-
-
-def _run_native(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
-    compiled, reports = compile_with("native_cpu", fn, cache=False)
-    with torch.no_grad():
-        got = compiled(*args)
-    assert not native_and_fallback(reports)[1]
-    return got
 
 
 def _gemm_steps(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,7 +119,7 @@ def test_online_softmax_matches_torch_over_shapes_strides_and_specials(log: bool
     op = torch.log_softmax if log else torch.softmax
     for x in _rows_with_specials():
         for dim in (-1, 0):
-            torch.testing.assert_close(_run_native(lambda t: op(t, dim), x), op(x, dim), equal_nan=True)
+            torch.testing.assert_close(_run_native(lambda t, d=dim: op(t, d), x), op(x, dim), equal_nan=True)
         xt = x.t()  # non-contiguous rows
         torch.testing.assert_close(_run_native(lambda t: op(t, 0), xt), op(xt, 0), equal_nan=True)
 

@@ -12,27 +12,15 @@ from typing import Any
 
 import pytest
 import torch
+from native_helpers import check_native
 
 from tb_cpu_rust import _native
-from torchburn.testing.conformance import compile_with, native_and_fallback
-
-
-def _run_native(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
-    compiled, reports = compile_with("native_cpu", fn, cache=False)
-    with torch.no_grad():
-        got = compiled(*args)
-    native, fallback = native_and_fallback(reports)
-    assert not fallback, fallback
-    assert native
-    return got
 
 
 def _check(fn: Callable[..., Any], *args: torch.Tensor, **kw: Any) -> None:
-    want = fn(*[a.clone() for a in args])
-    got = _run_native(fn, *args)
     kw.setdefault("rtol", 1e-4)
     kw.setdefault("atol", 1e-5)
-    torch.testing.assert_close(got, want, equal_nan=True, **kw)
+    check_native(fn, *args, **kw)
 
 
 def _randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -107,7 +95,10 @@ ONE_D = ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft"]
 
 @pytest.mark.parametrize("name", ONE_D)
 @pytest.mark.parametrize("norm", NORMS)
-@pytest.mark.parametrize("shape,n,dim", [((8,), None, -1), ((31,), None, 0), ((5, 6, 7), 10, 1), ((5, 6, 7), 5, -1), ((1,), None, 0), ((3, 1), None, 1)])
+@pytest.mark.parametrize(
+    "shape,n,dim",
+    [((8,), None, -1), ((31,), None, 0), ((5, 6, 7), 10, 1), ((5, 6, 7), 5, -1), ((1,), None, 0), ((3, 1), None, 1)],
+)
 def test_fft_1d_matches_torch(name: str, norm: str | None, shape: tuple[int, ...], n: int | None, dim: int) -> None:
     f = getattr(torch.fft, name)
     if name in ("irfft", "hfft") and n is None and shape[dim] == 1:
@@ -115,10 +106,15 @@ def test_fft_1d_matches_torch(name: str, norm: str | None, shape: tuple[int, ...
     _check(lambda t: f(t, n=n, dim=dim, norm=norm), _randn(*shape))
 
 
-@pytest.mark.parametrize("name", ["fft2", "ifft2", "rfft2", "irfft2", "hfft2", "ihfft2", "fftn", "ifftn", "rfftn", "irfftn", "hfftn", "ihfftn"])
+@pytest.mark.parametrize(
+    "name",
+    ["fft2", "ifft2", "rfft2", "irfft2", "hfft2", "ihfft2", "fftn", "ifftn", "rfftn", "irfftn", "hfftn", "ihfftn"],
+)
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("s,dim", [(None, None), ((3, 10), (1, 2)), ((6, 8), None), (None, (0, -1))])
-def test_fft_nd_matches_torch(name: str, norm: str | None, s: tuple[int, ...] | None, dim: tuple[int, ...] | None) -> None:
+def test_fft_nd_matches_torch(
+    name: str, norm: str | None, s: tuple[int, ...] | None, dim: tuple[int, ...] | None
+) -> None:
     f = getattr(torch.fft, name)
     kw: dict[str, Any] = {"norm": norm}
     if s is not None:
@@ -192,31 +188,36 @@ def _spec(op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], ints: lis
         return out
 
     numel = [math.prod(x[1]), math.prod(y[1])]
-    return json.dumps({
-        "buffers": [
-            {"kind": "input", "dtype": x[0], "numel": numel[0], "sizes": x[1], "strides": strides(x[1])},
-            {"kind": "output", "dtype": y[0], "numel": numel[1]},
-        ],
-        "values": [
-            {"buf": 0, "offset": 0, "sizes": x[1], "strides": strides(x[1])},
-            {"buf": 1, "offset": 0, "sizes": y[1], "strides": strides(y[1])},
-        ],
-        "steps": [{"op": op, "ins": [0], "outs": [1], "ints": ints}],
-    })
+    return json.dumps(
+        {
+            "buffers": [
+                {"kind": "input", "dtype": x[0], "numel": numel[0], "sizes": x[1], "strides": strides(x[1])},
+                {"kind": "output", "dtype": y[0], "numel": numel[1]},
+            ],
+            "values": [
+                {"buf": 0, "offset": 0, "sizes": x[1], "strides": strides(x[1])},
+                {"buf": 1, "offset": 0, "sizes": y[1], "strides": strides(y[1])},
+            ],
+            "steps": [{"op": op, "ins": [0], "outs": [1], "ints": ints}],
+        }
+    )
 
 
-@pytest.mark.parametrize("op,x,y,ints", [
-    ("fft_r2c", ("float32", [8]), ("complex64", [8]), [0, 1, 0]),  # one-sided size is 5
-    ("fft_r2c", ("float32", [8]), ("complex64", [5]), [5, 1, 0]),  # norm mode
-    ("fft_r2c", ("float32", [8]), ("complex64", [5]), [0, 1, 3]),  # dim out of range
-    ("fft_r2c", ("float32", [8]), ("complex64", [5]), [0, 1]),  # no dim
-    ("fft_c2c", ("float32", [8]), ("complex64", [8]), [0, 1, 0]),  # real input
-    ("fft_c2r", ("complex64", [2]), ("float32", [8]), [0, 8, 0]),  # too short for n=8
-    ("fft_c2c", ("complex64", [4, 4]), ("complex64", [4, 4]), [0, 1, 0, 0]),  # repeated dim
-    ("complex", ("float32", [3]), ("complex64", [3]), []),  # one operand
-    ("conj", ("float32", [3]), ("float32", [3]), []),  # real
-    ("angle", ("complex64", [3]), ("complex64", [3]), []),  # complex result
-])
+@pytest.mark.parametrize(
+    "op,x,y,ints",
+    [
+        ("fft_r2c", ("float32", [8]), ("complex64", [8]), [0, 1, 0]),  # one-sided size is 5
+        ("fft_r2c", ("float32", [8]), ("complex64", [5]), [5, 1, 0]),  # norm mode
+        ("fft_r2c", ("float32", [8]), ("complex64", [5]), [0, 1, 3]),  # dim out of range
+        ("fft_r2c", ("float32", [8]), ("complex64", [5]), [0, 1]),  # no dim
+        ("fft_c2c", ("float32", [8]), ("complex64", [8]), [0, 1, 0]),  # real input
+        ("fft_c2r", ("complex64", [2]), ("float32", [8]), [0, 8, 0]),  # too short for n=8
+        ("fft_c2c", ("complex64", [4, 4]), ("complex64", [4, 4]), [0, 1, 0, 0]),  # repeated dim
+        ("complex", ("float32", [3]), ("complex64", [3]), []),  # one operand
+        ("conj", ("float32", [3]), ("float32", [3]), []),  # real
+        ("angle", ("complex64", [3]), ("complex64", [3]), []),  # complex result
+    ],
+)
 def test_bad_specs_raise(op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], ints: list[int]) -> None:
     with pytest.raises(ValueError):
         _native.Executor(_spec(op, x, y, ints))

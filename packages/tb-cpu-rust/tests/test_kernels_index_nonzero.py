@@ -3,26 +3,12 @@ nonzero_static and functional resize, against PyTorch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 import torch
+from native_helpers import randn as _randn
+from native_helpers import run_native as _run_native
 
 from torchburn.testing.conformance import compile_with, native_and_fallback
-
-
-def _run_native(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
-    compiled, reports = compile_with("native_cpu", fn, cache=False)
-    with torch.no_grad():
-        got = compiled(*args)
-    _, fallback = native_and_fallback(reports)
-    assert not fallback, fallback
-    return got
-
-
-def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("dim", [1, 2, -1])

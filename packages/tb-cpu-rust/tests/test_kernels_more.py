@@ -11,18 +11,10 @@ from typing import Any
 
 import pytest
 import torch
+from native_helpers import run_native as _run_native
 
 from tb_cpu_rust import _native
-from torchburn.testing.conformance import compile_with, native_and_fallback
-
-
-def _run_native(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
-    compiled, reports = compile_with("native_cpu", fn, cache=False)
-    with torch.no_grad():
-        got = compiled(*args)
-    _, fallback = native_and_fallback(reports)
-    assert not fallback, fallback
-    return got
+from torchburn.testing.conformance import compile_with
 
 
 def _well_conditioned(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -5,28 +5,11 @@ empty index of a narrow integer dtype; each compiled with native_cpu and no eage
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
-
-from torchburn.testing.conformance import compile_with, native_and_fallback
-
-
-def _check(fn: Callable[..., Any], *args: torch.Tensor, **kw: Any) -> None:
-    want = fn(*[a.clone() for a in args])
-    compiled, reports = compile_with("native_cpu", fn, cache=False)
-    with torch.no_grad():
-        got = compiled(*args)
-    native, fallback = native_and_fallback(reports)
-    assert not fallback, fallback
-    assert native
-    torch.testing.assert_close(got, want, equal_nan=True, **kw)
-
-
-def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed))
+from native_helpers import check_native as _check
+from native_helpers import randn as _randn
 
 
 @pytest.mark.parametrize("shape,dim", [((5,), 0), ((4, 6), 0), ((4, 6), -1), ((3, 5, 7), 1), ((2, 0, 3), 2), ((), 0)])
@@ -88,6 +71,18 @@ def test_quantile_matches_torch(q: float, interpolation: str) -> None:
 def test_float64_elementwise_ops() -> None:
     a = _randn(3, 4).double()
     b = _randn(3, 4, seed=1).double().abs() + 0.5
-    _check(lambda x, y: ((x + y) * 2 - x / y, torch.pow(2.0, x), torch.pow(y, x), x.ceil(), x.floor(), -x, (x * 4).round()), a, b)
+    _check(
+        lambda x, y: (
+            (x + y) * 2 - x / y,
+            torch.pow(2.0, x),
+            torch.pow(y, x),
+            x.ceil(),
+            x.floor(),
+            -x,
+            (x * 4).round(),
+        ),
+        a,
+        b,
+    )
     _check(lambda x, y: (x < y, x <= 0.5, x > y, x >= y, x == x, x != y, torch.where(x > 0, x, y)), a, b)
     _check(lambda x: x * torch.tensor([1, 2, 3, 4]), a)  # int64 operand promoted to float64
