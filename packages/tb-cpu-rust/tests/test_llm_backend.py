@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tb_cpu_rust import _native
 from tb_cpu_rust.llm import NativeLLMBackend, _arg
 from torchburn.llm import (
+    Activation,
     DeclinedWeight,
     KVCache,
     ModelDescription,
@@ -31,13 +32,13 @@ from torchburn.testing.llm_conformance import MODEL_SPECS, ModelSpec, random_mod
 BE = NativeLLMBackend()
 
 
-def _linear_ref(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+def _linear_ref(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     # float64 on the exactly dequantized weight: what every layout promises
     y = x.double() @ w.dequantize(torch.float64).T
     return (y if bias is None else y + bias.double()).float()
 
 
-def _check_quant(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w) -> None:
+def _check_quant(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: QuantWeight) -> None:
     """int8 activations, one scale per 32-value block: each x_k moves by at most half a step,
     amax(block) / 254, so |error| <= sum_k |w_k| amax(block(k)) / 254 (plus f32 rounding)."""
     k = x.shape[1]
@@ -198,9 +199,9 @@ def test_rms_norm_of_a_transposed_view() -> None:
     torch.testing.assert_close(BE.rms_norm(x, w, 1e-5, 0.0), reference.rms_norm(x, w, 1e-5, 0.0))
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("act", list(Activation))
 @pytest.mark.parametrize("shape", [(1, 1), (1, 4864), (3, 129)])
-def test_gated_act(act: str, shape: tuple[int, int]) -> None:
+def test_gated_act(act: Activation, shape: tuple[int, int]) -> None:
     g, u = torch.randn(shape) * 4, torch.randn(shape)
     torch.testing.assert_close(BE.gated_act(g, u, act), reference.gated_act(g, u, act))
 

@@ -254,7 +254,7 @@ class Decoder:
     # -- forward ------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = True
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: CacheLike, last_only: bool = True
     ) -> torch.Tensor:
         """Run ``ids`` ``[B, T]`` at ``positions`` ``[B, T]`` (-1: padding) through the model,
         appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
@@ -276,7 +276,7 @@ class Decoder:
             cache.tokens[:, start : start + ids.shape[1]] = ids
         return logits if last_only else logits[:, -t:]
 
-    def _crosses_original_context(self, positions: torch.Tensor, cache: KVCache) -> bool:
+    def _crosses_original_context(self, positions: torch.Tensor, cache: CacheLike) -> bool:
         if not cache.length or not isinstance(cache, KVCache):
             return False
         limit = self.cfg.rope.original_max_position
