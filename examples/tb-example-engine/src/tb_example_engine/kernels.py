@@ -1,4 +1,5 @@
-"""The example engine's kernel table: op overload name -> function.
+"""The example engine's kernel table: op overload name -> function, and a kernel pack for
+another engine.
 
 Each kernel is written with public torch functions, as a stand-in for a real backend.
 """
@@ -33,4 +34,13 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "aten.mm.default": torch.mm,
     "aten.addmm.default": _addmm,
     "aten.permute.default": torch.permute,
+}
+
+
+# A kernel pack for another installed engine: ``tb_register_kernels`` adds these to that engine's
+# table. Only engines whose ``Engine.runs_registered_kernels()`` holds run them (cython_dispatch
+# does: its gelu nodes then run this function instead of PyTorch's ATen entry); tb-core warns about
+# a pack for an installed engine that does not, and ignores one for an engine not installed.
+KERNEL_PACK: dict[str, dict[str, Callable[..., Any]]] = {
+    "cython_dispatch": {"aten.gelu.default": _gelu},
 }

@@ -23,11 +23,15 @@ def tb_register_engines() -> list[Any]:
 
 @torchburn.hookimpl
 def tb_register_kernels(registry: torchburn.KernelRegistry) -> None:
-    from tb_example_engine.kernels import KERNELS
+    from tb_example_engine.kernels import KERNEL_PACK, KERNELS
 
     checker = torchburn.accepts((_float32(),))
     for op, fn in KERNELS.items():
         registry.register("example", op, fn, checker, source="tb-example-engine")
+    # the same hook extends other engines: a kernel pack (see kernels.KERNEL_PACK)
+    for engine, kernels in KERNEL_PACK.items():
+        for op, fn in kernels.items():
+            registry.register(engine, op, fn, checker, source="tb-example-engine")
 
 
 def _float32() -> Any:
