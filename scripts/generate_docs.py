@@ -14,6 +14,10 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -37,7 +41,7 @@ def coverage_page() -> str:
     from torchburn.cli.ops import cell, coverage, totals
     from torchburn.cli.table import render_markdown
 
-    names, rows = coverage()
+    names, rows = _without_example(coverage)
     shown = [n for n in names if n != "example"]
     table = [[f"`{r['op']}`", r["category"], *(cell(r, n, "✓", "torch", "") for n in shown)] for r in rows]
     total = ["**total**", f"{len(rows)} ops", *(totals(rows, n) for n in shown)]
@@ -51,6 +55,26 @@ def coverage_page() -> str:
         f"Engines: {', '.join(shown) or 'none installed'}.\n\n"
     )
     return HEADER + intro + render_markdown(["op", "category", *shown], [*table, total]) + "\n"
+
+
+def _without_example(fn: Callable[[], _T]) -> _T:
+    """``fn()`` with the example engine's plugin disabled: a template, not a published package, and
+    its kernel pack (a gelu for cython_dispatch) would make the page depend on its presence."""
+    import os
+
+    from torchburn import plugins
+
+    previous = os.environ.get("TORCHBURN_DISABLED_PLUGINS")
+    os.environ["TORCHBURN_DISABLED_PLUGINS"] = ",".join(filter(None, [previous, "example", "tb-example-engine"]))
+    plugins.reload()
+    try:
+        return fn()
+    finally:
+        if previous is None:
+            del os.environ["TORCHBURN_DISABLED_PLUGINS"]
+        else:
+            os.environ["TORCHBURN_DISABLED_PLUGINS"] = previous
+        plugins.reload()
 
 
 def undocumented_variables() -> list[str]:
