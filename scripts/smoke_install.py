@@ -96,12 +96,14 @@ def check_readme_model(engines: dict[str, Any]) -> None:
         with torch.no_grad():
             actual = compiled(x)
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-        native = torchburn.op_coverage(by_engine=True)["native"]
+        cov = torchburn.op_coverage(by_engine=True)
+        # delegated: an engine took the node but ran PyTorch's kernel (cython_dispatch does)
+        native = {**cov["native"], **cov["delegated"]}
         if engines and not native:
-            fail(f"README model on {label}: no op ran natively although engines are installed")
+            fail(f"README model on {label}: no engine took an op although engines are installed")
         if not engines and native:
-            fail(f"README model ran natively ({native}) with no engine installed")
-        print(f"README model on {label:16} matches eager; native ops: {sorted(native) or 'none (eager fallback)'}")
+            fail(f"README model ran in an engine ({native}) with no engine installed")
+        print(f"README model on {label:16} matches eager; engine ops: {sorted(native) or 'none (eager fallback)'}")
     print(f"active engines: {torchburn.active_engines() or ['eager']}")
 
 

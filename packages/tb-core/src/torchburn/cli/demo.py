@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"eager      {times['eager'] * 1e6:9.1f} us/call (median of {args.repeats})")
     print(f"torchburn  {times['torchburn'] * 1e6:9.1f} us/call  -> {times['eager'] / times['torchburn']:.2f}x eager")
     print("op coverage per call:")
-    for kind in ("native", "fallback"):
+    for kind in ("native", "delegated", "fallback"):
         ops = cov[kind]
-        print(f"  {kind:8} " + (", ".join(f"{op}×{n}" for op, n in sorted(ops.items())) or "-"))
+        print(f"  {kind:9} " + (", ".join(f"{op}×{n}" for op, n in sorted(ops.items())) or "-"))
     return 0
 
 
