@@ -103,13 +103,20 @@ class LLM:
     """A decoder-only language model ready to generate. Create it with :meth:`from_pretrained`."""
 
     def __init__(
-        self, model: Decoder, tokenizer: Tokenizer | None, path: Path, quant: str, load_seconds: float
+        self,
+        model: Decoder,
+        tokenizer: Tokenizer | None,
+        path: Path,
+        quant: str,
+        load_seconds: float,
+        load_info: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
         self.quant = quant
         self.load_seconds = load_seconds
+        self.load_info: dict[str, Any] = load_info or {"format": "safetensors"}
 
     # -- loading --------------------------------------------------------------------------
     @classmethod
@@ -123,11 +130,14 @@ class LLM:
         token: str | bool | None = None,
         group_size: int = 32,
         progress: bool | None = None,
+        gguf_file: str | None = None,
     ) -> LLM:
         """Load a Hugging Face decoder checkpoint.
 
         ``name_or_path``: a folder with ``config.json``, safetensors weights (single file or
-        sharded with ``model.safetensors.index.json``) and ``tokenizer.json``; or a Hub repo id.
+        sharded with ``model.safetensors.index.json``) and ``tokenizer.json``; or a Hub repo id;
+        or a GGUF file, a folder holding one, or ``gguf_file=`` naming one in a folder or Hub repo
+        (see :mod:`tb_llm.gguf`).
         ``quant``: ``fp32``, ``bf16``, ``int8`` (per output channel) or ``int4`` (group-wise,
         ``group_size`` 32/64/128). ``device``: ``auto`` (measured probe), ``cpu`` or ``gpu``.
         ``engine``: an installed TorchBurn engine whose LLM backend to use; ``None`` picks the
@@ -136,6 +146,11 @@ class LLM:
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
         start = time.perf_counter()
+        from tb_llm.gguf.loader import find_gguf
+
+        gguf_path = find_gguf(name_or_path, gguf_file)
+        if gguf_path is not None:
+            return cls._from_gguf(gguf_path, quant, device, engine, group_size, progress, start)
         folder = resolve(name_or_path, revision=revision, token=token)
         cfg = load_config(folder / "config.json")
         weights = CheckpointWeights(folder)
@@ -149,6 +164,41 @@ class LLM:
             if bar is not None:
                 bar.close()
         return cls(model, tokenizer, folder, quant, time.perf_counter() - start)
+
+    @classmethod
+    def _from_gguf(
+        cls,
+        path: Path,
+        quant: str,
+        device: str,
+        engine: str | None,
+        group_size: int,
+        progress: bool | None,
+        start: float,
+    ) -> LLM:
+        from tb_llm.gguf.loader import load_gguf
+
+        backend = select_backend(resolve_device(device), engine, requested=device)
+        bar = _progress_bar(0, f"loading {path.name} as {quant}", progress)  # tensor count unknown until read
+        try:
+            loaded = load_gguf(path, backend, quant, group_size, progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        return cls(loaded.model, loaded.tokenizer, path, quant, time.perf_counter() - start, loaded.info())
+
+    def info(self) -> dict[str, Any]:
+        """How this model was loaded: checkpoint format, quant, engine, device; for a GGUF file
+        also the GGML tensor types and, per type, whether its tensors were ``kept``,
+        ``dequantized``, ``requantized``, ``converted`` (float to float) or ``quantized``."""
+        return {
+            "path": str(self.path),
+            "quant": self.quant,
+            "engine": self.engine,
+            "device": str(self.model.device),
+            "load_seconds": self.load_seconds,
+            **self.load_info,
+        }
 
     @property
     def config(self) -> ModelConfig:

@@ -126,12 +126,20 @@ class Decoder:
             handle = quantize_linear(w, kind, group_size) if quantize_linear is not None else None
             return handle if handle is not None else backend.prepare_linear(quantize(w, kind, group_size))
 
+        # A weight source may hand over a matrix already in the requested layout (GGUF blocks that
+        # tb-llm's int4 holds exactly, see tb_llm.gguf.weights); None means quantize it here.
+        kept_layout = getattr(weights, "quantized", None)
+
         def linear(name: str) -> Linear:
-            w = weights.get(name + ".weight")
-            handle = prepared(w, quant)
+            kept = kept_layout(name + ".weight", quant, group_size) if kept_layout is not None else None
+            if kept is not None:
+                handle, rows = backend.prepare_linear(kept), kept.shape[0]
+            else:
+                w = weights.get(name + ".weight")
+                handle, rows = prepared(w, quant), int(w.shape[0])
             if progress:
                 progress(1)
-            return Linear(handle, bias(name + ".bias"), int(w.shape[0]))
+            return Linear(handle, bias(name + ".bias"), rows)
 
         # The backend decides how the embedding / output head is stored (it is the largest
         # matrix and the most quantization-sensitive one); see KernelBackend.head_quant.
