@@ -205,7 +205,7 @@ def test_out_of_range_embedding_index_is_an_error() -> None:
 
 
 def test_info_functions() -> None:
-    assert _native.isa() in {"avx512", "avx2+fma", "sse2", "neon", "scalar"}
+    assert _native.isa() in {"avx512", "avx2+fma", "sse2", "scalar"}
     assert _native.num_threads() >= 1
     before = _native.gemm_backend()
     _native.set_gemm_backend("matrixmultiply")

@@ -9,3 +9,4 @@ pub mod mem;
 pub mod par;
 pub mod strided;
 pub mod tensor;
+pub mod transpose;

@@ -157,6 +157,14 @@ pub struct View {
 }
 
 impl View {
+    /// A view from element 0 of buffer `buf` (strides in elements).
+    pub fn new(buf: usize, sizes: &[usize], strides: &[usize], dtype: DType) -> View {
+        View { buf, offset: 0, sizes: sizes.to_vec(), strides: strides.to_vec(), dtype }
+    }
+    /// A row-major view from element 0 of buffer `buf`.
+    pub fn contiguous(buf: usize, sizes: &[usize], dtype: DType) -> View {
+        View::new(buf, sizes, &contiguous_strides(sizes), dtype)
+    }
     pub fn numel(&self) -> usize {
         self.sizes.iter().product()
     }

@@ -93,16 +93,8 @@ fn lerp<const LOW: bool>(a: f32, b: f32, w: f32) -> f32 {
 /// Every pointer is valid for `n` elements (max_exp_avg_sq only with AMS) and nothing else
 /// touches them during the call.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn adam_run<const WD: bool, const DECOUPLED: bool, const AMS: bool, const LOW: bool>(
-    c: AdamConsts,
-    p: *mut f32,
-    g: *const f32,
-    m: *mut f32,
-    v: *mut f32,
-    vmax: *mut f32,
-    n: usize,
-) {
+unsafe fn adam_run<const WD: bool, const DECOUPLED: bool, const AMS: bool, const LOW: bool>(c: AdamConsts, t: Chunk<5>) {
+    let ([p, g, m, v, vmax], n) = (t.ptrs, t.n);
     let p = std::slice::from_raw_parts_mut(p, n);
     let g = std::slice::from_raw_parts(g, n);
     let m = std::slice::from_raw_parts_mut(m, n);
@@ -138,20 +130,11 @@ unsafe fn adam_run<const WD: bool, const DECOUPLED: bool, const AMS: bool, const
 /// As `adam_run`; the CPU supports AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn adam_run_avx2<const WD: bool, const DECOUPLED: bool, const AMS: bool, const LOW: bool>(
-    c: AdamConsts,
-    p: *mut f32,
-    g: *const f32,
-    m: *mut f32,
-    v: *mut f32,
-    vmax: *mut f32,
-    n: usize,
-) {
-    adam_run::<WD, DECOUPLED, AMS, LOW>(c, p, g, m, v, vmax, n)
+unsafe fn adam_run_avx2<const WD: bool, const DECOUPLED: bool, const AMS: bool, const LOW: bool>(c: AdamConsts, t: Chunk<5>) {
+    adam_run::<WD, DECOUPLED, AMS, LOW>(c, t)
 }
 
-type AdamFn = unsafe fn(AdamConsts, *mut f32, *const f32, *mut f32, *mut f32, *mut f32, usize);
+type AdamFn = unsafe fn(AdamConsts, Chunk<5>);
 
 fn adam_fn<const WD: bool, const DECOUPLED: bool, const AMS: bool, const LOW: bool>() -> AdamFn {
     #[cfg(target_arch = "x86_64")]
@@ -181,18 +164,40 @@ fn pick_adam(h: &AdamHyper) -> AdamFn {
     }
 }
 
-/// (slot index, start, len) of every chunk.
-fn chunks(lens: impl Iterator<Item = usize>) -> Vec<(usize, usize, usize)> {
-    let mut out = Vec::new();
-    for (s, len) in lens.enumerate() {
+/// The buffers of one chunk of a slot (each pointer at the chunk's first element; a null one,
+/// an absent optional buffer, stays null) and its length.
+#[derive(Clone, Copy)]
+struct Chunk<const B: usize> {
+    ptrs: [*mut f32; B],
+    n: usize,
+}
+
+/// Cuts every slot (its buffers `ptrs[s]`, `lens[s]` elements) into chunks of at most `CHUNK`
+/// elements and runs `f(slot, chunk)` on each, over the thread team when there are several.
+///
+/// # Safety
+/// Every non-null pointer is valid for its slot's length; `f` may write the chunk it is given.
+unsafe fn for_each_chunk<const B: usize>(ptrs: &[[SPtr<f32>; B]], lens: &[usize], f: impl Fn(usize, Chunk<B>) + Sync) {
+    let mut tasks = Vec::new();
+    for (s, &len) in lens.iter().enumerate() {
         let mut at = 0;
         while at < len {
             let n = CHUNK.min(len - at);
-            out.push((s, at, n));
+            tasks.push((s, at, n));
             at += n;
         }
     }
-    out
+    let run = |t: usize| {
+        let (s, at, n) = tasks[t];
+        // SAFETY: chunks are disjoint ranges inside each slot's buffers (caller's contract).
+        let ptrs = ptrs[s].map(|p| if p.get().is_null() { p.get() } else { unsafe { p.add(at) } });
+        f(s, Chunk { ptrs, n });
+    };
+    if tasks.len() == 1 {
+        run(0);
+    } else {
+        par::for_each(tasks.len(), run);
+    }
 }
 
 /// One Adam / AdamW step of every slot.
@@ -203,23 +208,13 @@ fn chunks(lens: impl Iterator<Item = usize>) -> Vec<(usize, usize, usize)> {
 pub unsafe fn adam_step(h: &AdamHyper, slots: &[AdamSlot]) {
     let f = pick_adam(h);
     let consts: Vec<AdamConsts> = slots.iter().map(|s| AdamConsts::new(h, s.step)).collect();
-    let tasks = chunks(slots.iter().map(|s| s.len));
     let ptrs: Vec<[SPtr<f32>; 5]> = slots
         .iter()
         .map(|s| [SPtr(s.param), SPtr(s.grad as *mut f32), SPtr(s.exp_avg), SPtr(s.exp_avg_sq), SPtr(s.max_exp_avg_sq)])
         .collect();
-    let run = |t: usize| {
-        let (s, at, n) = tasks[t];
-        let [p, g, m, v, mx] = &ptrs[s];
-        let mx = if mx.get().is_null() { mx.get() } else { mx.get().add(at) };
-        // SAFETY: chunks are disjoint ranges inside each slot's buffers (caller's contract).
-        unsafe { f(consts[s], p.get().add(at), g.get().add(at), m.get().add(at), v.get().add(at), mx, n) };
-    };
-    if tasks.len() == 1 {
-        run(0);
-    } else {
-        par::for_each(tasks.len(), run);
-    }
+    let lens: Vec<usize> = slots.iter().map(|s| s.len).collect();
+    // SAFETY: the caller's contract; the grad is only read.
+    for_each_chunk(&ptrs, &lens, |s, t| unsafe { f(consts[s], t) });
 }
 
 /// Hyper-parameters of one SGD group, as `torch.optim.SGD` takes them.
@@ -256,15 +251,8 @@ struct SgdConsts {
 /// # Safety
 /// As `adam_run`, for the SGD buffers (buf only with MOM).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sgd_run<const WD: bool, const MOM: bool, const NESTEROV: bool>(
-    c: SgdConsts,
-    first: bool,
-    p: *mut f32,
-    g: *const f32,
-    buf: *mut f32,
-    n: usize,
-) {
+unsafe fn sgd_run<const WD: bool, const MOM: bool, const NESTEROV: bool>(c: SgdConsts, first: bool, t: Chunk<3>) {
+    let ([p, g, buf], n) = (t.ptrs, t.n);
     let p = std::slice::from_raw_parts_mut(p, n);
     let g = std::slice::from_raw_parts(g, n);
     for i in 0..n {
@@ -287,18 +275,11 @@ unsafe fn sgd_run<const WD: bool, const MOM: bool, const NESTEROV: bool>(
 /// As `sgd_run`; the CPU supports AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn sgd_run_avx2<const WD: bool, const MOM: bool, const NESTEROV: bool>(
-    c: SgdConsts,
-    first: bool,
-    p: *mut f32,
-    g: *const f32,
-    buf: *mut f32,
-    n: usize,
-) {
-    sgd_run::<WD, MOM, NESTEROV>(c, first, p, g, buf, n)
+unsafe fn sgd_run_avx2<const WD: bool, const MOM: bool, const NESTEROV: bool>(c: SgdConsts, first: bool, t: Chunk<3>) {
+    sgd_run::<WD, MOM, NESTEROV>(c, first, t)
 }
 
-type SgdFn = unsafe fn(SgdConsts, bool, *mut f32, *const f32, *mut f32, usize);
+type SgdFn = unsafe fn(SgdConsts, bool, Chunk<3>);
 
 fn sgd_fn<const WD: bool, const MOM: bool, const NESTEROV: bool>() -> SgdFn {
     #[cfg(target_arch = "x86_64")]
@@ -328,22 +309,12 @@ pub unsafe fn sgd_step(h: &SgdHyper, slots: &[SgdSlot]) {
         (true, true, false) => sgd_fn::<true, true, false>(),
         (true, true, true) => sgd_fn::<true, true, true>(),
     };
-    let tasks = chunks(slots.iter().map(|s| s.len));
     let firsts: Vec<bool> = slots.iter().map(|s| s.first).collect();
     let ptrs: Vec<[SPtr<f32>; 3]> =
         slots.iter().map(|s| [SPtr(s.param), SPtr(s.grad as *mut f32), SPtr(s.buf)]).collect();
-    let run = |t: usize| {
-        let (s, at, n) = tasks[t];
-        let [p, g, b] = &ptrs[s];
-        let b = if b.get().is_null() { b.get() } else { b.get().add(at) };
-        // SAFETY: as in `adam_step`.
-        unsafe { f(c, firsts[s], p.get().add(at), g.get().add(at), b, n) };
-    };
-    if tasks.len() == 1 {
-        run(0);
-    } else {
-        par::for_each(tasks.len(), run);
-    }
+    let lens: Vec<usize> = slots.iter().map(|s| s.len).collect();
+    // SAFETY: as in `adam_step`.
+    for_each_chunk(&ptrs, &lens, |s, t| unsafe { f(c, firsts[s], t) });
 }
 
 #[cfg(test)]

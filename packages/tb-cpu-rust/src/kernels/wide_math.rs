@@ -266,16 +266,12 @@ impl Wide {
 mod tests {
     use super::*;
 
-    fn view(buf: usize, sizes: &[usize], strides: &[usize], dtype: DType) -> View {
-        View { buf, offset: 0, sizes: sizes.to_vec(), strides: strides.to_vec(), dtype }
-    }
-
     #[test]
     fn softmax_in_float64() {
         let mut x = [1.0f64, 2.0, 3.0, -1.0, f64::NEG_INFINITY, 0.5];
         let mut y = [0f64; 6];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
-        let (vx, vy) = (view(0, &[2, 3], &[3, 1], DType::F64), view(1, &[2, 3], &[3, 1], DType::F64));
+        let (vx, vy) = (View::new(0, &[2, 3], &[3, 1], DType::F64), View::new(1, &[2, 3], &[3, 1], DType::F64));
         let k = Wide::new("softmax64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[-1], &[]).unwrap();
         unsafe { k.run(&mem) };
         let s: f64 = [1.0f64, 2.0, 3.0].iter().map(|v| (v - 3.0).exp()).sum();
@@ -284,11 +280,11 @@ mod tests {
         let k = Wide::new("log_softmax64", &[Some(vx)], &[vy], &[1], &[]).unwrap();
         unsafe { k.run(&mem) };
         assert!((y[2] + s.ln()).abs() < 1e-15);
-        let (vx, vy) = (view(0, &[], &[], DType::F64), view(1, &[], &[], DType::F64));
+        let (vx, vy) = (View::new(0, &[], &[], DType::F64), View::new(1, &[], &[], DType::F64));
         let k = Wide::new("log_softmax64", &[Some(vx)], &[vy], &[0], &[]).unwrap();
         unsafe { k.run(&mem) };
         assert_eq!(y[0], 0.0);
-        assert!(Wide::new("softmax64", &[Some(view(0, &[2], &[1], DType::F32))], &[view(1, &[2], &[1], DType::F64)], &[0], &[]).is_err());
+        assert!(Wide::new("softmax64", &[Some(View::new(0, &[2], &[1], DType::F32))], &[View::new(1, &[2], &[1], DType::F64)], &[0], &[]).is_err());
     }
 
     #[test]
@@ -298,10 +294,10 @@ mod tests {
         let mut y = [0f64; 3];
         let mut b = [0u8; 3];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, c.as_mut_ptr(), y.as_mut_ptr() as *mut u8, b.as_mut_ptr()] };
-        let vx = view(0, &[3], &[1], DType::F64);
-        let vc = view(1, &[3], &[1], DType::Bool);
-        let vy = view(2, &[3], &[1], DType::F64);
-        let vb = view(3, &[3], &[1], DType::Bool);
+        let vx = View::new(0, &[3], &[1], DType::F64);
+        let vc = View::new(1, &[3], &[1], DType::Bool);
+        let vy = View::new(2, &[3], &[1], DType::F64);
+        let vb = View::new(3, &[3], &[1], DType::Bool);
         let run = |ins: &[Option<View>], out: &View, ints: &[i64], floats: &[f64]| unsafe {
             Wide::new("ew64", ins, std::slice::from_ref(out), ints, floats).unwrap().run(&mem);
         };
@@ -326,14 +322,14 @@ mod tests {
         let mut x = [big + 1, 3, -7, big, 5, 2];
         let mut y = [0i64; 2];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
-        let vx = view(0, &[2, 3], &[3, 1], DType::I64);
-        let vy = view(1, &[2, 1], &[1, 0], DType::I64);
+        let vx = View::new(0, &[2, 3], &[3, 1], DType::I64);
+        let vy = View::new(1, &[2, 1], &[1, 0], DType::I64);
         for (kind, want) in [(0, [big - 3, big + 7]), (1, [big + 1, big]), (2, [-7, 2])] {
             let k = Wide::new("ireduce", &[Some(vx.clone())], std::slice::from_ref(&vy), &[kind], &[]).unwrap();
             unsafe { k.run(&mem) };
             assert_eq!(y, want);
         }
-        assert!(Wide::new("ireduce", &[Some(vx.clone())], &[view(1, &[3, 1], &[1, 0], DType::I64)], &[0], &[]).is_err());
+        assert!(Wide::new("ireduce", &[Some(vx.clone())], &[View::new(1, &[3, 1], &[1, 0], DType::I64)], &[0], &[]).is_err());
         assert!(Wide::new("ireduce", &[Some(vx)], std::slice::from_ref(&vy), &[7], &[]).is_err());
     }
 }

@@ -154,7 +154,7 @@ mod tests {
     use super::super::ops::{attention, V4};
     use super::*;
 
-    use super::super::test_util::lcg;
+    use super::super::test_util::{lcg, mask};
 
     fn v4(x: &[f32], sizes: [usize; 4]) -> V4 {
         let [_, b, c, d] = sizes;
@@ -179,17 +179,7 @@ mod tests {
             let q: Vec<f32> = (0..b * h * t * d).map(|_| lcg(&mut seed) * 4.0).collect();
             let k: Vec<f32> = (0..b * kvh * s * d).map(|_| lcg(&mut seed) * 4.0).collect();
             let v: Vec<f32> = (0..b * kvh * s * d).map(|_| lcg(&mut seed)).collect();
-            let mut mask = vec![0u8; b * t * s];
-            for bi in 0..b {
-                for ti in 0..t {
-                    for si in 0..s {
-                        // causal; with `pad`, batch row 1 cannot see its first two keys, and
-                        // its first query sees nothing at all (a zero row)
-                        let see = si <= past + ti && !(pad && bi == 1 && (si < 2 || ti == 0));
-                        mask[(bi * t + ti) * s + si] = see as u8;
-                    }
-                }
-            }
+            let mask = mask(b, t, s, pad, |ti, si| si <= past + ti); // causal
             let scale = 1.0 / (d as f32).sqrt();
             let (qv, kv, vv) = (v4(&q, [b, h, t, d]), v4(&k, [b, kvh, s, d]), v4(&v, [b, kvh, s, d]));
             let mut want = vec![0f32; b * h * t * d];

@@ -224,7 +224,7 @@ unsafe fn pv_cols<const W: usize>(a: &PvArgs) {
 mod tests {
     use super::*;
 
-    use super::super::test_util::lcg;
+    use super::super::test_util::{lcg, mask};
 
     /// Against the scalar reference: decode over a cache with room to spare (strided K/V
     /// views), GQA groups of 7 (two chunks of four query heads, three pairs and a single in
@@ -247,17 +247,7 @@ mod tests {
             let q: Vec<f32> = (0..b * h * t * d).map(|_| lcg(&mut seed) * 4.0).collect();
             let k: Vec<f32> = (0..b * kvh * cap * d).map(|_| lcg(&mut seed) * 4.0).collect();
             let v: Vec<f32> = (0..b * kvh * cap * d).map(|_| lcg(&mut seed)).collect();
-            let mut mask = vec![0u8; b * t * s];
-            for bi in 0..b {
-                for ti in 0..t {
-                    for si in 0..s {
-                        // causal over the last t slots; with `pad`, batch row 1 cannot see its
-                        // first two keys and its first query sees nothing (a zero row)
-                        let see = si + t <= s + ti && !(pad && bi == 1 && (si < 2 || ti == 0));
-                        mask[(bi * t + ti) * s + si] = see as u8;
-                    }
-                }
-            }
+            let mask = mask(b, t, s, pad, |ti, si| si + t <= s + ti); // causal over the last t slots
             let scale = 1.0 / (d as f32).sqrt();
             let qv = V4 { ptr: q.as_ptr(), sizes: [b, h, t, d], strides: [h * t * d, t * d, d, 1] };
             let kv = |x: &Vec<f32>| V4 { ptr: x.as_ptr(), sizes: [b, kvh, s, d], strides: [kvh * cap * d, cap * d, d, 1] };

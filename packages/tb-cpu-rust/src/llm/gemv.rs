@@ -20,44 +20,17 @@ const PF_TILES: usize = 2;
 /// Below this many weights (per activation row) a GEMV runs on the calling thread.
 const PAR_MIN: usize = 1 << 16;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Isa {
-    Vnni,
-    Avx512,
-    Avx2,
-    Scalar,
-}
+pub use crate::core::isa::Isa;
 
+/// The level the LLM kernels run at: the CPU's best, or the portable loops under
+/// `TORCHBURN_LLM_ISA=scalar` (read once).
 pub fn detect() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        if std::env::var("TORCHBURN_LLM_ISA").as_deref() == Ok("scalar") {
-            return Isa::Scalar;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            // every SIMD level includes AVX2 + FMA (and F16C, for int4's float16 scales):
-            // kernels without an AVX-512 form (int4, attention) run their AVX2 one on any
-            // non-scalar `Isa`
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                    return if has!("avx512vnni") { Isa::Vnni } else { Isa::Avx512 };
-                }
-                return Isa::Avx2;
-            }
-        }
-        Isa::Scalar
-    })
+    *ISA.get_or_init(|| if std::env::var("TORCHBURN_LLM_ISA").as_deref() == Ok("scalar") { Isa::Scalar } else { Isa::best() })
 }
 
 pub fn isa_name() -> &'static str {
-    match detect() {
-        Isa::Vnni => "avx512-vnni",
-        Isa::Avx512 => "avx512",
-        Isa::Avx2 => "avx2+fma",
-        Isa::Scalar => "scalar",
-    }
+    detect().name()
 }
 
 /// What one activation row becomes before it meets the weights.
@@ -723,24 +696,6 @@ mod tests {
         }
     }
 
-    fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                v.push(Isa::Avx2);
-            }
-            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                v.push(Isa::Avx512);
-                if has!("avx512vnni") {
-                    v.push(Isa::Vnni);
-                }
-            }
-        }
-        v
-    }
-
     #[test]
     fn int8_matches_dequantized() {
         let mut s = 1u64;
@@ -751,7 +706,7 @@ mod tests {
             let w: Vec<f32> = (0..n * k).map(|i| q[i] as f32 * sc[i / k]).collect();
             let want = reference(&w, n, k, &x, m);
             let p = Packed::int8(n, k, &q, &sc).unwrap();
-            for isa in isas() {
+            for isa in Isa::supported() {
                 let mut y = vec![0f32; m * n];
                 linear(&p, &x, m, None, &mut y, isa);
                 close(&y, &want, 2e-2);
@@ -772,7 +727,7 @@ mod tests {
             let w: Vec<f32> = (0..n * k).map(|i| (nib[i] as f32 - 8.0) * sc[i / g] + ze[i / g]).collect();
             let want = reference(&w, n, k, &x, m);
             let p = Packed::int4(n, k, g, &packed, &sc, &ze).unwrap();
-            for isa in isas() {
+            for isa in Isa::supported() {
                 let mut y = vec![0f32; m * n];
                 linear(&p, &x, m, None, &mut y, isa);
                 close(&y, &want, 2e-2);
@@ -789,7 +744,7 @@ mod tests {
         let wt: Vec<f32> = wb.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
         let bias: Vec<f32> = (0..n).map(|i| i as f32).collect();
-        for isa in isas() {
+        for isa in Isa::supported() {
             let mut y = vec![0f32; m * n];
             linear(&Packed::f32(n, k, &w).unwrap(), &x, m, Some(&bias), &mut y, isa);
             let mut want = reference(&w, n, k, &x, m);
@@ -810,7 +765,7 @@ mod tests {
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
             let wt: Vec<f32> = wb.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
-            for isa in isas() {
+            for isa in Isa::supported() {
                 let mut y = vec![0f32; m * n];
                 linear(&Packed::f32(n, k, &w).unwrap(), &x, m, None, &mut y, isa);
                 close(&y, &reference(&w, n, k, &x, m), 1e-5);
@@ -840,7 +795,7 @@ mod tests {
         let mut s = 9u64;
         let (k, m) = (256, 3);
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
-        for isa in isas() {
+        for isa in Isa::supported() {
             for kind in ["int8", "int4", "f32"] {
                 let ns = [130usize, 33, 33];
                 let mut packed = Vec::new();

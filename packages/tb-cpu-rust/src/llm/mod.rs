@@ -29,4 +29,18 @@ mod test_util {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
+
+    /// A `[b, t, s]` attention mask of ones where `see(query, key)`; with `pad`, batch row
+    /// 1 also cannot see its first two keys and its first query sees nothing (a zero row).
+    pub fn mask(b: usize, t: usize, s: usize, pad: bool, see: impl Fn(usize, usize) -> bool) -> Vec<u8> {
+        let mut mask = vec![0u8; b * t * s];
+        for bi in 0..b {
+            for ti in 0..t {
+                for si in 0..s {
+                    mask[(bi * t + ti) * s + si] = (see(ti, si) && !(pad && bi == 1 && (si < 2 || ti == 0))) as u8;
+                }
+            }
+        }
+        mask
+    }
 }

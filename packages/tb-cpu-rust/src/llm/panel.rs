@@ -128,7 +128,7 @@ pub fn transpose_into(rows: &[f32], k: usize, buf: &mut [f32]) {
     assert!(rows.len() >= NR * k && buf.len() >= k * NR);
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx") {
+    if crate::core::isa::has_avx() {
         c0 = k / 8 * 8;
         // SAFETY: AVX checked; every access is inside the asserted lengths (c < k / 8 * 8).
         unsafe { x86::transpose_8x8_blocks(rows.as_ptr(), k, c0, buf.as_mut_ptr()) };
@@ -261,32 +261,7 @@ mod x86 {
             for h in 0..NR / 8 {
                 let src = rows.add(h * 8 * k + c);
                 let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * k)));
-                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-                let out = [
-                    _mm256_permute2f128_ps::<0x20>(u0, u4),
-                    _mm256_permute2f128_ps::<0x20>(u1, u5),
-                    _mm256_permute2f128_ps::<0x20>(u2, u6),
-                    _mm256_permute2f128_ps::<0x20>(u3, u7),
-                    _mm256_permute2f128_ps::<0x31>(u0, u4),
-                    _mm256_permute2f128_ps::<0x31>(u1, u5),
-                    _mm256_permute2f128_ps::<0x31>(u2, u6),
-                    _mm256_permute2f128_ps::<0x31>(u3, u7),
-                ];
+                let out = crate::core::transpose::transpose_8x8(&r);
                 for (i, v) in out.iter().enumerate() {
                     _mm256_storeu_ps(buf.add((c + i) * NR + h * 8), *v);
                 }

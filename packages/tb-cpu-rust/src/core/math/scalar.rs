@@ -47,10 +47,16 @@ pub fn tanh(x: f32) -> f32 {
     let x2 = x * x;
     // small |x|: odd Taylor series avoids the cancellation of 1 - 2/(e+1)
     let small = a * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))));
-    let t = if a < 0.0625 { small } else { big };
-    let r = if x < 0.0 { -t } else { t };
+    odd(x, if a < 0.0625 { small } else { big })
+}
+
+/// An odd function's value at `x` from its value `r` at |x|; NaN stays the input NaN.
+#[inline(always)]
+fn odd(x: f32, r: f32) -> f32 {
     if x.is_nan() {
         x
+    } else if x < 0.0 {
+        -r
     } else {
         r
     }
@@ -66,13 +72,7 @@ pub fn erf(x: f32) -> f32 {
     // near 0 the series is more accurate in relative terms
     let x2 = a * a;
     let small = a * (std::f32::consts::FRAC_2_SQRT_PI + x2 * (-0.376_126_4 + x2 * (0.112_837_92 + x2 * (-0.026_866_17))));
-    let r = if a < 0.25 { small } else { big };
-    let r = if x < 0.0 { -r } else { r };
-    if x.is_nan() {
-        x
-    } else {
-        r
-    }
+    odd(x, if a < 0.25 { small } else { big })
 }
 
 #[inline(always)]

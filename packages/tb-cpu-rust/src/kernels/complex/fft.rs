@@ -159,37 +159,37 @@ fn along(w: &mut [Complex64], sizes: &[usize], dim: usize, plan: &dyn rustfft::F
     if n <= 1 {
         return; // a length-1 DFT is the identity
     }
-    let inner: usize = sizes[dim + 1..].iter().product();
-    let outer: usize = sizes[..dim].iter().product();
     let mut line = vec![Complex64::new(0.0, 0.0); n];
     let mut scratch = vec![Complex64::new(0.0, 0.0); plan.get_inplace_scratch_len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let base = o * n * inner + i;
-            for (k, z) in line.iter_mut().enumerate() {
-                *z = w[base + k * inner];
-            }
-            plan.process_with_scratch(&mut line, &mut scratch);
-            for (k, z) in line.iter().enumerate() {
-                w[base + k * inner] = *z;
-            }
+    let (starts, inner) = line_starts(sizes, dim);
+    for base in starts {
+        for (k, z) in line.iter_mut().enumerate() {
+            *z = w[base + k * inner];
+        }
+        plan.process_with_scratch(&mut line, &mut scratch);
+        for (k, z) in line.iter().enumerate() {
+            w[base + k * inner] = *z;
         }
     }
+}
+
+/// The offset of the first element of every line along `dim` of a contiguous array of `sizes`,
+/// and the step between the elements of one line.
+fn line_starts(sizes: &[usize], dim: usize) -> (impl Iterator<Item = usize>, usize) {
+    let (n, inner) = (sizes[dim], sizes[dim + 1..].iter().product::<usize>());
+    let outer: usize = sizes[..dim].iter().product();
+    ((0..outer).flat_map(move |o| (0..inner).map(move |i| o * n * inner + i)), inner)
 }
 
 /// Sets the imaginary part of bins 0 and n/2 (n even) along `dim` to zero: the spectrum of a
 /// real line has it exactly, and a real inverse ignores it (as PocketFFT's does).
 fn real_bins(w: &mut [Complex64], sizes: &[usize], dim: usize) {
     let n = sizes[dim];
-    let inner: usize = sizes[dim + 1..].iter().product();
-    let outer: usize = sizes[..dim].iter().product();
-    for o in 0..outer {
-        for i in 0..inner {
-            let base = o * n * inner + i;
-            w[base].im = 0.0;
-            if n.is_multiple_of(2) {
-                w[base + n / 2 * inner].im = 0.0;
-            }
+    let (starts, inner) = line_starts(sizes, dim);
+    for base in starts {
+        w[base].im = 0.0;
+        if n.is_multiple_of(2) {
+            w[base + n / 2 * inner].im = 0.0;
         }
     }
 }
@@ -198,14 +198,10 @@ fn real_bins(w: &mut [Complex64], sizes: &[usize], dim: usize) {
 fn hermitian(w: &mut [Complex64], sizes: &[usize], dim: usize) {
     real_bins(w, sizes, dim);
     let n = sizes[dim];
-    let inner: usize = sizes[dim + 1..].iter().product();
-    let outer: usize = sizes[..dim].iter().product();
-    for o in 0..outer {
-        for i in 0..inner {
-            let base = o * n * inner + i;
-            for k in n / 2 + 1..n {
-                w[base + k * inner] = w[base + (n - k) * inner].conj();
-            }
+    let (starts, inner) = line_starts(sizes, dim);
+    for base in starts {
+        for k in n / 2 + 1..n {
+            w[base + k * inner] = w[base + (n - k) * inner].conj();
         }
     }
 }
@@ -213,10 +209,6 @@ fn hermitian(w: &mut [Complex64], sizes: &[usize], dim: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn view(buf: usize, sizes: &[usize], dtype: DType) -> View {
-        View { buf, offset: 0, sizes: sizes.to_vec(), strides: contiguous_strides(sizes), dtype }
-    }
 
     /// Naive DFT of one line.
     fn dft(x: &[Complex64], forward: bool) -> Vec<Complex64> {
@@ -237,7 +229,7 @@ mod tests {
         let mut x: Vec<f64> = (0..7).map(|i| (i as f64 * 0.7).sin() + 0.1 * i as f64).collect();
         let mut y = vec![0f64; 2 * 4];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
-        let f = Fft::new("fft_r2c", &[Some(view(0, &[7], DType::F64))], &[view(1, &[4], DType::C128)], &[1, 1, 0]).unwrap();
+        let f = Fft::new("fft_r2c", &[Some(View::contiguous(0, &[7], DType::F64))], &[View::contiguous(1, &[4], DType::C128)], &[1, 1, 0]).unwrap();
         unsafe { f.run(&mem) };
         let want = dft(&x.iter().map(|&v| Complex64::new(v, 0.0)).collect::<Vec<_>>(), true);
         for k in 0..4 {
@@ -252,8 +244,8 @@ mod tests {
         let mut spec = vec![0f64; 2 * 3 * 3];
         let mut back = vec![0f64; 12];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, spec.as_mut_ptr() as *mut u8, back.as_mut_ptr() as *mut u8] };
-        let fwd = Fft::new("fft_r2c", &[Some(view(0, &[3, 4], DType::F64))], &[view(1, &[3, 3], DType::C128)], &[0, 1, 0, 1]).unwrap();
-        let inv = Fft::new("fft_c2r", &[Some(view(1, &[3, 3], DType::C128))], &[view(2, &[3, 4], DType::F64)], &[2, 4, 0, 1]).unwrap();
+        let fwd = Fft::new("fft_r2c", &[Some(View::contiguous(0, &[3, 4], DType::F64))], &[View::contiguous(1, &[3, 3], DType::C128)], &[0, 1, 0, 1]).unwrap();
+        let inv = Fft::new("fft_c2r", &[Some(View::contiguous(1, &[3, 3], DType::C128))], &[View::contiguous(2, &[3, 4], DType::F64)], &[2, 4, 0, 1]).unwrap();
         unsafe {
             fwd.run(&mem);
             inv.run(&mem);
@@ -265,12 +257,12 @@ mod tests {
 
     #[test]
     fn bad_specs_are_errors() {
-        let (r, c) = (view(0, &[4], DType::F32), view(1, &[3], DType::C64));
-        assert!(Fft::new("fft_r2c", &[Some(r.clone())], &[view(1, &[4], DType::C64)], &[0, 1, 0]).is_err());
+        let (r, c) = (View::contiguous(0, &[4], DType::F32), View::contiguous(1, &[3], DType::C64));
+        assert!(Fft::new("fft_r2c", &[Some(r.clone())], &[View::contiguous(1, &[4], DType::C64)], &[0, 1, 0]).is_err());
         assert!(Fft::new("fft_r2c", &[Some(r.clone())], std::slice::from_ref(&c), &[0, 1, 1]).is_err());
         assert!(Fft::new("fft_r2c", &[Some(r.clone())], std::slice::from_ref(&c), &[3, 1, 0]).is_err());
         assert!(Fft::new("fft_c2c", &[Some(r.clone())], std::slice::from_ref(&c), &[0, 1, 0]).is_err());
-        assert!(Fft::new("fft_c2r", &[Some(view(1, &[2], DType::C64))], &[view(0, &[8], DType::F32)], &[0, 8, 0]).is_err());
+        assert!(Fft::new("fft_c2r", &[Some(View::contiguous(1, &[2], DType::C64))], &[View::contiguous(0, &[8], DType::F32)], &[0, 8, 0]).is_err());
         assert!(Fft::new("fft_r2c", &[Some(r)], &[c], &[0, 1, 0, 0]).is_err());
     }
 }

@@ -162,10 +162,6 @@ fn angle_complex(re: f64, im: f64, single: bool) -> f64 {
 mod tests {
     use super::*;
 
-    fn view(buf: usize, sizes: &[usize], dtype: DType) -> View {
-        View { buf, offset: 0, sizes: sizes.to_vec(), strides: crate::core::tensor::contiguous_strides(sizes), dtype }
-    }
-
     #[test]
     fn element_access_round_trips() {
         let mut b64 = [0f32; 4];
@@ -193,24 +189,24 @@ mod tests {
         let mut out = [0f32; 6];
         let mut ang = [0f32; 3];
         let mem = Mem { ptrs: vec![re.as_mut_ptr() as *mut u8, im.as_mut_ptr() as *mut u8, out.as_mut_ptr() as *mut u8, ang.as_mut_ptr() as *mut u8] };
-        let (a, b) = (view(0, &[3], DType::F32), view(1, &[3], DType::F32));
-        let y = view(2, &[3], DType::C64);
+        let (a, b) = (View::contiguous(0, &[3], DType::F32), View::contiguous(1, &[3], DType::F32));
+        let y = View::contiguous(2, &[3], DType::C64);
         unsafe {
             Cplx::new("complex", &[Some(a.clone()), Some(b.clone())], std::slice::from_ref(&y)).unwrap().run(&mem);
             assert_eq!(&out[..4], &[1.0, 0.5, -2.0, 4.0]);
             assert!(out[5].is_nan());
-            Cplx::new("angle", &[Some(a.clone())], &[view(3, &[3], DType::F32)]).unwrap().run(&mem);
+            Cplx::new("angle", &[Some(a.clone())], &[View::contiguous(3, &[3], DType::F32)]).unwrap().run(&mem);
             assert_eq!(ang, [0.0, std::f32::consts::PI, 0.0]);
             Cplx::new("polar", &[Some(a.clone()), Some(b)], std::slice::from_ref(&y)).unwrap().run(&mem);
             assert!((out[0] - 0.5f32.cos()).abs() < 1e-7 && (out[1] - 0.5f32.sin()).abs() < 1e-7);
         }
         unsafe {
-            Cplx::new("imag", std::slice::from_ref(&Some(y.clone())), &[view(3, &[3], DType::F32)]).unwrap().run(&mem);
+            Cplx::new("imag", std::slice::from_ref(&Some(y.clone())), &[View::contiguous(3, &[3], DType::F32)]).unwrap().run(&mem);
         }
         assert_eq!(ang.map(f32::to_bits), [out[1], out[3], out[5]].map(f32::to_bits));
-        assert!(Cplx::new("imag", &[Some(a.clone())], &[view(3, &[3], DType::F32)]).is_err());
-        assert!(Cplx::new("conj", &[Some(a.clone())], &[view(3, &[3], DType::F32)]).is_err());
+        assert!(Cplx::new("imag", &[Some(a.clone())], &[View::contiguous(3, &[3], DType::F32)]).is_err());
+        assert!(Cplx::new("conj", &[Some(a.clone())], &[View::contiguous(3, &[3], DType::F32)]).is_err());
         assert!(Cplx::new("complex", &[Some(a.clone())], std::slice::from_ref(&y)).is_err());
-        assert!(Cplx::new("angle", &[Some(a)], &[view(3, &[2], DType::F32)]).is_err());
+        assert!(Cplx::new("angle", &[Some(a)], &[View::contiguous(3, &[2], DType::F32)]).is_err());
     }
 }

@@ -11,17 +11,36 @@ pub type MaxParams = [usize; 12];
 /// `[kd, kh, kw, sd, sh, sw, pd, ph, pw]`
 pub type AvgParams = [usize; 9];
 
+/// What both poolings read of their parameters and views: kernel, stride and padding per
+/// spatial dim (the first nine parameters), the channel count, input and output lengths.
+struct Window {
+    k: [usize; 3],
+    s: [usize; 3],
+    pad: [usize; 3],
+    c: usize,
+    len: [usize; 3],
+    out: [usize; 3],
+}
+
+impl Window {
+    fn new(x: &View, y: &View, p: &[usize]) -> Window {
+        Window {
+            k: [p[0], p[1], p[2]],
+            s: [p[3], p[4], p[5]],
+            pad: [p[6], p[7], p[8]],
+            c: x.sizes[1],
+            len: [x.sizes[2], x.sizes[3], x.sizes[4]],
+            out: [y.sizes[2], y.sizes[3], y.sizes[4]],
+        }
+    }
+}
+
 /// # Safety
 /// Every view must have been validated by `Kernel::new` against the buffers of `mem` (`x`,
 /// `y` f32 5-d with equal N and C; `idx` i64 shaped as `y`).
 pub unsafe fn max_pool3d(mem: &Mem, x: &View, y: &View, idx: &View, p: &MaxParams) {
-    let k = [p[0], p[1], p[2]];
-    let s = [p[3], p[4], p[5]];
-    let pad = [p[6], p[7], p[8]];
+    let Window { k, s, pad, c, len, out } = Window::new(x, y, p);
     let dil = [p[9], p[10], p[11]];
-    let c = x.sizes[1];
-    let len = [x.sizes[2], x.sizes[3], x.sizes[4]];
-    let out = [y.sizes[2], y.sizes[3], y.sizes[4]];
     let (px, py, pi) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<i64>(idx));
     let (xs, ys, is) = (&x.strides, &y.strides, &idx.strides);
     crate::core::par::for_each(x.sizes[0] * c, |nc| {
@@ -66,12 +85,7 @@ pub unsafe fn max_pool3d(mem: &Mem, x: &View, y: &View, idx: &View, p: &MaxParam
 /// # Safety
 /// As `max_pool3d`, without indices.
 pub unsafe fn avg_pool3d(mem: &Mem, x: &View, y: &View, p: &AvgParams, include_pad: bool, divisor: usize) {
-    let k = [p[0], p[1], p[2]];
-    let s = [p[3], p[4], p[5]];
-    let pad = [p[6], p[7], p[8]];
-    let c = x.sizes[1];
-    let len = [x.sizes[2], x.sizes[3], x.sizes[4]];
-    let out = [y.sizes[2], y.sizes[3], y.sizes[4]];
+    let Window { k, s, pad, c, len, out } = Window::new(x, y, p);
     let (px, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y));
     let (xs, ys) = (&x.strides, &y.strides);
     // (clipped to the input, length within input + padding) of window `o` along dimension `d`

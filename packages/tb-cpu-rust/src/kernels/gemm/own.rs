@@ -85,28 +85,18 @@ fn with_scratch<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, n: u
 }
 
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::core::isa::has_avx512() || crate::core::isa::has_avx2()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::core::isa::has_avx512() || crate::core::isa::has_avx2()
 }
 
 /// The instruction set the own kernel runs with on this CPU ("" when it is not available).
 pub fn isa_name() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::core::isa::has_avx512() {
-            return "avx512";
-        }
-        if crate::core::isa::has_avx2() {
-            return "avx2";
-        }
+    if crate::core::isa::has_avx512() {
+        "avx512"
+    } else if crate::core::isa::has_avx2() {
+        "avx2"
+    } else {
+        ""
     }
-    ""
 }
 
 /// The few-rows path packs this many NR-column panels of B at a time: with B row-major, a
@@ -655,33 +645,7 @@ pub(crate) mod x86 {
                         *ri = _mm256_loadu_ps(col(j).add(pp));
                     }
                 }
-                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-                // u0..u3 hold, per 128-bit lane L, k = 4L + q of columns 0..4; u4..u7 of columns 4..8
-                let rows = [
-                    _mm256_permute2f128_ps::<0x20>(u0, u4),
-                    _mm256_permute2f128_ps::<0x20>(u1, u5),
-                    _mm256_permute2f128_ps::<0x20>(u2, u6),
-                    _mm256_permute2f128_ps::<0x20>(u3, u7),
-                    _mm256_permute2f128_ps::<0x31>(u0, u4),
-                    _mm256_permute2f128_ps::<0x31>(u1, u5),
-                    _mm256_permute2f128_ps::<0x31>(u2, u6),
-                    _mm256_permute2f128_ps::<0x31>(u3, u7),
-                ];
+                let rows = crate::core::transpose::transpose_8x8(&r);
                 for (q, v) in rows.iter().enumerate() {
                     _mm256_storeu_ps(dst.add((pp + q) * NR + h * 8), *v);
                 }

@@ -10,6 +10,7 @@ pub mod segment;
 pub mod select;
 
 use crate::core::mem::Mem;
+use crate::core::strided::{for_each, for_each_dyn};
 use crate::core::tensor::{DType, Result, View};
 
 /// How a scatter combines a source value with what is already at its destination.
@@ -150,39 +151,6 @@ impl Elem for u8 {
     }
 }
 
-/// Calls `f(position)` for every multi-index of `sizes` (row-major), with the offset of each
-/// operand; a small re-implementation so this module does not depend on ops' private helpers.
-fn walk(sizes: &[usize], strides: &[&[usize]], mut f: impl FnMut(&[usize], &[usize])) {
-    if sizes.contains(&0) {
-        return;
-    }
-    let nd = sizes.len();
-    let k = strides.len();
-    let mut idx = vec![0usize; nd];
-    let mut offs = vec![0usize; k];
-    loop {
-        f(&idx, &offs);
-        let mut d = nd;
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
-            idx[d] += 1;
-            for j in 0..k {
-                offs[j] += strides[j][d];
-            }
-            if idx[d] < sizes[d] {
-                break;
-            }
-            for j in 0..k {
-                offs[j] -= strides[j][d] * sizes[d];
-            }
-            idx[d] = 0;
-        }
-    }
-}
-
 /// `out = base`, then `out[.., idx[i], ..] (op)= src[i]` along `dim` (scatter / scatter_reduce).
 /// # Safety
 /// The views must have been validated by `Kernel::new`.
@@ -196,7 +164,7 @@ pub unsafe fn scatter(mem: &Mem, base: &View, idx: &View, src: &View, out: &View
 
 unsafe fn copy_view<T: Elem>(mem: &Mem, from: &View, to: &View) {
     let (pf, pt) = (mem.byte_ptr(from), mem.byte_ptr(to));
-    walk(&to.sizes, &[&from.strides, &to.strides], |_, o| T::get(pf, o[0]).put(pt, o[1]));
+    for_each(&to.sizes, [&from.strides, &to.strides], |[a, b]| T::get(pf, a).put(pt, b));
 }
 
 unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out: &View, dim: usize, how: Combine, include_self: bool) -> Result<()> {
@@ -213,7 +181,7 @@ unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out
     let mut dests: Vec<usize> = Vec::with_capacity(idx.numel());
     let mut srcs: Vec<usize> = Vec::with_capacity(idx.numel());
     let mut bad = None;
-    walk(&idx.sizes, &[&idx.strides, &src.strides, &ostr], |_, o| {
+    for_each(&idx.sizes, [&idx.strides, &src.strides, &ostr], |o| {
         let raw = crate::core::element::load_i64(pi, idt, o[0]);
         let i = if raw < 0 { raw + size } else { raw };
         if i < 0 || i >= size {
@@ -301,7 +269,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
     let mut all: Vec<&[usize]> = idx_strides.clone();
     let vb = &values.strides[..nb];
     all.push(vb);
-    walk(bshape, &all, |_, offs| {
+    for_each_dyn(bshape, &all, |offs| {
         if bad.is_some() {
             return;
         }
@@ -317,7 +285,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
             ob += i as usize * out.strides[j];
         }
         let vbase = offs[k];
-        walk(rest, &[ro, rv], |_, o| {
+        for_each(rest, [ro, rv], |o| {
             let v = T::get(pv, vbase + o[1]);
             let d = ob + o[0];
             let r = if accumulate { T::get(po, d).add(v) } else { v };
@@ -350,7 +318,7 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
         }
     };
     let mut row: Vec<(f64, usize)> = Vec::with_capacity(n);
-    walk(&osz, &[&ox, &ov, &op], |_, o| {
+    for_each(&osz, [&ox, &ov, &op], |o| {
         row.clear();
         for i in 0..n {
             let v = match x.dtype {

@@ -65,10 +65,6 @@ impl NonzeroStatic {
 mod tests {
     use super::*;
 
-    fn view(buf: usize, sizes: &[usize], strides: &[usize], dtype: DType) -> View {
-        View { buf, offset: 0, sizes: sizes.to_vec(), strides: strides.to_vec(), dtype }
-    }
-
     #[test]
     fn first_indices_then_fill_on_a_transposed_input() {
         // x = [[0, 1], [2, 0], [3, 4]] stored column-major: read through strides (1, 3)
@@ -76,8 +72,8 @@ mod tests {
         for (rows, want) in [(5usize, vec![0i64, 1, 1, 0, 2, 0, 2, 1, -1, -1]), (2, vec![0, 1, 1, 0])] {
             let mut out = vec![0i64; rows * 2];
             let mem = Mem { ptrs: vec![data.as_mut_ptr() as *mut u8, out.as_mut_ptr() as *mut u8] };
-            let x = view(0, &[3, 2], &[1, 3], DType::F32);
-            let y = view(1, &[rows, 2], &[2, 1], DType::I64);
+            let x = View::new(0, &[3, 2], &[1, 3], DType::F32);
+            let y = View::new(1, &[rows, 2], &[2, 1], DType::I64);
             let k = NonzeroStatic::new(x, y, -1).unwrap();
             unsafe { k.run(&mem) };
             assert_eq!(out, want);
@@ -86,8 +82,8 @@ mod tests {
 
     #[test]
     fn result_shape_is_checked() {
-        let x = view(0, &[4], &[1], DType::F32);
-        assert!(NonzeroStatic::new(x.clone(), view(1, &[3, 2], &[2, 1], DType::I64), 0).is_err());
-        assert!(NonzeroStatic::new(x, view(1, &[3, 1], &[1, 1], DType::F32), 0).is_err());
+        let x = View::new(0, &[4], &[1], DType::F32);
+        assert!(NonzeroStatic::new(x.clone(), View::new(1, &[3, 2], &[2, 1], DType::I64), 0).is_err());
+        assert!(NonzeroStatic::new(x, View::new(1, &[3, 1], &[1, 1], DType::F32), 0).is_err());
     }
 }

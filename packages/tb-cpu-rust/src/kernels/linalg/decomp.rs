@@ -13,6 +13,7 @@
 //! rotation inside repeated values); the lowering gives these kernels only graphs that do not
 //! return them, or return them empty.
 
+use super::{load, store};
 use crate::core::mem::Mem;
 use crate::core::tensor::{need, DType, Result, View};
 
@@ -688,18 +689,6 @@ fn transpose(a: &[f64], r: usize, c: usize) -> Vec<f64> {
     t
 }
 
-unsafe fn load(mem: &Mem, v: &View, off: usize, r: usize, c: usize) -> Vec<f64> {
-    let p = mem.ptrs[v.buf] as *const f32;
-    let (rs, cs) = (v.strides[v.rank() - 2], v.strides[v.rank() - 1]);
-    let mut out = Vec::with_capacity(r * c);
-    for i in 0..r {
-        for j in 0..c {
-            out.push(*p.add(off + i * rs + j * cs) as f64);
-        }
-    }
-    out
-}
-
 unsafe fn load_vec(mem: &Mem, v: &View, off: usize) -> Vec<f64> {
     let p = mem.ptrs[v.buf] as *const f32;
     let (len, s) = (v.sizes[v.rank() - 1], v.strides[v.rank() - 1]);
@@ -708,16 +697,6 @@ unsafe fn load_vec(mem: &Mem, v: &View, off: usize) -> Vec<f64> {
 
 unsafe fn load_scalar(mem: &Mem, v: &View, off: usize) -> f64 {
     *(mem.ptrs[v.buf] as *const f32).add(off) as f64
-}
-
-unsafe fn store(mem: &Mem, v: &View, off: usize, data: &[f64], r: usize, c: usize) {
-    let p = mem.ptrs[v.buf] as *mut f32;
-    let (rs, cs) = (v.strides[v.rank() - 2], v.strides[v.rank() - 1]);
-    for i in 0..r {
-        for j in 0..c {
-            *p.add(off + i * rs + j * cs) = data[i * c + j] as f32;
-        }
-    }
 }
 
 unsafe fn store_vec(mem: &Mem, v: &View, off: usize, data: &[f64]) {

@@ -423,52 +423,33 @@ pub fn lu_solve(lu: &[f64], piv: &[i32], b: &mut [f64], n: usize, c: usize, adjo
             }
         }
     };
+    // b[i, :] -= f * b[j, :]
+    let sub_row = |b: &mut [f64], i: usize, j: usize, f: f64| {
+        for col in 0..c {
+            b[i * c + col] -= f * b[j * c + col];
+        }
+    };
+    let div_row = |b: &mut [f64], i: usize, d: f64| b[i * c..(i + 1) * c].iter_mut().for_each(|x| *x /= d);
     if !adjoint {
         for (i, &p) in piv.iter().enumerate() {
             swap_rows(b, i, p as usize - 1);
         }
         // L y = Pb (unit lower), then U x = y
         for i in 0..n {
-            for j in 0..i {
-                let f = lu[i * n + j];
-                for col in 0..c {
-                    b[i * c + col] -= f * b[j * c + col];
-                }
-            }
+            (0..i).for_each(|j| sub_row(b, i, j, lu[i * n + j]));
         }
         for i in (0..n).rev() {
-            for j in i + 1..n {
-                let f = lu[i * n + j];
-                for col in 0..c {
-                    b[i * c + col] -= f * b[j * c + col];
-                }
-            }
-            let d = lu[i * n + i];
-            for col in 0..c {
-                b[i * c + col] /= d;
-            }
+            (i + 1..n).for_each(|j| sub_row(b, i, j, lu[i * n + j]));
+            div_row(b, i, lu[i * n + i]);
         }
     } else {
         // A^T = U^T L^T P^T: U^T z = b (lower), L^T w = z (unit upper), x = P w
         for i in 0..n {
-            for j in 0..i {
-                let f = lu[j * n + i];
-                for col in 0..c {
-                    b[i * c + col] -= f * b[j * c + col];
-                }
-            }
-            let d = lu[i * n + i];
-            for col in 0..c {
-                b[i * c + col] /= d;
-            }
+            (0..i).for_each(|j| sub_row(b, i, j, lu[j * n + i]));
+            div_row(b, i, lu[i * n + i]);
         }
         for i in (0..n).rev() {
-            for j in i + 1..n {
-                let f = lu[j * n + i];
-                for col in 0..c {
-                    b[i * c + col] -= f * b[j * c + col];
-                }
-            }
+            (i + 1..n).for_each(|j| sub_row(b, i, j, lu[j * n + i]));
         }
         for (i, &p) in piv.iter().enumerate().rev() {
             swap_rows(b, i, p as usize - 1);
