@@ -128,7 +128,11 @@ def test_online_softmax_matches_torch_over_shapes_strides_and_specials(log: bool
 def test_vector_activations_match_torch(act: Callable[..., Any]) -> None:
     x = torch.cat([torch.linspace(-30, 30, 10007), torch.tensor([0.0, -0.0, 88.0, 89.0, -87.5, -104.5, 1e-30])])
     x = torch.cat([x, torch.tensor([float("inf"), float("-inf"), float("nan")])])
-    torch.testing.assert_close(_run_native(act, x), act(x), equal_nan=True)
+    want = act(x)
+    # torch's vectorised float32 gelu says NaN at +inf (its scalar and float64 kernels say inf):
+    # there the engine is held to the float64 answer
+    want = torch.where(torch.isnan(want) & ~torch.isnan(x), act(x.double()).float(), want)
+    torch.testing.assert_close(_run_native(act, x), want, equal_nan=True)
     big = torch.randn(300, 257)[:, 1:]  # strided rows, large enough for threads
     torch.testing.assert_close(_run_native(act, big), act(big))
 
