@@ -35,7 +35,9 @@ def test_engine_support_is_the_registry() -> None:
     # every supported op names the family module that lowers it
     by_family = lowering.families()
     assert sorted(op for fam in by_family.values() for op in fam) == sorted(ops)
-    assert {"elementwise", "gemm", "reductions", "norms", "attention", "conv_pool", "indexing", "linalg"} <= set(by_family)
+    assert {"elementwise", "gemm", "reductions", "norms", "attention", "conv_pool", "indexing", "linalg"} <= set(
+        by_family
+    )
 
 
 def test_an_op_has_one_default_lowering(scratch_ops: list[str]) -> None:
@@ -161,3 +163,48 @@ def test_a_gemm_epilogue_is_recorded_on_the_typed_step() -> None:
         mp.undo()
     gemms = [s for spec in seen for s in spec["steps"] if s["op"] == "gemm"]
     assert len(gemms) == 1 and gemms[0]["epilogue"] == ["relu"]
+
+
+def test_python_writes_only_step_kinds_the_executor_reads() -> None:
+    from tb_cpu_rust import _native
+
+    assert set(S.step_kinds()) <= set(_native.STEP_KINDS)
+    assert S.SCHEMA_VERSION == _native.STEP_SCHEMA_VERSION
+
+
+def _copy_plan(**extra: Any) -> dict[str, Any]:
+    """A plan that copies a float32 vector of 3 (``extra``: top-level fields such as the schema)."""
+    layout = {"offset": 0, "sizes": [3], "strides": [1]}
+    source = {"kind": "input", "dtype": "float32", "numel": 0, "sizes": [3], "strides": [1]}
+    buffers = [source, {"kind": "output", "dtype": "float32", "numel": 3}]
+    steps = [S.wire(S.Ew("f32", [0], [1], S.copy_program()))]
+    return {**extra, "buffers": buffers, "values": [{"buf": b, **layout} for b in (0, 1)], "steps": steps}
+
+
+def test_a_plan_for_another_step_schema_is_refused_by_name() -> None:
+    from tb_cpu_rust import _native
+
+    _native.Executor(json.dumps(_copy_plan(schema=S.SCHEMA_VERSION)))
+    with pytest.raises(ValueError, match=f"schema {S.SCHEMA_VERSION + 7}.*schema {S.SCHEMA_VERSION}"):
+        _native.Executor(json.dumps(_copy_plan(schema=S.SCHEMA_VERSION + 7)))
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"op": "gather", "ins": [0, 0], "outs": [1]}, "missing field `dim`"),
+        ({"op": "gather", "ins": [0, 0], "outs": [1], "dim": "0"}, "invalid type"),
+        ({"op": "no_such_step", "ins": [0], "outs": [1]}, "no_such_step"),
+    ],
+)
+def test_a_malformed_step_is_refused_at_the_boundary(step: dict[str, Any], message: str) -> None:
+    from tb_cpu_rust import _native
+
+    plan = _copy_plan()
+    plan["steps"] = [step]
+    with pytest.raises(ValueError, match=message):
+        _native.Executor(json.dumps(plan))
+
+
+def test_the_engine_version_carries_the_step_schema() -> None:
+    assert NativeCpuEngine().version().endswith(f"+steps{S.SCHEMA_VERSION}")

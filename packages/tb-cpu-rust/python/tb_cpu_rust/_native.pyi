@@ -134,3 +134,8 @@ def llm_attention(
 ) -> None: ...
 def llm_isa() -> str:
     """The instruction set of the LLM kernels: avx512-vnni, avx512, avx2+fma or scalar."""
+
+# the executor's step schema and limits (src/exec/step.rs, src/kernels/gemm): Python's lowering reads them
+STEP_SCHEMA_VERSION: int
+STEP_KINDS: list[str]
+MAX_EPILOGUE: int

@@ -30,6 +30,14 @@ class NativeCpuEngine(torchburn.Engine):
             return torchburn.Availability(False, f"native module failed to load: {exc}")
         return torchburn.Availability(True)
 
+    def version(self) -> str:
+        # the step schema is part of what a cached plan was lowered for (tb_cpu_rust.lowering)
+        try:
+            from tb_cpu_rust import _native
+        except ImportError:
+            return super().version()
+        return f"{super().version()}+steps{_native.STEP_SCHEMA_VERSION}"
+
     def describe(self) -> dict[str, Any]:
         from tb_cpu_rust import _native
 

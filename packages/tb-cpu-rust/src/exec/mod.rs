@@ -8,13 +8,15 @@
 
 mod dispatch;
 pub mod kernel;
+pub mod step;
 
 use crate::core::math::unary::Un;
 pub use crate::core::mem::{Mem, SPtr};
-use crate::kernels::elementwise::{Compute, EwStep, InstrSpec};
+use crate::kernels::elementwise::{Compute, EwStep};
 use crate::kernels::gemm::EpiSpec;
 use crate::core::tensor::{extent, ranges_overlap, to_usize, DType, Result, View};
 use kernel::Kernel;
+use step::{StepKind, StepSpec};
 use serde::Deserialize;
 use std::sync::Mutex;
 
@@ -35,25 +37,6 @@ struct ValSpec {
     offset: usize,
     sizes: Vec<usize>,
     strides: Vec<usize>,
-}
-
-#[derive(Deserialize)]
-struct StepSpec {
-    op: String,
-    #[serde(default)]
-    ins: Vec<Option<usize>>,
-    #[serde(default)]
-    outs: Vec<usize>,
-    #[serde(default)]
-    ints: Vec<i64>,
-    #[serde(default)]
-    floats: Vec<f64>,
-    #[serde(default)]
-    prog: Vec<InstrSpec>,
-    #[serde(default)]
-    compute: String,
-    #[serde(default)]
-    epilogue: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -103,6 +86,7 @@ pub struct Arg {
 
 impl Executor {
     pub fn from_json(text: &str) -> Result<Executor> {
+        step::check_version(text)?;
         let spec: Spec = serde_json::from_str(text).map_err(|e| format!("bad plan spec: {e}"))?;
         let mut buffers = Vec::with_capacity(spec.buffers.len());
         let (mut n_inputs, mut n_outputs) = (0, 0);
@@ -144,25 +128,26 @@ impl Executor {
         for s in &spec.steps {
             let ins: Vec<Option<View>> = s.ins.iter().map(|i| i.map(get).transpose()).collect::<Result<_>>()?;
             let outs: Vec<View> = s.outs.iter().map(|&i| get(i)).collect::<Result<_>>()?;
+            let op = s.kind.tag();
             for o in &outs {
                 if buffers[o.buf].kind == BufKind::Input {
-                    return Err(format!("step {} would write into an input", s.op));
+                    return Err(format!("step {op} would write into an input"));
                 }
                 if ins.iter().flatten().any(|i| i.buf == o.buf) {
-                    return Err(format!("step {} reads and writes the same buffer", s.op));
+                    return Err(format!("step {op} reads and writes the same buffer"));
                 }
             }
-            let step = if s.op == "ew" {
-                let compute = match s.compute.as_str() {
+            let step = if let StepKind::Ew { compute, prog } = &s.kind {
+                let compute = match compute.as_str() {
                     "f32" | "" => Compute::F32,
                     "i64" => Compute::I64,
                     c => return Err(format!("unknown compute type {c:?}")),
                 };
                 let ins: Vec<View> = ins.into_iter().collect::<Option<_>>().ok_or("elementwise input missing")?;
-                Step::Ew(EwStep::new(compute, &s.prog, ins, outs)?)
+                Step::Ew(EwStep::new(compute, prog, ins, outs)?)
             } else {
-                let epilogue = s
-                    .epilogue
+                let names: &[String] = if let StepKind::Gemm { epilogue, .. } = &s.kind { epilogue } else { &[] };
+                let epilogue = names
                     .iter()
                     .map(|e| match e.as_str() {
                         "relu" => Ok(EpiSpec::Un(Un::Relu)),
@@ -175,7 +160,8 @@ impl Executor {
                         other => Err(format!("unknown epilogue {other:?}")),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Step::Op(Kernel::new(&s.op, ins, outs, &s.ints, &s.floats, epilogue)?)
+                let (ints, floats) = s.kind.params();
+                Step::Op(Kernel::new(op, ins, outs, &ints, &floats, epilogue)?)
             };
             steps.push(step);
         }

@@ -26,10 +26,10 @@ _REAL = frozenset({torch.float32, torch.float64})
 _FFT_COMPLEX = frozenset({torch.complex64, torch.complex128})
 
 #: op -> the step kind of the complex kernels
-KERNEL: dict[str, type[S.Step]] = {
+KERNEL: dict[str, Any] = {
     "aten.complex.default": S.Complex, "aten.polar.default": S.Polar, "aten.view_as_complex.default": S.Complex,
-    "aten._conj.default": S.ComplexUnary, "aten._conj_physical.default": S.ComplexUnary,
-    "aten.conj_physical.default": S.ComplexUnary, "aten.angle.default": S.Angle, "aten.view_as_real.default": S.Imag,
+    "aten._conj.default": S.Conj, "aten._conj_physical.default": S.Conj,
+    "aten.conj_physical.default": S.Conj, "aten.angle.default": S.Angle, "aten.view_as_real.default": S.Imag,
     "aten._fft_r2c.default": S.FftR2c, "aten._fft_c2c.default": S.Fft, "aten._fft_c2r.default": S.FftC2r,
 }  # fmt: skip
 OPS = frozenset(KERNEL)
@@ -159,12 +159,12 @@ def lower_complex(lw: Lowerer, node: Any) -> Any:
         x = lw.value(a[0])
         t = lw.meta_tensor(x)
         lw.steps.append(S.Complex(a=lw.view_of(x, t.select(-1, 0)), b=lw.view_of(x, t.select(-1, 1)), out=o))
-    elif issubclass(kind, S.Complex):
+    elif kind in (S.Complex, S.Polar):
         re, im = lw.broadcast(lw.value(a[0]), shape), lw.broadcast(lw.value(a[1]), shape)
         lw.steps.append(kind(a=re, b=im, out=o))
-    elif issubclass(kind, S.ComplexUnary):
+    elif kind in (S.Conj, S.Angle):
         lw.steps.append(kind(x=lw.value(a[0]), out=o))
-    elif issubclass(kind, S.Fft):
+    else:
         x = lw.value(a[0])
         lw.steps.append(kind(x=x, out=o, norm=int(a[2]), flag=int(a[3]), dims=tuple(int(d) for d in a[1])))
     return o

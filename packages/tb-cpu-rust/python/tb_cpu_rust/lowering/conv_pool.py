@@ -135,7 +135,7 @@ def _pool3d(lw: Lowerer, node: Any) -> Any:
 
 
 #: adaptive pooling op -> (step kind, spatial dims)
-ADAPTIVE_POOLS: dict[str, tuple[type[S.AdaptivePool], int]] = {
+ADAPTIVE_POOLS: dict[str, tuple[Any, int]] = {
     "aten._adaptive_avg_pool2d.default": (S.AdaptivePool, 2),
     "aten.adaptive_max_pool2d.default": (S.AdaptiveMaxPool2d, 2),
     "aten._adaptive_avg_pool3d.default": (S.AdaptiveAvgPool3d, 3),

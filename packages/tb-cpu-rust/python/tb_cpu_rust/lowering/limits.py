@@ -2,4 +2,7 @@
 
 from __future__ import annotations
 
-MAX_EPILOGUE = 4
+from tb_cpu_rust import _native
+
+#: how many unary ops and residual adds one GEMM's epilogue holds (``kernels::gemm::MAX_EPI``)
+MAX_EPILOGUE: int = _native.MAX_EPILOGUE

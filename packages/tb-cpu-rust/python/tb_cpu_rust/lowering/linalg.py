@@ -255,11 +255,34 @@ def check_decomp(info: Any) -> str | None:
 _QR_MODES = {"reduced": 0, "complete": 1, "r": 2}
 
 
-@register_lowering("aten.geqrf.default", check=check_decomp)
-def _geqrf(lw: Lowerer, node: Any) -> tuple[int, ...]:
+#: decompositions of one matrix into a list of results: op -> (step kind, its params from the node)
+_DECOMPOSITIONS: dict[str, tuple[Any, Any]] = {
+    "aten.geqrf.default": (S.Geqrf, lambda node: {}),
+    "aten.linalg_qr.default": (S.Qr, lambda node: {"mode": _QR_MODES[_arg(node, 1, "mode", "reduced")]}),
+    "aten._linalg_svd.default": (
+        S.Svd,
+        lambda node: {
+            "full_matrices": bool(_arg(node, 1, "full_matrices", False)),
+            "compute_uv": bool(_arg(node, 2, "compute_uv", True)),
+        },
+    ),
+    "aten._linalg_eigh.default": (
+        S.Eigh,
+        lambda node: {
+            "upper": str(_arg(node, 1, "UPLO", "L")).upper() == "U",
+            "compute_v": bool(_arg(node, 2, "compute_v", True)),
+        },
+    ),
+    "aten.linalg_polar.default": (S.LinalgPolar, lambda node: {}),
+}
+
+
+@register_lowering(*_DECOMPOSITIONS, check=check_decomp)
+def _decomposition(lw: Lowerer, node: Any) -> tuple[int, ...]:
+    kind, params = _DECOMPOSITIONS[node.op]
     x = lw.value(node.args[0])
     outs = [lw.fresh(m) for m in node.out]
-    lw.steps.append(S.Geqrf(a=x, outs=outs))
+    lw.steps.append(kind(a=x, outs=outs, **params(node)))
     return tuple(outs)
 
 
@@ -279,34 +302,6 @@ def _ormqr(lw: Lowerer, node: Any) -> int:
     tau, c = lw.value(node.args[1]), lw.value(node.args[2])
     lw.steps.append(S.Ormqr(a=x, tau=tau, c=c, out=r, left=left, transpose=transpose))
     return r
-
-
-@register_lowering("aten.linalg_qr.default", check=check_decomp)
-def _qr(lw: Lowerer, node: Any) -> tuple[int, ...]:
-    x = lw.value(node.args[0])
-    mode = _QR_MODES[_arg(node, 1, "mode", "reduced")]
-    outs = [lw.fresh(m) for m in node.out]
-    lw.steps.append(S.Qr(a=x, outs=outs, mode=mode))
-    return tuple(outs)
-
-
-@register_lowering("aten._linalg_svd.default", check=check_decomp)
-def _svd(lw: Lowerer, node: Any) -> tuple[int, ...]:
-    x = lw.value(node.args[0])
-    full, uv = bool(_arg(node, 1, "full_matrices", False)), bool(_arg(node, 2, "compute_uv", True))
-    outs = [lw.fresh(m) for m in node.out]
-    lw.steps.append(S.Svd(a=x, outs=outs, full_matrices=full, compute_uv=uv))
-    return tuple(outs)
-
-
-@register_lowering("aten._linalg_eigh.default", check=check_decomp)
-def _eigh(lw: Lowerer, node: Any) -> tuple[int, ...]:
-    x = lw.value(node.args[0])
-    upper = str(_arg(node, 1, "UPLO", "L")).upper() == "U"
-    compute_v = bool(_arg(node, 2, "compute_v", True))
-    outs = [lw.fresh(m) for m in node.out]
-    lw.steps.append(S.Eigh(a=x, outs=outs, upper=upper, compute_v=compute_v))
-    return tuple(outs)
 
 
 @register_lowering("aten.linalg_pinv.atol_rtol_tensor", check=check_decomp)
@@ -331,14 +326,6 @@ def _pinv(lw: Lowerer, node: Any) -> int:
         tols.append(lw.broadcast(t, batch))
     lw.steps.append(S.Pinv(a=x, atol=tols[0], rtol=tols[1], out=res, hermitian=bool(kw.get("hermitian", False))))
     return res
-
-
-@register_lowering("aten.linalg_polar.default", check=check_decomp)
-def _polar(lw: Lowerer, node: Any) -> tuple[int, ...]:
-    x = lw.value(node.args[0])
-    outs = [lw.fresh(m) for m in node.out]
-    lw.steps.append(S.LinalgPolar(a=x, outs=outs))
-    return tuple(outs)
 
 
 @register_lowering("aten.linalg_matrix_sqrth.default", check=check_decomp)

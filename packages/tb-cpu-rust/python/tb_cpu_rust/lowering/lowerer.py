@@ -89,7 +89,7 @@ class Lowerer:
         self.slot: dict[int, Any] = {}
         self.group: Group | None = None
         # value id of a GEMM result -> its step, while an epilogue may still be fused into it
-        self.gemm_open: dict[int, S.Gemm] = {}
+        self.gemm_open: dict[int, Any] = {}
         self.uses: dict[int, int] = {}
         self.used: dict[int, int] = {}
         # slot -> an int64 copy of a narrow-integer value, for the comparisons that read it
@@ -288,7 +288,12 @@ class Lowerer:
         remap = {old: new for new, old in enumerate(order)}
         buffers = [self.buffers[i] for i in order]
         values = [{**v, "buf": remap[v["buf"]]} for v in self.values]
-        spec = {"buffers": buffers, "values": values, "steps": [S.wire(st) for st in self.steps]}
+        spec = {
+            "schema": S.SCHEMA_VERSION,
+            "buffers": buffers,
+            "values": values,
+            "steps": [S.wire(st) for st in self.steps],
+        }
         return {"spec": spec, "outputs": outputs, "values": values, "buffers": buffers, "n_inputs": len(inputs)}
 
     def share_temps(self) -> None:

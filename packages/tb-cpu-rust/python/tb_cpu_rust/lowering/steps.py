@@ -1,30 +1,35 @@
 """The executor's step schema, Python side: one frozen dataclass per step kind, with named fields.
 
 A step's fields say what each number means (``Gather(x=…, index=…, out=…, dim=…)``); the Rust
-executor reads the same names (``src/exec``'s tagged ``StepSpec``). ``wire`` is the one place
-that turns a step into the JSON object the executor parses: operands become ``ins``, results
-``outs``, every other field is written under its own name. ``SCHEMA_VERSION`` goes into every
-spec and into the engine's cache tag, so a spec written for another schema is refused, never
-misread.
+executor parses the same kinds, with the same field names, into its tagged ``StepKind``
+(``src/exec/step.rs``), once, when a plan is prepared. Each kind is declared on one line below by ``kind(tag, operands,
+results, params)``: operands and results are value ids (``name?``: may be None, ``*name``: a list),
+params ``name:type=default`` with type one of int, bool, float, ints, floats, strs. ``wire`` is
+the one place that turns a step into the JSON object the executor reads. ``SCHEMA_VERSION`` goes
+into every spec and into the engine's cache tag, so a spec written for another schema is refused,
+never misread.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-#: bumped whenever a step kind gains, loses or renames a field
-SCHEMA_VERSION = 1
+from tb_cpu_rust import _native
 
-Val = int  # a value id of the spec
-OptVal = int | None  # an operand a kernel may go without (a bias, a mask)
+#: the step schema the executor reads (``src/exec/step.rs``, bumped there whenever a step kind gains,
+#: loses or renames a field); every spec carries it and the engine's version includes it
+SCHEMA_VERSION: int = _native.STEP_SCHEMA_VERSION
+
+_PARAM_TYPES: dict[str, Any] = {
+    "int": int, "bool": bool, "float": float, "ints": tuple, "floats": tuple, "strs": tuple, "str": str,
+}  # fmt: skip
 
 
-#: field metadata: an operand (``ins``) or a result (``outs``) of the step, one value or a list
-IN: dict[str, Any] = {"wire": "ins"}
-INS: dict[str, Any] = {"wire": "ins", "many": True}
-OUT: dict[str, Any] = {"wire": "outs"}
-OUTS: dict[str, Any] = {"wire": "outs", "many": True}
+_PARAM = re.compile(r"(\w+):(\w+)=(\([^)]*\)|\S+)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,10 +38,10 @@ class Step:
 
     OP: ClassVar[str] = ""
 
-    def reads(self) -> list[OptVal]:
+    def reads(self) -> list[int | None]:
         return _gather(self, "ins")
 
-    def writes(self) -> list[Val]:
+    def writes(self) -> list[int]:
         return [v for v in _gather(self, "outs") if v is not None]
 
 
@@ -49,41 +54,27 @@ def _gather(step: Step, kind: str) -> list[Any]:
     return out
 
 
+def kind(tag: str, operands: str, results: str, params: str) -> Any:
+    """A frozen dataclass for the step kind ``tag`` (see the module docstring for the notation)."""
+    specs: list[tuple[str, Any, Any]] = []
+    for wire, names in (("ins", operands), ("outs", results)):
+        for name in names.split():
+            many = name.startswith("*")
+            meta = {"wire": wire, "many": many, "optional": name.endswith("?")}
+            specs.append((name.strip("*?"), list if many else int, field(metadata=meta)))
+    for name, ty, default in _PARAM.findall(params):
+        specs.append((name, _PARAM_TYPES[ty], field(default=ast.literal_eval(default), metadata={"param": ty})))
+    name = "".join(part.title() for part in tag.split("_"))
+    return dataclasses.make_dataclass(name, specs, bases=(Step,), namespace={"OP": tag}, frozen=True, eq=False)
+
+
 def wire(step: Step) -> dict[str, Any]:
     """The JSON object of ``step``: ``{"op", "ins", "outs", <named params>}``."""
     obj: dict[str, Any] = {"op": step.OP, "ins": step.reads(), "outs": _gather(step, "outs")}
-    if not NAMED_PARAMS:
-        return _positional(step, obj)
     for f in fields(step):
         if "wire" not in f.metadata:
             value = getattr(step, f.name)
             obj[f.name] = [_plain(v) for v in value] if isinstance(value, (list, tuple)) else _plain(value)
-    return obj
-
-
-#: schema 1 (the executor before the tagged StepSpec) reads integer and float parameters as two
-#: positional lists, in field order; strings and programs under their own names
-NAMED_PARAMS = SCHEMA_VERSION >= 2
-
-
-def _positional(step: Step, obj: dict[str, Any]) -> dict[str, Any]:
-    ints: list[int] = []
-    floats: list[float] = []
-    for f in fields(step):
-        if "wire" in f.metadata:
-            continue
-        value = getattr(step, f.name)
-        kind = str(f.type)
-        if "float" in kind:
-            floats.extend(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-        elif "str" in kind or "Instr" in kind:
-            obj[f.name] = [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
-        else:
-            ints.extend(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-    if ints:
-        obj["ints"] = ints
-    if floats:
-        obj["floats"] = floats
     return obj
 
 
@@ -121,766 +112,132 @@ def instr(op: str, dst: int, a: list[int] | tuple[int, ...], f: list[float] | tu
     return Instr(op, dst, tuple(a), tuple(f))
 
 
+def copy_program() -> list[Instr]:
+    return [load(0, 0), store(0, 0)]
+
+
 @dataclass(frozen=True, eq=False)
 class Ew(Step):
     """A fused elementwise program: one sweep over ``outs``' shape (``compute``: "f32" or "i64")."""
 
     OP: ClassVar[str] = "ew"
-    compute: str
-    ins: list[Val] = field(metadata=INS)
-    outs: list[Val] = field(metadata=OUTS)
-    prog: list[Instr] = field(default_factory=list)
-
-
-def copy_program() -> list[Instr]:
-    return [load(0, 0), store(0, 0)]
-
-
-# -- copies and fills in any dtype -------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Cast(Step):
-    OP: ClassVar[str] = "cast"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class Fill(Step):
-    """``mode`` 0: ``value``, 1: ``integer`` (exact for any int64), 2..4: NaN, +inf, -inf."""
-
-    OP: ClassVar[str] = "fill"
-    y: Val = field(metadata=OUT)
-    mode: int = 0
-    integer: int = 0
-    value: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class Arange(Step):
-    OP: ClassVar[str] = "arange"
-    y: Val = field(metadata=OUT)
-    start: float = 0.0
-    step: float = 1.0
-
-
-# -- GEMM ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Gemm(Step):
-    """``c = alpha * a @ b + beta * bias``, then ``epilogue`` per output tile (``res``: the residual
-    an ``add`` in the epilogue reads)."""
-
-    OP: ClassVar[str] = "gemm"
-    a: Val = field(metadata=IN)
-    b: Val = field(metadata=IN)
-    bias: OptVal = field(metadata=IN)
-    res: OptVal = field(metadata=IN)
-    c: Val = field(metadata=OUT)
-    alpha: float = 1.0
-    beta: float = 1.0
-    epilogue: tuple[str, ...] = ()
-
-
-# -- reductions and scans ---------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Reduce(Step):
-    """``kind``: 0 sum, 1 mean, 2 amax, 3 amin, 4 argmax, 5 argmin, 6 var, 7 prod, 8 logsumexp,
-    9 any; ``mask``: 1 on the reduced dims; ``correction``: var's."""
-
-    OP: ClassVar[str] = "reduce"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    kind: int = 0
-    mask: tuple[int, ...] = ()
-    correction: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class Cumsum(Step):
-    OP: ClassVar[str] = "cumsum"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class Scan(Step):
-    """``mode`` 0: cumprod, 1: logcumsumexp."""
-
-    OP: ClassVar[str] = "scan"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    dim: int = 0
-    mode: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class Cummax(Step):
-    OP: ClassVar[str] = "cummax"
-    x: Val = field(metadata=IN)
-    values: Val = field(metadata=OUT)
-    indices: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-class Cummin(Cummax):
-    OP: ClassVar[str] = "cummin"
-
-
-@dataclass(frozen=True, eq=False)
-class Sort(Step):
-    OP: ClassVar[str] = "sort"
-    x: Val = field(metadata=IN)
-    values: Val = field(metadata=OUT)
-    indices: Val = field(metadata=OUT)
-    dim: int = 0
-    descending: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class MedianDim(Step):
-    OP: ClassVar[str] = "median_dim"
-    x: Val = field(metadata=IN)
-    values: Val = field(metadata=OUT)
-    indices: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-class NanmedianDim(MedianDim):
-    OP: ClassVar[str] = "nanmedian_dim"
-
-
-class Mode(MedianDim):
-    OP: ClassVar[str] = "mode"
-
-
-# -- softmax, norms, attention, losses --------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Softmax(Step):
-    OP: ClassVar[str] = "softmax"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-class LogSoftmax(Softmax):
-    OP: ClassVar[str] = "log_softmax"
-
-
-@dataclass(frozen=True, eq=False)
-class SoftmaxBwd(Step):
-    OP: ClassVar[str] = "softmax_bwd"
-    grad: Val = field(metadata=IN)
-    y: Val = field(metadata=IN)
-    grad_in: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-class LogSoftmaxBwd(SoftmaxBwd):
-    OP: ClassVar[str] = "log_softmax_bwd"
-
-
-@dataclass(frozen=True, eq=False)
-class LayerNorm(Step):
-    """Normalises over the trailing ``n`` elements of each row."""
-
-    OP: ClassVar[str] = "layer_norm"
-    x: Val = field(metadata=IN)
-    weight: OptVal = field(metadata=IN)
-    bias: OptVal = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    mean: Val = field(metadata=OUT)
-    rstd: Val = field(metadata=OUT)
-    n: int = 0
-    eps: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class RmsNorm(Step):
-    OP: ClassVar[str] = "rms_norm"
-    x: Val = field(metadata=IN)
-    weight: OptVal = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    rstd: Val = field(metadata=OUT)
-    n: int = 0
-    eps: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class Sdpa(Step):
-    OP: ClassVar[str] = "sdpa"
-    q: Val = field(metadata=IN)
-    k: Val = field(metadata=IN)
-    v: Val = field(metadata=IN)
-    mask: OptVal = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    lse: Val = field(metadata=OUT)
-    causal: bool = False
-    scale: float = 1.0
-
-
-@dataclass(frozen=True, eq=False)
-class NllLoss(Step):
-    OP: ClassVar[str] = "nll_loss"
-    x: Val = field(metadata=IN)
-    target: Val = field(metadata=IN)
-    weight: OptVal = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    total_weight: Val = field(metadata=OUT)
-    reduction: int = 0
-    ignore_index: int = -100
-
-
-@dataclass(frozen=True, eq=False)
-class NllLossBwd(Step):
-    OP: ClassVar[str] = "nll_loss_bwd"
-    grad: Val = field(metadata=IN)
-    x: Val = field(metadata=IN)
-    target: Val = field(metadata=IN)
-    weight: OptVal = field(metadata=IN)
-    total_weight: Val = field(metadata=IN)
-    grad_in: Val = field(metadata=OUT)
-    reduction: int = 0
-    ignore_index: int = -100
-
-
-# -- indexing ----------------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Embedding(Step):
-    OP: ClassVar[str] = "embedding"
-    weight: Val = field(metadata=IN)
-    index: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class Index(Step):
-    """``out = x[i0, i1, ...]`` with one index per leading dim, all broadcast to ``out``'s shape."""
-
-    OP: ClassVar[str] = "index"
-    x: Val = field(metadata=IN)
-    indices: list[Val] = field(metadata=INS)
-    out: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class Gather(Step):
-    OP: ClassVar[str] = "gather"
-    x: Val = field(metadata=IN)
-    index: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class IndexSelect(Step):
-    OP: ClassVar[str] = "index_select"
-    x: Val = field(metadata=IN)
-    index: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class Scatter(Step):
-    """``how`` 0: write, 1 sum, 2 prod, 3 amax, 4 amin, 5 mean; ``include_self``: base joins the reduction."""
-
-    OP: ClassVar[str] = "scatter"
-    base: Val = field(metadata=IN)
-    index: Val = field(metadata=IN)
-    src: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    dim: int = 0
-    how: int = 0
-    include_self: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class IndexPut(Step):
-    OP: ClassVar[str] = "index_put"
-    base: Val = field(metadata=IN)
-    values: Val = field(metadata=IN)
-    indices: list[Val] = field(metadata=INS)
-    out: Val = field(metadata=OUT)
-    accumulate: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class MaskedScatter(Step):
-    OP: ClassVar[str] = "masked_scatter"
-    base: Val = field(metadata=IN)
-    mask: Val = field(metadata=IN)
-    src: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class NonzeroStatic(Step):
-    OP: ClassVar[str] = "nonzero_static"
-    x: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    fill_value: int = -1
-
-
-@dataclass(frozen=True, eq=False)
-class EmbeddingBag(Step):
-    """``mode`` 0 sum, 1 mean, 2 max."""
-
-    OP: ClassVar[str] = "embedding_bag"
-    weight: Val = field(metadata=IN)
-    indices: Val = field(metadata=IN)
-    offsets: Val = field(metadata=IN)
-    per_sample_weights: OptVal = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    mode: int = 0
-    include_last_offset: bool = False
-    padding_idx: int = -1
-
-
-@dataclass(frozen=True, eq=False)
-class SegmentReduce(Step):
-    """``reduction`` 0 sum, 1 mean, 2 max, 3 min, 4 prod; ``offsets``: bounds are offsets, else lengths."""
-
-    OP: ClassVar[str] = "segment_reduce"
-    data: Val = field(metadata=IN)
-    bounds: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    reduction: int = 0
-    offsets: bool = False
-    has_initial: bool = False
-    initial: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class Searchsorted(Step):
-    OP: ClassVar[str] = "searchsorted"
-    sorted_seq: Val = field(metadata=IN)
-    values: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    right: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Histc(Step):
-    OP: ClassVar[str] = "histc"
-    x: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    min: float = 0.0
-    max: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class Frexp(Step):
-    OP: ClassVar[str] = "frexp"
-    x: Val = field(metadata=IN)
-    mantissa: Val = field(metadata=OUT)
-    exponent: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class Cdist(Step):
-    OP: ClassVar[str] = "cdist"
-    x1: Val = field(metadata=IN)
-    x2: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    p: float = 2.0
-
-
-@dataclass(frozen=True, eq=False)
-class Pdist(Step):
-    OP: ClassVar[str] = "pdist"
-    x: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    p: float = 2.0
-
-
-@dataclass(frozen=True, eq=False)
-class Dist(Step):
-    OP: ClassVar[str] = "dist"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    p: float = 2.0
-
-
-# -- convolution, pooling, resampling -----------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Conv2d(Step):
-    OP: ClassVar[str] = "conv2d"
-    x: Val = field(metadata=IN)
-    weight: Val = field(metadata=IN)
-    bias: OptVal = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    stride: tuple[int, ...] = (1, 1)
-    padding: tuple[int, ...] = (0, 0)
-    dilation: tuple[int, ...] = (1, 1)
-    groups: int = 1
-
-
-@dataclass(frozen=True, eq=False)
-class ConvTranspose2d(Conv2d):
-    OP: ClassVar[str] = "conv_transpose2d"
-    output_padding: tuple[int, ...] = (0, 0)
-
-
-@dataclass(frozen=True, eq=False)
-class Conv3d(Step):
-    OP: ClassVar[str] = "conv3d"
-    x: Val = field(metadata=IN)
-    weight: Val = field(metadata=IN)
-    bias: OptVal = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    stride: tuple[int, ...] = (1, 1, 1)
-    padding: tuple[int, ...] = (0, 0, 0)
-    dilation: tuple[int, ...] = (1, 1, 1)
-    groups: int = 1
-
-
-@dataclass(frozen=True, eq=False)
-class MaxPool(Step):
-    """2-d (``max_pool2d``) or 3-d (``max_pool3d``): each window field has one entry per spatial dim."""
-
-    OP: ClassVar[str] = "max_pool2d"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    indices: Val = field(metadata=OUT)
-    kernel: tuple[int, ...] = ()
-    stride: tuple[int, ...] = ()
-    padding: tuple[int, ...] = ()
-    dilation: tuple[int, ...] = ()
-
-
-class MaxPool3d(MaxPool):
-    OP: ClassVar[str] = "max_pool3d"
-
-
-@dataclass(frozen=True, eq=False)
-class AvgPool(Step):
-    """``divisor``: divisor_override, 0 for none."""
-
-    OP: ClassVar[str] = "avg_pool2d"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    kernel: tuple[int, ...] = ()
-    stride: tuple[int, ...] = ()
-    padding: tuple[int, ...] = ()
-    count_include_pad: bool = True
-    divisor: int = 0
-
-
-class AvgPool3d(AvgPool):
-    OP: ClassVar[str] = "avg_pool3d"
-
-
-@dataclass(frozen=True, eq=False)
-class AdaptivePool(Step):
-    """Adaptive average (one result) or max (values and indices) pooling; ``OP`` names which."""
-
-    OP: ClassVar[str] = "adaptive_avg_pool2d"
-    x: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-
-
-class AdaptiveMaxPool2d(AdaptivePool):
-    OP: ClassVar[str] = "adaptive_max_pool2d"
-
-
-class AdaptiveAvgPool3d(AdaptivePool):
-    OP: ClassVar[str] = "adaptive_avg_pool3d"
-
-
-class AdaptiveMaxPool3d(AdaptivePool):
-    OP: ClassVar[str] = "adaptive_max_pool3d"
-
-
-@dataclass(frozen=True, eq=False)
-class MaxPool2dBwd(Step):
-    OP: ClassVar[str] = "max_pool2d_bwd"
-    grad: Val = field(metadata=IN)
-    indices: Val = field(metadata=IN)
-    grad_in: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class Upsample(Step):
-    """Linear (1 to 3 spatial dims) or cubic interpolation; a scale of 0 means "from the sizes"."""
-
-    OP: ClassVar[str] = "upsample_linear"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    align_corners: bool = False
-    scales: tuple[float, ...] = ()
-
-
-class UpsampleCubic(Upsample):
-    OP: ClassVar[str] = "upsample_cubic"
-
-
-@dataclass(frozen=True, eq=False)
-class GridSampler(Step):
-    """``interpolation`` 0 bilinear, 1 nearest, 2 bicubic; ``padding`` 0 zeros, 1 border, 2 reflection."""
-
-    OP: ClassVar[str] = "grid_sampler_2d"
-    x: Val = field(metadata=IN)
-    grid: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    align_corners: bool = False
-    interpolation: int = 0
-    padding: int = 0
-
-
-class GridSampler3d(GridSampler):
-    OP: ClassVar[str] = "grid_sampler_3d"
-
-
-# -- linear algebra -------------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class LuFactor(Step):
-    OP: ClassVar[str] = "lu_factor"
-    a: Val = field(metadata=IN)
-    lu: Val = field(metadata=OUT)
-    pivots: Val = field(metadata=OUT)
-    info: Val = field(metadata=OUT)
-    check: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Lu(Step):
-    OP: ClassVar[str] = "lu"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-
-
-@dataclass(frozen=True, eq=False)
-class LuUnpack(Step):
-    OP: ClassVar[str] = "lu_unpack"
-    lu: Val = field(metadata=IN)
-    pivots: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-    unpack_data: bool = True
-    unpack_pivots: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class LuSolve(Step):
-    """``b`` None: solve against the identity (the inverse)."""
-
-    OP: ClassVar[str] = "lu_solve"
-    lu: Val = field(metadata=IN)
-    pivots: Val = field(metadata=IN)
-    b: OptVal = field(metadata=IN)
-    x: Val = field(metadata=OUT)
-    adjoint: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Det(Step):
-    OP: ClassVar[str] = "det"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-
-
-class Slogdet(Det):
-    OP: ClassVar[str] = "slogdet"
-
-
-@dataclass(frozen=True, eq=False)
-class Cholesky(Step):
-    OP: ClassVar[str] = "cholesky"
-    a: Val = field(metadata=IN)
-    lower: Val = field(metadata=OUT)
-    info: Val = field(metadata=OUT)
-    check: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class TriSolve(Step):
-    """Solves ``t x = b`` for a triangular ``t`` (``b`` None: the inverse)."""
-
-    OP: ClassVar[str] = "tri_solve"
-    t: Val = field(metadata=IN)
-    b: OptVal = field(metadata=IN)
-    x: Val = field(metadata=OUT)
-    upper: bool = False
-    unitriangular: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class CheckInfo(Step):
-    OP: ClassVar[str] = "check_info"
-    info: Val = field(metadata=IN)
-
-
-@dataclass(frozen=True, eq=False)
-class Geqrf(Step):
-    OP: ClassVar[str] = "geqrf"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-
-
-@dataclass(frozen=True, eq=False)
-class Orgqr(Step):
-    OP: ClassVar[str] = "orgqr"
-    a: Val = field(metadata=IN)
-    tau: Val = field(metadata=IN)
-    q: Val = field(metadata=OUT)
-
-
-@dataclass(frozen=True, eq=False)
-class Ormqr(Step):
-    OP: ClassVar[str] = "ormqr"
-    a: Val = field(metadata=IN)
-    tau: Val = field(metadata=IN)
-    c: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    left: bool = True
-    transpose: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Qr(Step):
-    """``mode`` 0 reduced, 1 complete, 2 r."""
-
-    OP: ClassVar[str] = "qr"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-    mode: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class Svd(Step):
-    OP: ClassVar[str] = "svd"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-    full_matrices: bool = False
-    compute_uv: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class Eigh(Step):
-    OP: ClassVar[str] = "eigh"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-    upper: bool = False
-    compute_v: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class Pinv(Step):
-    OP: ClassVar[str] = "pinv"
-    a: Val = field(metadata=IN)
-    atol: OptVal = field(metadata=IN)
-    rtol: OptVal = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    hermitian: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class LinalgPolar(Step):
-    OP: ClassVar[str] = "linalg_polar"
-    a: Val = field(metadata=IN)
-    outs: list[Val] = field(metadata=OUTS)
-
-
-@dataclass(frozen=True, eq=False)
-class Sqrth(Step):
-    OP: ClassVar[str] = "sqrth"
-    a: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-
-
-# -- complex values and FFTs ------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Complex(Step):
-    """``complex`` (re, im) or ``polar`` (abs, angle) into one complex result."""
-
-    OP: ClassVar[str] = "complex"
-    a: Val = field(metadata=IN)
-    b: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-
-
-class Polar(Complex):
-    OP: ClassVar[str] = "polar"
-
-
-@dataclass(frozen=True, eq=False)
-class ComplexUnary(Step):
-    OP: ClassVar[str] = "conj"
-    x: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-
-
-class Angle(ComplexUnary):
-    OP: ClassVar[str] = "angle"
-
-
-class Imag(ComplexUnary):
-    OP: ClassVar[str] = "imag"
-
-
-@dataclass(frozen=True, eq=False)
-class Fft(Step):
-    """``norm``: ATen's normalisation mode; ``flag``: r2c's onesided, c2c's forward, c2r's last
-    signal size, as ATen passes them; ``dims``: the transformed dims."""
-
-    OP: ClassVar[str] = "fft_c2c"
-    x: Val = field(metadata=IN)
-    out: Val = field(metadata=OUT)
-    norm: int = 0
-    flag: int = 0
-    dims: tuple[int, ...] = ()
-
-
-class FftR2c(Fft):
-    OP: ClassVar[str] = "fft_r2c"
-
-
-class FftC2r(Fft):
-    OP: ClassVar[str] = "fft_c2r"
-
-
-# -- compute in the wide dtypes -----------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class Softmax64(Step):
-    OP: ClassVar[str] = "softmax64"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    dim: int = 0
-
-
-class LogSoftmax64(Softmax64):
-    OP: ClassVar[str] = "log_softmax64"
-
-
-@dataclass(frozen=True, eq=False)
-class Ew64(Step):
-    """One float64 elementwise op; ``kinds``: per argument, 0 a tensor of ``ins``, 1 the next of ``scalars``."""
-
-    OP: ClassVar[str] = "ew64"
-    ins: list[Val] = field(metadata=INS)
-    out: Val = field(metadata=OUT)
-    code: int = 0
-    kinds: tuple[int, ...] = ()
-    scalars: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True, eq=False)
-class IntReduce(Step):
-    """Exact int64 reduction of integer values: ``kind`` 0 sum, 1 amax, 2 amin."""
-
-    OP: ClassVar[str] = "ireduce"
-    x: Val = field(metadata=IN)
-    y: Val = field(metadata=OUT)
-    kind: int = 0
+    compute: str = field(metadata={"param": "str"})
+    ins: list[int] = field(default_factory=list, metadata={"wire": "ins", "many": True})
+    outs: list[int] = field(default_factory=list, metadata={"wire": "outs", "many": True})
+    prog: list[Instr] = field(default_factory=list, metadata={"param": "instrs"})
+
+
+# -- every other step kind: one kernel (family) of the executor ------------------------------------------
+# fmt: off
+Cast = kind("cast", "x", "y", "")
+# mode 0: value, 1: integer (exact for any int64), 2..4: NaN, +inf, -inf
+Fill = kind("fill", "", "y", "mode:int=0 integer:int=0 value:float=0.0")
+Arange = kind("arange", "", "y", "start:float=0.0 step:float=1.0")
+# c = alpha * a @ b + beta * bias, then the epilogue per output tile (res: the residual its add reads)
+Gemm = kind("gemm", "a b bias? res?", "c", "alpha:float=1.0 beta:float=1.0 epilogue:strs=()")
+# kind 0 sum, 1 mean, 2 amax, 3 amin, 4 argmax, 5 argmin, 6 var, 7 prod, 8 logsumexp, 9 any;
+# mask: 1 on the reduced dims
+Reduce = kind("reduce", "x", "y", "kind:int=0 mask:ints=() correction:float=0.0")
+Cumsum = kind("cumsum", "x", "y", "dim:int=0")
+# mode 0: cumprod, 1: logcumsumexp
+Scan = kind("scan", "x", "y", "dim:int=0 mode:int=0")
+Cummax = kind("cummax", "x", "values indices", "dim:int=0")
+Cummin = kind("cummin", "x", "values indices", "dim:int=0")
+Sort = kind("sort", "x", "values indices", "dim:int=0 descending:bool=False")
+MedianDim = kind("median_dim", "x", "values indices", "dim:int=0")
+NanmedianDim = kind("nanmedian_dim", "x", "values indices", "dim:int=0")
+Mode = kind("mode", "x", "values indices", "dim:int=0")
+Softmax = kind("softmax", "x", "y", "dim:int=0")
+LogSoftmax = kind("log_softmax", "x", "y", "dim:int=0")
+SoftmaxBwd = kind("softmax_bwd", "grad y", "grad_in", "dim:int=0")
+LogSoftmaxBwd = kind("log_softmax_bwd", "grad y", "grad_in", "dim:int=0")
+# normalises over the trailing n elements of each row
+LayerNorm = kind("layer_norm", "x weight? bias?", "y mean rstd", "n:int=0 eps:float=0.0")
+RmsNorm = kind("rms_norm", "x weight?", "y rstd", "n:int=0 eps:float=0.0")
+Sdpa = kind("sdpa", "q k v mask?", "out lse", "causal:bool=False scale:float=1.0")
+NllLoss = kind("nll_loss", "x target weight?", "out total_weight", "reduction:int=0 ignore_index:int=-100")
+NllLossBwd = kind("nll_loss_bwd", "grad x target weight? total_weight", "grad_in", "reduction:int=0 ignore_index:int=-100")
+Embedding = kind("embedding", "weight index", "out", "")
+# out = x[i0, i1, ...]: one index per leading dim, every index broadcast to out's shape
+Index = kind("index", "x *indices", "out", "")
+Gather = kind("gather", "x index", "out", "dim:int=0")
+IndexSelect = kind("index_select", "x index", "out", "dim:int=0")
+# how 0 write, 1 sum, 2 prod, 3 amax, 4 amin, 5 mean
+Scatter = kind("scatter", "base index src", "out", "dim:int=0 how:int=0 include_self:bool=True")
+IndexPut = kind("index_put", "base values *indices", "out", "accumulate:bool=False")
+MaskedScatter = kind("masked_scatter", "base mask src", "out", "")
+NonzeroStatic = kind("nonzero_static", "x", "out", "fill_value:int=-1")
+# mode 0 sum, 1 mean, 2 max
+EmbeddingBag = kind("embedding_bag", "weight indices offsets per_sample_weights?", "out", "mode:int=0 include_last_offset:bool=False padding_idx:int=-1")
+# reduction 0 sum, 1 mean, 2 max, 3 min, 4 prod; offsets: the bounds are offsets, else lengths
+SegmentReduce = kind("segment_reduce", "data bounds", "out", "reduction:int=0 offsets:bool=False has_initial:bool=False initial:float=0.0")
+Searchsorted = kind("searchsorted", "sorted_seq values", "out", "right:bool=False")
+Histc = kind("histc", "x", "out", "min:float=0.0 max:float=0.0")
+Frexp = kind("frexp", "x", "mantissa exponent", "")
+Cdist = kind("cdist", "x1 x2", "out", "p:float=2.0")
+Pdist = kind("pdist", "x", "out", "p:float=2.0")
+Dist = kind("dist", "x y", "out", "p:float=2.0")
+Conv2d = kind("conv2d", "x weight bias?", "y", "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1")
+ConvTranspose2d = kind("conv_transpose2d", "x weight bias?", "y", "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 output_padding:ints=(0, 0)")
+Conv3d = kind("conv3d", "x weight bias?", "y", "stride:ints=(1, 1, 1) padding:ints=(0, 0, 0) dilation:ints=(1, 1, 1) groups:int=1")
+MaxPool = kind("max_pool2d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=()")
+MaxPool3d = kind("max_pool3d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=()")
+# divisor: divisor_override, 0 for none
+AvgPool = kind("avg_pool2d", "x", "y", "kernel:ints=() stride:ints=() padding:ints=() count_include_pad:bool=True divisor:int=0")
+AvgPool3d = kind("avg_pool3d", "x", "y", "kernel:ints=() stride:ints=() padding:ints=() count_include_pad:bool=True divisor:int=0")
+# adaptive average pooling gives one result, adaptive max pooling values and indices
+AdaptivePool = kind("adaptive_avg_pool2d", "x", "*outs", "")
+AdaptiveMaxPool2d = kind("adaptive_max_pool2d", "x", "*outs", "")
+AdaptiveAvgPool3d = kind("adaptive_avg_pool3d", "x", "*outs", "")
+AdaptiveMaxPool3d = kind("adaptive_max_pool3d", "x", "*outs", "")
+MaxPool2dBwd = kind("max_pool2d_bwd", "grad indices", "grad_in", "")
+# a scale of 0: from the sizes
+Upsample = kind("upsample_linear", "x", "y", "align_corners:bool=False scales:floats=()")
+UpsampleCubic = kind("upsample_cubic", "x", "y", "align_corners:bool=False scales:floats=()")
+# interpolation 0 bilinear, 1 nearest, 2 bicubic; padding 0 zeros, 1 border, 2 reflection
+GridSampler = kind("grid_sampler_2d", "x grid", "y", "align_corners:bool=False interpolation:int=0 padding:int=0")
+GridSampler3d = kind("grid_sampler_3d", "x grid", "y", "align_corners:bool=False interpolation:int=0 padding:int=0")
+LuFactor = kind("lu_factor", "a", "lu pivots info", "check:bool=False")
+Lu = kind("lu", "a", "*outs", "")
+LuUnpack = kind("lu_unpack", "lu pivots", "*outs", "unpack_data:bool=True unpack_pivots:bool=True")
+# b None: against the identity (the inverse)
+LuSolve = kind("lu_solve", "lu pivots b?", "x", "adjoint:bool=False")
+Det = kind("det", "a", "*outs", "")
+Slogdet = kind("slogdet", "a", "*outs", "")
+Cholesky = kind("cholesky", "a", "lower info", "check:bool=False")
+# t x = b for a triangular t
+TriSolve = kind("tri_solve", "t b?", "x", "upper:bool=False unitriangular:bool=False")
+CheckInfo = kind("check_info", "info", "", "")
+Geqrf = kind("geqrf", "a", "*outs", "")
+Orgqr = kind("orgqr", "a tau", "q", "")
+Ormqr = kind("ormqr", "a tau c", "out", "left:bool=True transpose:bool=False")
+# mode 0 reduced, 1 complete, 2 r
+Qr = kind("qr", "a", "*outs", "mode:int=0")
+Svd = kind("svd", "a", "*outs", "full_matrices:bool=False compute_uv:bool=True")
+Eigh = kind("eigh", "a", "*outs", "upper:bool=False compute_v:bool=True")
+Pinv = kind("pinv", "a atol? rtol?", "out", "hermitian:bool=False")
+LinalgPolar = kind("linalg_polar", "a", "*outs", "")
+Sqrth = kind("sqrth", "a", "out", "")
+# complex (re, im) or polar (abs, angle) into one complex result
+Complex = kind("complex", "a b", "out", "")
+Polar = kind("polar", "a b", "out", "")
+Conj = kind("conj", "x", "out", "")
+Angle = kind("angle", "x", "out", "")
+Imag = kind("imag", "x", "out", "")
+# norm: ATen's normalisation mode; flag: r2c's onesided, c2c's forward, c2r's last signal size
+Fft = kind("fft_c2c", "x", "out", "norm:int=0 flag:int=0 dims:ints=()")
+FftR2c = kind("fft_r2c", "x", "out", "norm:int=0 flag:int=0 dims:ints=()")
+FftC2r = kind("fft_c2r", "x", "out", "norm:int=0 flag:int=0 dims:ints=()")
+Softmax64 = kind("softmax64", "x", "y", "dim:int=0")
+LogSoftmax64 = kind("log_softmax64", "x", "y", "dim:int=0")
+# one float64 elementwise op; kinds: per argument, 0 the next of ins, 1 the next of scalars
+Ew64 = kind("ew64", "*ins", "out", "code:int=0 kinds:ints=() scalars:floats=()")
+# exact int64 reduction of integer values: kind 0 sum, 1 amax, 2 amin
+IntReduce = kind("ireduce", "x", "y", "kind:int=0")
+
+# fmt: on
 
 
 def step_kinds() -> dict[str, type[Step]]:
-    """Every step kind by its tag (for the schema test against the executor)."""
-    found: dict[str, type[Step]] = {}
-    todo: list[type[Step]] = [Step]
-    while todo:
-        cls = todo.pop()
-        if cls.OP:
-            found[cls.OP] = cls
-        todo.extend(cls.__subclasses__())
-    return found
+    """Every step kind by its tag."""
+    return {cls.OP: cls for cls in Step.__subclasses__()}
