@@ -33,8 +33,9 @@ def tb_register_engines() -> list[Engine | type[Engine]]:  # type: ignore[empty-
 def tb_register_kernels(registry: KernelRegistry) -> None:
     """Add kernels to any engine's table: ``registry.register(engine, op, kernel, checker)``.
 
-    Called after every engine is registered, so third-party kernel packs can extend built-in
-    engines.
+    Called after every engine is registered, so third-party kernel packs can extend other engines:
+    those whose ``Engine.runs_registered_kernels()`` holds (tb-core's default ``Engine``,
+    ``cython_dispatch``) run them; kernels for an installed engine that does not are reported.
     """
 
 
