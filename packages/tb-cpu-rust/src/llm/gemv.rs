@@ -696,6 +696,15 @@ mod tests {
         }
     }
 
+    /// `linear` (no bias) at every level this CPU runs, against `want`.
+    fn every_isa_close(p: &Packed, x: &[f32], m: usize, want: &[f32], tol: f32) {
+        for isa in Isa::supported() {
+            let mut y = vec![0f32; want.len()];
+            linear(p, x, m, None, &mut y, isa);
+            close(&y, want, tol);
+        }
+    }
+
     #[test]
     fn int8_matches_dequantized() {
         let mut s = 1u64;
@@ -706,11 +715,7 @@ mod tests {
             let w: Vec<f32> = (0..n * k).map(|i| q[i] as f32 * sc[i / k]).collect();
             let want = reference(&w, n, k, &x, m);
             let p = Packed::int8(n, k, &q, &sc).unwrap();
-            for isa in Isa::supported() {
-                let mut y = vec![0f32; m * n];
-                linear(&p, &x, m, None, &mut y, isa);
-                close(&y, &want, 2e-2);
-            }
+            every_isa_close(&p, &x, m, &want, 2e-2);
         }
     }
 
@@ -727,11 +732,7 @@ mod tests {
             let w: Vec<f32> = (0..n * k).map(|i| (nib[i] as f32 - 8.0) * sc[i / g] + ze[i / g]).collect();
             let want = reference(&w, n, k, &x, m);
             let p = Packed::int4(n, k, g, &packed, &sc, &ze).unwrap();
-            for isa in Isa::supported() {
-                let mut y = vec![0f32; m * n];
-                linear(&p, &x, m, None, &mut y, isa);
-                close(&y, &want, 2e-2);
-            }
+            every_isa_close(&p, &x, m, &want, 2e-2);
         }
     }
 

@@ -522,21 +522,13 @@ mod imp2 {
             return;
         }
         let mx = row_max_nan(x, n);
-        if mx.is_nan() {
-            for k in 0..n {
-                *y.add(k) = f32::NAN;
-            }
+        // a NaN anywhere, or an inf (exp(x - inf) is NaN for the inf entries): PyTorch gives NaN rows
+        if mx.is_nan() || mx == f32::INFINITY {
+            std::slice::from_raw_parts_mut(y, n).fill(f32::NAN);
             return;
         }
         // an all -inf row gives NaN in PyTorch (exp(-inf + inf)): shift by 0 and divide 0 by 0
         let shift = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
-        if mx == f32::INFINITY {
-            // exp(x - inf) is NaN for the inf entries and 0 elsewhere: PyTorch gives NaN rows
-            for k in 0..n {
-                *y.add(k) = f32::NAN;
-            }
-            return;
-        }
         if log {
             // log-softmax never stores the exponentials: sum them, then one subtracting pass
             let mut i = 0;
