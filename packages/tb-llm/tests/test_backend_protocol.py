@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import torchburn
 from tb_llm import LLM, BackendError
 from tb_llm.backends import ComposedBackend, KernelBackend
+from tb_llm.model import Decoder
 from torchburn.llm import DeclinedWeight, LLMBackend, ModelDescription, ProtocolVersionError, QuantWeight, reference
 
 
@@ -26,12 +27,13 @@ class PartialBackend:
     calls: ClassVar[dict[str, int]] = {}
 
     def __init__(self) -> None:
-        type(self).calls = {"linear": 0, "rms_norm": 0, "rms_norm_declined": 0, "compile_model": 0}
+        type(self).calls = {"prepare": 0, "linear": 0, "rms_norm": 0, "rms_norm_declined": 0, "compile_model": 0}
 
     def compute_dtype(self, quant: str) -> torch.dtype:
         return torch.float32
 
     def prepare_linear(self, w: QuantWeight) -> Any:
+        self.calls["prepare"] += 1
         return ("partial", w.weight) if w.kind == "fp32" else NotImplemented
 
     def linear(self, x: torch.Tensor, handle: Any, bias: torch.Tensor | None) -> torch.Tensor:
@@ -143,6 +145,10 @@ def test_a_partial_backend_is_composed_with_the_reference(make_ckpt: Callable[..
     calls = PartialBackend.calls
     assert calls["linear"] > 0 and calls["rms_norm"] > 0 and calls["rms_norm_declined"] > 0
     assert llm.backend.calls is calls  # attributes tb-llm does not know are the engine backend's
+    # hooks the engine lacks are absent from the composed backend too: without embedding_table
+    # the embedding is not prepared as a linear weight nobody would read
+    assert not hasattr(llm.backend, "embedding_table") and not hasattr(llm.backend, "compile_model")
+    assert calls["prepare"] == Decoder.linear_count(llm.config)
 
 
 def test_declined_weights_run_on_the_reference(llama_dir: Path, register: Any) -> None:

@@ -4,7 +4,8 @@ The rules are ``torchburn.llm.protocol``'s: a method the engine backend does not
 call it answers with ``NotImplemented``, a weight its ``prepare_linear`` declines, run on the
 :class:`~tb_llm.reference_backend.ReferenceBackend`; ``linear`` goes to whoever prepared the
 handle (the reference's handles are wrapped in ``torchburn.llm.DeclinedWeight``, so an engine's
-``compile_model`` sees at once that a weight is not its own). Attributes tb-llm does not know (an engine's counters) are the engine backend's.
+``compile_model`` sees at once that a weight is not its own). Attributes tb-llm does not know
+(an engine's counters) are the engine backend's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from tb_llm.reference_backend import ReferenceBackend
-from torchburn.llm.model import DeclinedWeight, ModelDescription
+from torchburn.llm.model import DeclinedWeight
 from torchburn.llm.protocol import KERNELS, PROTOCOL_VERSION, declined, default_head_quant
 from torchburn.llm.weights import EmbeddingTable, QuantWeight
 
@@ -32,6 +33,7 @@ class ComposedBackend:
             own = getattr(engine, kernel, None)
             # bound once here, not looked up per call: the per-kernel path makes thousands of calls
             setattr(self, kernel, fallback if own is None else _first_of(own, fallback))
+        self._hooks()
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names this object lacks: the engine backend's own attributes
@@ -70,22 +72,33 @@ class ComposedBackend:
             return self.reference.linear(x, handle.handle, bias)
         return self.engine.linear(x, handle, bias)  # type: ignore[no-any-return]
 
-    def quantize_linear(self, weight: torch.Tensor, quant: str, group_size: int) -> Any:
-        own = getattr(self.engine, "quantize_linear", None)
-        handle = own(weight, quant, group_size) if own is not None else None
-        return None if declined(handle) else handle
+    # The optional hooks exist on this object only where the engine defines them: tb-llm asks
+    # whether a backend has them (an embedding_table hook makes it prepare the embedding as a
+    # linear weight, wasted work where nothing would read it). Set in __init__ by _hooks().
+    def _hooks(self) -> None:
+        for hook in ("quantize_linear", "compile_model"):
+            own = getattr(self.engine, hook, None)
+            if callable(own):
+                setattr(self, hook, _none_if_declined(own))
+        own_table = getattr(self.engine, "embedding_table", None)
+        if callable(own_table):
 
-    def embedding_table(self, handle: Any) -> Any:
-        own = getattr(self.engine, "embedding_table", None)
-        if own is None or type(handle) is DeclinedWeight:
-            return None
-        table = own(handle)
-        return None if declined(table) else table
+            def embedding_table(handle: Any) -> Any:
+                if type(handle) is DeclinedWeight:  # the reference's weight: no table over it
+                    return None
+                table = own_table(handle)
+                return None if declined(table) else table
 
-    def compile_model(self, model: ModelDescription) -> Callable[..., Any] | None:
-        own = getattr(self.engine, "compile_model", None)
-        step = own(model) if own is not None else None
-        return None if declined(step) else step
+            self.embedding_table = embedding_table
+
+
+def _none_if_declined(own: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(*args: Any) -> Any:
+        out = own(*args)
+        return None if declined(out) else out
+
+    hook.__name__ = getattr(own, "__name__", "hook")
+    return hook
 
 
 def _first_of(own: Callable[..., Any], fallback: Callable[..., Any]) -> Callable[..., Any]:
