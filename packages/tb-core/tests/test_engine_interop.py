@@ -30,6 +30,7 @@ from torchburn.interop import (
 from torchburn.nodeinfo import NodeInfo
 from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, resolve_op
 from torchburn.program import KernelProgram
+from torchburn.testing.interop_conformance import InteropConformance
 
 F32 = torch.float32
 
@@ -331,3 +332,72 @@ def test_kernels_for_an_engine_that_does_not_run_them_are_reported() -> None:
     record = st.record("pack")
     assert record is not None and record.status == "loaded" and "not used" in record.reason
     assert any("pack -> own_executor" in str(w.message) for w in caught)
+
+
+# -- the interop conformance suite on the reference engine ---------------------------------------
+class TorchKernelEngine(OfferingEngine):
+    """The reference engine for the suite: programs in PyTorch, eager kernels that check their input."""
+
+    name = "torch_reference"
+
+    def eager_kernel(self, op: str, dtype: torch.dtype) -> Callable[..., torch.Tensor] | None:
+        if op not in ("aten.sin.default", "aten.tanh.default") or dtype is not F32:
+            return None
+        fn = resolve_op(op)
+
+        def kernel(x: torch.Tensor) -> torch.Tensor:
+            if not isinstance(x, torch.Tensor):
+                raise TypeError("a tensor, please")
+            if x.dtype is not F32 or not x.is_contiguous() or x.is_neg():
+                raise ValueError("contiguous float32 only")
+            return fn(x)  # type: ignore[no-any-return]
+
+        return kernel
+
+
+class TestReferenceInterop(InteropConformance):
+    engine = "torch_reference"
+    eager_ops = frozenset({"aten.sin.default", "aten.tanh.default"})
+
+    @pytest.fixture(autouse=True)
+    def _registered(self) -> None:
+        torchburn.register_plugin(Plugin(TorchKernelEngine), "torch-reference")
+
+
+def test_the_suite_fails_an_engine_that_declines_everything() -> None:
+    class Declining(OfferingEngine):
+        name = "declining"
+
+        def prepare(self, plan: Plan) -> PreparedProgram | None:
+            return None
+
+    torchburn.register_plugin(Plugin(Declining), "declining")
+
+    class Suite(InteropConformance):
+        engine = "declining"
+
+    with pytest.raises(AssertionError, match="declined every plan"):
+        Suite().test_prepare_accepts_some_plan()
+
+
+def test_the_suite_fails_a_program_that_skips_its_checks() -> None:
+    class Unchecked(TorchProgram):
+        def run_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            result = self.program(*inputs)
+            for out, value in zip(outputs, result if isinstance(result, tuple) else (result,)):
+                out.copy_(value)
+
+    class Careless(OfferingEngine):
+        name = "careless"
+
+        def prepare(self, plan: Plan) -> PreparedProgram | None:
+            return Unchecked(plan) if preparable(plan) is None else None
+
+    torchburn.register_plugin(Plugin(Careless), "careless")
+
+    class Suite(InteropConformance):
+        engine = "careless"
+
+    with pytest.raises(BaseException) as caught:  # any failure of the case will do
+        Suite().test_prepared_program_refuses_tensors_that_do_not_fit()
+    assert not isinstance(caught.value, (KeyboardInterrupt, SystemExit))

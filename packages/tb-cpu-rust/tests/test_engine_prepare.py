@@ -19,6 +19,7 @@ from tb_cpu_rust.engine import NativeCpuEngine
 from tb_cpu_rust.program import PreparedNativeProgram
 from torchburn.interop import empty_like_meta
 from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, resolve_op
+from torchburn.testing.interop_conformance import InteropConformance
 
 
 def _plans(fn: Callable[..., Any], *args: torch.Tensor) -> list[Plan]:
@@ -192,3 +193,10 @@ def test_the_engine_is_found_through_tb_core() -> None:
     assert "native_cpu" in [e.name for e in engines_with("prepare", device="cpu")]
     assert "native_cpu" in [e.name for e in engines_with("eager_kernel", device="cpu")]
     assert not NativeCpuEngine().runs_registered_kernels()
+
+
+class TestNativeCpuInterop(InteropConformance):
+    """tb-core's interop suite: plans traced by tb-core, the eager kernels turbo_torch uses."""
+
+    engine = "native_cpu"
+    eager_ops = frozenset({"aten.sin.default", "aten.cos.default", "aten.tanh.default", "aten.exp.default"})

@@ -20,7 +20,20 @@ def __getattr__(name: str) -> Any:
         from torchburn.testing import conformance
 
         return getattr(conformance, name)
+    if name == "InteropConformance":
+        from torchburn.testing import interop_conformance
+
+        return interop_conformance.InteropConformance
     raise AttributeError(f"module 'torchburn.testing' has no attribute {name!r}")
 
 
-__all__ = ["CASES", "MODELS", "EngineConformance", "OpCase", "compile_with", "native_and_fallback", "train_losses"]
+__all__ = [
+    "CASES",
+    "MODELS",
+    "EngineConformance",
+    "InteropConformance",
+    "OpCase",
+    "compile_with",
+    "native_and_fallback",
+    "train_losses",
+]
