@@ -14,6 +14,9 @@ int4 (``(q - 8) * scale + zero``, float16 scale and zero, groups of 32 along a r
   ``m + 8d`` / ``8*d*sc - dmin*m`` -- exact only where those are float16 values and float32
   rounds both forms alike, so each tensor is checked and requantized if any value differs.
 
+The check computes the layout's definition, ``(q - 8) * scale + zero`` in float32, in numpy
+(tests compare it with ``QuantWeight.dequantize`` itself).
+
 int8 is one scale per row, which no GGML block format is (Q8_0 has one per 32), so int8 always
 requantizes a quantized GGUF tensor.
 """
@@ -31,7 +34,7 @@ import torch
 from tb_llm.gguf.architecture import TensorPlan, unpermute_rows
 from tb_llm.gguf.dequantize import dequantize, q4_0_parts, q4_1_parts, q4_k_parts
 from tb_llm.gguf.reader import GGUFFile, GGUFTensor
-from tb_llm.quant import QuantWeight, pack_int4
+from tb_llm.quant import QuantWeight
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KEPT, DEQUANTIZED, REQUANTIZED, CONVERTED, QUANTIZED = "kept", "dequantized", "requantized", "converted", "quantized"
@@ -49,7 +52,8 @@ def action_for(type_name: str, target: str) -> str:
 
 def int4_candidate(t: GGUFTensor, raw: npt.NDArray[np.uint8]) -> QuantWeight | None:
     """The int4 group-32 QuantWeight holding ``raw`` (``t``'s blocks, rows already in HF order)
-    with its codes and scales as they are, or None for a type int4 cannot carry."""
+    with its codes and scales as they are, when that layout reproduces GGML's floats bit for bit;
+    None otherwise (or for a type int4 cannot carry)."""
     rows = raw.shape[0]
     if t.type_name == "Q4_0":
         d, q = q4_0_parts(raw)
@@ -62,18 +66,21 @@ def int4_candidate(t: GGUFTensor, raw: npt.NDArray[np.uint8]) -> QuantWeight | N
         zero = np.float32(8) * scale - low
     else:
         return None
-    scales = scale.reshape(rows, -1)
-    zeros = zero.reshape(rows, -1)
-    if not (_is_f16(scales) and _is_f16(zeros)):
+    if not (_is_f16(scale) and _is_f16(zero)):
         return None
-    codes = torch.from_numpy(np.ascontiguousarray(q.reshape(rows, -1)))
-    cols = codes.shape[1]
+    # QuantWeight's definition, (q - 8) * scale + zero in float32, against GGML's dequantization
+    with np.errstate(all="ignore"):
+        mine = (q.astype(np.float32) - np.float32(8)) * scale + zero
+    if not np.array_equal(mine.reshape(rows, -1).view(np.uint32), dequantize(raw, t.type_name).view(np.uint32)):
+        return None
+    codes = q.reshape(rows, -1)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # pack_int4's layout: even column in the low nibble
     return QuantWeight(
         "int4",
-        (rows, cols),
-        qweight=pack_int4(codes),
-        scales=torch.from_numpy(np.ascontiguousarray(scales)),
-        zeros=torch.from_numpy(np.ascontiguousarray(zeros)),
+        (rows, codes.shape[1]),
+        qweight=torch.from_numpy(np.ascontiguousarray(packed)),
+        scales=torch.from_numpy(np.ascontiguousarray(scale.reshape(rows, -1))),
+        zeros=torch.from_numpy(np.ascontiguousarray(zero.reshape(rows, -1))),
         group_size=32,
     )
 
@@ -136,7 +143,7 @@ class GGUFWeights:
         if kind != "int4" or group_size != 32 or len(t.shape) != 2 or self.plan[name].minus_one:
             return None
         candidate = int4_candidate(t, self._raw(name))
-        if candidate is None or not bit_equal(candidate.dequantize(), self.get(name)):
+        if candidate is None:
             return None
         self.kept.add(name)
         return candidate
