@@ -268,7 +268,7 @@ class Decoder:
         appending to ``cache``; return float32 logits ``[B, V]`` (last position) or ``[B, T, V]``."""
         t = ids.shape[1]
         longrope = self.cfg.rope.rope_type == "longrope"
-        if longrope and self._crosses_original_context(positions, cache):
+        if longrope and isinstance(cache, KVCache) and self._crosses_original_context(positions, cache):
             # LongRoPE switches every frequency once the sequence outgrows the original context;
             # keys cached with the short factors would no longer match, so the cached sequence is
             # encoded again with this step (as transformers' Phi-3 generation does).
@@ -284,8 +284,8 @@ class Decoder:
             cache.tokens[:, start : start + ids.shape[1]] = ids
         return logits if last_only else logits[:, -t:]
 
-    def _crosses_original_context(self, positions: torch.Tensor, cache: CacheLike) -> bool:
-        if not cache.length or not isinstance(cache, KVCache):
+    def _crosses_original_context(self, positions: torch.Tensor, cache: KVCache) -> bool:
+        if not cache.length:
             return False
         limit = self.cfg.rope.original_max_position
         return int(cache.pos[:, : cache.length].max()) + 1 <= limit < int(positions.max()) + 1
