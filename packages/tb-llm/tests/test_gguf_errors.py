@@ -162,3 +162,13 @@ def test_missing_file_and_gguf_file_errors(good: Path, tmp_path: Path) -> None:
         LLM.from_pretrained(good.parent, gguf_file="other.gguf", device="cpu")
     with pytest.raises(LLMError, match=r"gguf_file='x\.gguf' names a file inside a folder, but this is a file"):
         LLM.from_pretrained(good, gguf_file="x.gguf", device="cpu")
+
+
+def test_without_the_gguf_package(good: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
+    with pytest.raises(
+        LLMError, match=r"reading GGUF checkpoints needs the `gguf` package: pip install 'tb-llm\[gguf\]'"
+    ):
+        load(good)

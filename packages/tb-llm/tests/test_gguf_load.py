@@ -119,3 +119,66 @@ def test_folder_with_one_gguf_and_gguf_file(wide_llama: Path, tmp_path: Path) ->
         LLM.from_pretrained(one, device="cpu", engine="reference")
     llm = LLM.from_pretrained(one, device="cpu", engine="reference", gguf_file="b.gguf")
     assert "Q4_0" in llm.info()["tensor_types"]
+
+
+def with_tensor(src: Path, dst: Path, name: str, value: object) -> None:
+    """A copy of GGUF file ``src`` with one more F32 tensor (as llama.cpp's converter adds rope_freqs)."""
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, str(r.fields["general.architecture"].contents()))
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, field.contents())
+        else:
+            w.add_key_value(key, field.contents(), field.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data))
+    w.add_tensor(name, np.asarray(value, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_llama3_rope_freqs_tensor(tmp_path: Path) -> None:
+    """Llama 3.1 GGUFs carry RoPE scaling as a `rope_freqs` tensor (divisors of the base
+    frequencies); they load as the llama3 RoPE whose divisors they are."""
+    import numpy as np
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tb_llm.testing import make_checkpoint
+
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    folder = make_checkpoint("llama", tmp_path / "ckpt", head_dim=64, num_attention_heads=2, rope_parameters=rope)
+    cfg = AutoConfig.from_pretrained(folder)
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg)
+    base = 1.0 / (500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    divisors = (base / scaled).numpy().astype(np.float32)
+    out = tmp_path / "m.gguf"
+    write_gguf_from_folder(folder, out, reference=tmp_path / "ref", metadata={"llama.rope.freq_base": 500000.0})
+    with_tensor(out, tmp_path / "r.gguf", "rope_freqs.weight", divisors)
+    got = LLM.from_pretrained(tmp_path / "r.gguf", device="cpu", engine="reference")
+    assert got.config.rope.rope_type == "llama3" and got.config.rope.factor == 8.0
+    want = LLM.from_pretrained(tmp_path / "ref", device="cpu", engine="reference")
+    long_prompt = [int(i) % 300 + 7 for i in range(40)]
+    torch.testing.assert_close(logits(got, long_prompt), logits(want, long_prompt), rtol=1e-5, atol=1e-5)
+    # divisors of no known llama3 setting: an error, not a silently different RoPE
+    with_tensor(out, tmp_path / "bad.gguf", "rope_freqs.weight", divisors * 1.5)
+    from tb_llm import UnsupportedModelError
+
+    with pytest.raises(
+        UnsupportedModelError, match=r"rope_freqs\.weight' holds RoPE frequency factors that match no Llama 3"
+    ):
+        LLM.from_pretrained(tmp_path / "bad.gguf", device="cpu", engine="reference")
