@@ -172,3 +172,13 @@ def test_without_the_gguf_package(good: Path, monkeypatch: pytest.MonkeyPatch) -
         LLMError, match=r"reading GGUF checkpoints needs the `gguf` package: pip install 'tb-llm\[gguf\]'"
     ):
         load(good)
+
+
+def test_unsupported_tokenizer_model_loads_without_tokenizer(make_ckpt: Callable[..., Path], tmp_path: Path) -> None:
+    p = write_gguf_from_folder(make_ckpt("llama"), tmp_path / "m.gguf", metadata={"tokenizer.ggml.model": "llama"})
+    with pytest.warns(UserWarning, match=r"tokenizer\.ggml\.model 'llama' is not supported"):
+        llm = load(p)
+    assert llm.tokenizer is None and "no tokenizer" in llm.info()["notes"][0]
+    assert len(llm.generate([1, 2, 3], max_new_tokens=3).token_ids) == 3  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="prompts must be token ids"):
+        llm.generate("text", max_new_tokens=1)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tb_llm import LLM
+from tb_llm.llm import Generation
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")  # transformers needs it to load GGUF weights
@@ -46,7 +47,12 @@ def fp32(smollm2_gguf: Path) -> LLM:
 
 @pytest.fixture(scope="session")
 def fp32_greedy(fp32: LLM) -> list[list[int]]:
-    return [fp32.generate(p, max_new_tokens=NEW_TOKENS, ignore_eos=True).token_ids for p in PROMPTS]
+    out = []
+    for p in PROMPTS:
+        g = fp32.generate(p, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        assert isinstance(g, Generation)
+        out.append(g.token_ids)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +81,8 @@ def test_tokenizer_matches_transformers(fp32: LLM, hf_tokenizer: Any) -> None:
     chat = PROMPTS[2]
     want = hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
     assert fp32.encode(chat) == list(getattr(want, "input_ids", want))
-    assert fp32.tokenizer.eos_token_ids == (2,) and fp32.tokenizer.bos_token_id == 1
+    tok = fp32.tokenizer
+    assert tok is not None and tok.eos_token_ids == (2,) and tok.bos_token_id == 1
 
 
 def test_digits_split_one_by_one(fp32: LLM) -> None:
@@ -121,4 +128,5 @@ def test_quantized_runs_and_agrees(
     rate = agree / total
     print(f"SmolLM2 {quant} from the Q4_1 GGUF: top-1 agreement with fp32 {rate:.1%} over {total} positions; {loaded}")
     assert rate > 0.6, rate
-    assert llm.generate(PROMPTS[0], max_new_tokens=8).text.strip()
+    g = llm.generate(PROMPTS[0], max_new_tokens=8)
+    assert isinstance(g, Generation) and g.text.strip()
