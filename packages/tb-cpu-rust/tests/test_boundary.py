@@ -1,9 +1,13 @@
-"""Property tests at the FFI boundary: bad sizes, strides, dtypes, pointers and overlapping
-outputs are Python exceptions, never a crash."""
+"""Property tests at the FFI boundary: every tensor crosses as the tensor itself, read from its own
+DLPack description; bad layouts, dtypes, devices, non-tensors and overlapping outputs are Python
+exceptions, never a crash. (test_native_fuzz.py throws bad arguments at every entry.)"""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,12 +15,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tb_cpu_rust import _native
+from tb_cpu_rust.threads import use_torch_openmp
 
-DTYPES = ["float32", "int64", "bool"]
+READERS = ["exchange", "capsule"] if _native._dlpack_reader() == "exchange" else ["capsule"]
 
 
-def _copy_spec(sizes: list[int], strides: list[int], dtype: str = "float32") -> str:
-    """A one-step plan: copy an input of the given layout into a contiguous output."""
+@pytest.fixture(params=READERS, scope="module")
+def reader(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each test under each DLPack reader this torch has (the capsule one is older torch's)."""
+    before = _native._dlpack_reader()
+    _native._dlpack_reader(request.param)
+    yield request.param
+    _native._dlpack_reader(before)
+
+
+def _copy_spec(sizes: list[int], strides: list[int], dtype: str = "float32", outputs: int = 1) -> str:
+    """A plan that copies an input of the given layout into each of `outputs` contiguous outputs."""
     numel = 1
     for s in sizes:
         numel *= s
@@ -26,133 +40,223 @@ def _copy_spec(sizes: list[int], strides: list[int], dtype: str = "float32") -> 
         out_strides.insert(0, acc)
         acc *= max(s, 1)
     compute = "f32" if dtype == "float32" else "i64"
-    return json.dumps({
-        "buffers": [
-            {"kind": "input", "dtype": dtype, "numel": 0, "sizes": sizes, "strides": strides},
-            {"kind": "output", "dtype": dtype, "numel": numel},
-        ],
-        "values": [
-            {"buf": 0, "offset": 0, "sizes": sizes, "strides": strides},
-            {"buf": 1, "offset": 0, "sizes": sizes, "strides": out_strides},
-        ],
-        "steps": [{
-            "op": "ew", "compute": compute, "ins": [0], "outs": [1],
-            "prog": [{"op": "load", "dst": 0, "a": [0]}, {"op": "store", "dst": 0, "a": [0]}],
-        }],
-    })
+    prog = [{"op": "load", "dst": 0, "a": [0]}, {"op": "store", "dst": 0, "a": [0]}]
+    return json.dumps(
+        {
+            "buffers": [{"kind": "input", "dtype": dtype, "numel": 0, "sizes": sizes, "strides": strides}]
+            + [{"kind": "output", "dtype": dtype, "numel": numel}] * outputs,
+            "values": [
+                {"buf": b, "offset": 0, "sizes": sizes, "strides": strides if b == 0 else out_strides}
+                for b in range(1 + outputs)
+            ],
+            "steps": [
+                {"op": "ew", "compute": compute, "ins": [0], "outs": [1 + k], "prog": prog} for k in range(outputs)
+            ],
+        }
+    )
 
 
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=4)
 
 
-@settings(max_examples=60, deadline=None)
-@given(shape=shapes, data=st.data())
-def test_any_valid_layout_round_trips(shape: list[int], data: st.DataObject) -> None:
-    base = torch.randn(*[s + 2 for s in shape]) if shape else torch.randn(())
-    # a random strided window: slicing with steps gives arbitrary non-negative strides
+def _window(shape: list[int], data: st.DataObject) -> torch.Tensor:
+    """A random strided window of a larger tensor: steps give arbitrary non-negative strides."""
+    base = torch.randn(*[2 * s + 2 for s in shape]) if shape else torch.randn(())
     steps = [data.draw(st.integers(1, 2)) for _ in shape]
-    x = base[tuple(slice(0, s * k, k) for s, k in zip(shape, steps))] if shape else base
-    x = x[tuple(slice(0, s) for s in shape)] if shape else x
+    x = base[tuple(slice(1, 1 + s * k, k) for s, k in zip(shape, steps))] if shape else base
     if data.draw(st.booleans()) and x.dim() >= 2:
         x = x.transpose(0, 1)
-    sizes, strides = list(x.shape), list(x.stride())
-    ex = _native.Executor(_copy_spec(sizes, strides))
-    out = torch.empty(x.shape)
-    ex.run([(x.data_ptr(), sizes, strides, "float32")], [(out.data_ptr(), sizes, list(out.stride()), "float32")])
-    assert torch.equal(out, x)
+    return x
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=shapes, data=st.data())
+def test_any_valid_layout_round_trips(reader: str, shape: list[int], data: st.DataObject) -> None:
+    x = _window(shape, data)
+    ex = _native.Executor(_copy_spec(list(x.shape), list(x.stride())))
+    out, out2 = torch.full(x.shape, -1.0), torch.full(x.shape, -2.0)
+    ex.run([x], [out])
+    ex.run_ptrs((x,), (out2,))  # the former pointer entry: the same validated call
+    assert torch.equal(out, x) and torch.equal(out2, x)
 
 
 @settings(max_examples=80, deadline=None)
 @given(
-    sizes=st.lists(st.integers(-3, 2**62), min_size=0, max_size=4),
-    strides=st.lists(st.integers(-3, 2**62), min_size=0, max_size=4),
-    dtype=st.sampled_from([*DTYPES, "float16", "complex64", "complex256", "nonsense"]),
-    ptr=st.sampled_from([0, 1, 3, 4096]),
+    sizes=st.lists(st.integers(0, 4), min_size=0, max_size=4),
+    strides=st.lists(st.sampled_from([0, 1, 2, 5, 2**40, 2**61]), min_size=4, max_size=4),
+    dtype=st.sampled_from(
+        [
+            torch.float32,
+            torch.int64,
+            torch.bool,
+            torch.float16,
+            torch.bfloat16,
+            torch.complex64,
+            torch.uint16,
+            torch.uint32,
+            torch.float8_e5m2,
+        ]
+    ),
 )
-def test_validate_tensor_never_crashes(sizes: list[int], strides: list[int], dtype: str, ptr: int) -> None:
-    try:
-        ext = _native.validate_tensor(ptr, sizes, strides, dtype)
-    except ValueError:
+def test_validate_tensor_reads_the_extent_torch_describes(
+    reader: str, sizes: list[int], strides: list[int], dtype: torch.dtype
+) -> None:
+    strides = strides[: len(sizes)]
+    extent = 0 if 0 in sizes else 1 + sum((s - 1) * t for s, t in zip(sizes, strides))
+    if extent > 1 << 16:
+        # torch refuses a view beyond its storage; a huge stride is only real over dims of size 0 or 1
+        with pytest.raises(RuntimeError):
+            torch.empty(64, dtype=dtype).as_strided(sizes, strides)
         return
-    assert ext >= 0
-    assert all(s >= 0 for s in sizes) and all(s >= 0 for s in strides) and len(sizes) == len(strides)
-    # float16 is a storage-only dtype (copies and fills); complex64 is carried for complex.rs / fft.rs
-    assert dtype in [*DTYPES, "float16", "complex64"]
+    t = torch.zeros(max(extent, 1), dtype=dtype).as_strided(sizes, strides)
+    if dtype in (torch.uint16, torch.uint32, torch.float8_e5m2):
+        with pytest.raises(ValueError, match="is not one native_cpu takes"):
+            _native.validate_tensor(t)
+        return
+    assert _native.validate_tensor(t) == extent
+
+
+def test_huge_strides_over_empty_and_single_dims_are_valid(reader: str) -> None:
+    assert _native.validate_tensor(torch.empty(0).as_strided((0, 7), (2**62, 1))) == 0
+    assert _native.validate_tensor(torch.empty(1).as_strided((1, 1, 1), (2**62, 2**61, 2**60))) == 1
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda t: t.data_ptr(), TypeError, "expected a torch.Tensor, got int"),
+        (lambda t: (t.data_ptr(), list(t.shape), list(t.stride()), "float32"), TypeError, "got tuple"),
+        (lambda t: torch._C._to_dlpack(t), TypeError, "got PyCapsule"),
+        (lambda t: t.numpy(), TypeError, "got ndarray"),
+        (lambda t: torch.empty(t.shape, device="meta"), ValueError, "meta"),
+        (lambda t: t.to_sparse(), ValueError, "storage"),
+        (lambda t: torch._neg_view(t), ValueError, "lazily negated"),
+        (
+            lambda t: torch.frombuffer(bytearray(4 * t.numel() + 2), dtype=torch.float32, offset=2),
+            ValueError,
+            "not aligned",
+        ),
+        (lambda t: t.to(torch.uint16), ValueError, "torch.uint16 is not one native_cpu takes"),
+    ],
+    ids=["address", "descriptor-tuple", "capsule", "numpy", "meta", "sparse", "neg-view", "misaligned", "uint16"],
+)
+def test_what_is_not_a_readable_cpu_tensor_is_refused(reader: str, make: object, error: type, match: str) -> None:
+    t = torch.randn(6)
+    with pytest.raises(error, match=match):
+        _native.validate_tensor(make(t))  # type: ignore[operator]
+
+
+def test_subclasses_and_tensors_that_need_grad_are_read(reader: str) -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    p = torch.nn.Parameter(torch.randn(3, 4))
+    assert _native.validate_tensor(p) == 12
+    assert _native.validate_tensor(torch.randn(5).as_subclass(Sub)) == 5
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 4), min_size=1, max_size=3),
-    bad=st.sampled_from(["stride", "dtype", "shape", "rank", "negative", "overlap", "count"]),
+    bad=st.sampled_from(["stride", "dtype", "shape", "rank", "overlap", "count", "address", "meta", "small_out"]),
 )
-def test_mismatched_calls_raise(sizes: list[int], bad: str) -> None:
+def test_mismatched_calls_raise(reader: str, sizes: list[int], bad: str) -> None:
     x = torch.randn(sizes)
     ex = _native.Executor(_copy_spec(list(x.shape), list(x.stride())))
     out = torch.empty(sizes)
-    ins = [(x.data_ptr(), list(x.shape), list(x.stride()), "float32")]
-    outs = [(out.data_ptr(), list(out.shape), list(out.stride()), "float32")]
+    ins: list[object] = [x]
+    outs: list[object] = [out]
     if bad == "stride":
-        ins = [(x.data_ptr(), list(x.shape), [s + 1 for s in x.stride()], "float32")]
+        if all(s <= 1 for s in sizes):
+            return  # a stride over a dim of size 0 or 1 is free
+        ins = [torch.randn(x.numel() * 3 + 8).as_strided(x.shape, [s * 2 + 1 for s in x.stride()])]
     elif bad == "dtype":
-        ins = [(x.data_ptr(), list(x.shape), list(x.stride()), "int64")]
+        ins = [x.to(torch.int64)]
     elif bad == "shape":
-        ins = [(x.data_ptr(), [s + 1 for s in x.shape], list(x.stride()), "float32")]
+        ins = [torch.randn([s + 1 for s in sizes])]
     elif bad == "rank":
-        ins = [(x.data_ptr(), [*x.shape, 1], list(x.stride()), "float32")]
-    elif bad == "negative":
-        outs = [(out.data_ptr(), list(out.shape), [-1] * out.dim(), "float32")]
+        ins = [x.unsqueeze(-1)]
     elif bad == "overlap":
         if x.numel() == 0:
             return
-        outs = [(x.data_ptr(), list(x.shape), list(x.stride()), "float32")]
+        outs = [x]
     elif bad == "count":
         ins = ins * 2
-    with pytest.raises(ValueError):
+    elif bad == "address":
+        ins = [x.data_ptr()]
+    elif bad == "meta":
+        outs = [torch.empty(sizes, device="meta")]
+    elif bad == "small_out":
+        if x.numel() == 0:
+            return
+        outs = [torch.empty(x.numel() - 1)]
+    with pytest.raises(TypeError if bad == "address" else ValueError):
         ex.run(ins, outs)
 
 
-@settings(max_examples=60, deadline=None)
-@given(shape=shapes, data=st.data())
-def test_run_ptrs_agrees_with_run(shape: list[int], data: st.DataObject) -> None:
-    """The pointer entry runs the same program as the descriptor entry, on the same memory."""
-    base = torch.randn(*[s + 2 for s in shape]) if shape else torch.randn(())
-    x = base[tuple(slice(1, 1 + s) for s in shape)] if shape else base
-    if data.draw(st.booleans()) and x.dim() >= 2:
-        x = x.transpose(0, 1)
-    sizes, strides = list(x.shape), list(x.stride())
-    ex = _native.Executor(_copy_spec(sizes, strides))
-    a, b = torch.full(x.shape, -1.0), torch.full(x.shape, -2.0)
-    ex.run([(x.data_ptr(), sizes, strides, "float32")], [(a.data_ptr(), sizes, list(a.stride()), "float32")])
-    ex.run_ptrs([x.data_ptr()], [b.data_ptr()])
-    assert torch.equal(a, x) and torch.equal(b, x)
+def test_size_one_dims_may_carry_any_stride(reader: str) -> None:
+    ex = _native.Executor(_copy_spec([1, 5], [5, 1]))
+    x = torch.randn(40).as_strided((1, 5), (17, 1))
+    out = torch.empty(1, 5)
+    ex.run([x], [out])
+    assert torch.equal(out, x)
 
 
-@pytest.mark.parametrize("bad", ["count_in", "count_out", "null", "misaligned", "overlap_in", "overlap_out"])
-def test_run_ptrs_checks_the_pointers(bad: str) -> None:
+@pytest.mark.parametrize("bad", ["count_in", "count_out", "misaligned", "overlap_in", "overlap_out", "self_overlap"])
+def test_outputs_are_checked(reader: str, bad: str) -> None:
     x = torch.randn(4, 5)
-    spec = json.loads(_copy_spec([4, 5], [5, 1]))
-    spec["buffers"].insert(2, dict(spec["buffers"][1]))  # a second output, the same copy
-    spec["values"].append({"buf": 2, "offset": 0, "sizes": [4, 5], "strides": [5, 1]})
-    spec["steps"].append({**spec["steps"][0], "outs": [2]})
-    ex = _native.Executor(json.dumps(spec))
+    ex = _native.Executor(_copy_spec([4, 5], [5, 1], outputs=2))
     o1, o2 = torch.empty(4, 5), torch.empty(4, 5)
-    ex.run_ptrs([x.data_ptr()], [o1.data_ptr(), o2.data_ptr()])
+    ex.run([x], [o1, o2])
     assert torch.equal(o1, x) and torch.equal(o2, x)
-    ins, outs = [x.data_ptr()], [o1.data_ptr(), o2.data_ptr()]
+    ins: list[torch.Tensor] = [x]
+    outs: list[torch.Tensor] = [o1, o2]
     if bad == "count_in":
         ins = ins * 2
     elif bad == "count_out":
         outs = outs[:1]
-    elif bad == "null":
-        ins = [0]
     elif bad == "misaligned":
-        outs = [o1.data_ptr() + 2, o2.data_ptr()]
+        outs = [torch.frombuffer(bytearray(82), dtype=torch.float32, offset=2).view(4, 5), o2]
     elif bad == "overlap_in":
-        outs = [x.data_ptr() + 4 * 7, o2.data_ptr()]
+        big = torch.randn(30)
+        ins, outs = [big[:20].view(4, 5)], [big[10:].view(4, 5), o2]
     elif bad == "overlap_out":
-        outs = [o1.data_ptr(), o1.data_ptr() + 4 * 19]
+        both = torch.empty(39)
+        outs = [both[:20].view(4, 5), both[19:].view(4, 5)]
+    elif bad == "self_overlap":
+        outs = [torch.empty(1).expand(4, 5), o2]
     with pytest.raises(ValueError):
-        ex.run_ptrs(ins, outs)
+        ex.run(ins, outs)
+
+
+def test_the_kv_cache_holds_its_tensors() -> None:
+    k, v = torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4)
+    alive = weakref.ref(k)
+    cache = _native.LLMKVCache([k], [v])
+    del k
+    gc.collect()
+    assert alive() is not None, "LLMKVCache let a tensor it writes through be freed"
+    del cache
+    gc.collect()
+    assert alive() is None
+
+
+def test_the_openmp_runtime_is_looked_up_in_a_loaded_library() -> None:
+    with pytest.raises(ValueError, match="not a library this process has loaded"):
+        _native.set_openmp("/nonexistent/libgomp.so.1")
+    with pytest.raises(ValueError, match="no GOMP_parallel"):
+        _native.set_openmp("libc.so.6")
+    with pytest.raises(ValueError, match="NUL"):
+        _native.set_openmp("lib\x00gomp")
+    with pytest.raises(TypeError):
+        _native.set_openmp(12345)  # type: ignore[arg-type]
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert use_torch_openmp() == "openmp"
+
+
+def test_reader_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="exchange"):
+        _native._dlpack_reader("numpy")
 
 
 @settings(max_examples=60, deadline=None)

@@ -21,7 +21,7 @@ FLOATS = st.floats(width=32, allow_nan=True, allow_infinity=True)
 
 def _run(op: str, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     y = x if inplace else torch.empty_like(x)
-    _native.unary_f32(OPS.index(op), x.data_ptr(), y.data_ptr(), x.numel())
+    _native.unary_f32(OPS.index(op), x, y)
     return y
 
 
@@ -63,13 +63,20 @@ def test_trig_over_the_reduction_range(op: str) -> None:
 def test_bad_calls_raise() -> None:
     x = torch.randn(4)
     with pytest.raises(ValueError, match="unknown unary op"):
-        _native.unary_f32(len(OPS), x.data_ptr(), x.data_ptr(), 4)
-    with pytest.raises(ValueError, match="null"):
-        _native.unary_f32(0, x.data_ptr(), 0, 4)
-    with pytest.raises(ValueError, match="misaligned"):
-        _native.unary_f32(0, x.data_ptr(), x.data_ptr() + 1, 1)
+        _native.unary_f32(len(OPS), x, x)
+    with pytest.raises(TypeError, match="dst: expected a torch.Tensor, got int"):
+        _native.unary_f32(0, x, x.data_ptr())
+    with pytest.raises(ValueError, match="not aligned"):
+        _native.unary_f32(0, x, torch.frombuffer(bytearray(17), dtype=torch.float32, offset=1, count=4))
+    base = torch.randn(5)
+    with pytest.raises(ValueError, match="overlaps"):
+        _native.unary_f32(0, base[:4], base[1:])
+    with pytest.raises(ValueError, match="3 elements where src has 4"):
+        _native.unary_f32(0, x, torch.empty(3))
+    with pytest.raises(ValueError, match="contiguous"):
+        _native.unary_f32(0, x, torch.empty(8)[::2])
     with pytest.raises(OverflowError):
-        _native.unary_f32(0, x.data_ptr(), x.data_ptr(), -1)
+        _native.unary_f32(-1, x, x)
 
 
 # -- the checked kernels other engines get (NativeCpuEngine.eager_kernel, torchburn.interop) ----

@@ -2,8 +2,8 @@
 
 Each kernel is a function of a tensor that returns a new tensor: it checks its input (a plain
 strided, contiguous float32 CPU tensor with no lazy negation or conjugation) and raises
-``ValueError`` / ``TypeError`` for anything else, so no caller ever passes an address. The one
-call that hands addresses to the native module is ``_unary_f32``.
+``ValueError`` / ``TypeError`` for anything else, with a message that says why. The native
+module takes the tensors themselves (``_unary_f32``) and validates them once more.
 
 Numerics: the Rust kernels' polynomial approximations, within float32 tolerance of
 ``torch.testing.assert_close`` (NaN, ±inf and signed zeros as PyTorch), not bit-identical.
@@ -63,9 +63,8 @@ def unary_kernel(op: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 
 def _unary_f32(code: int, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """The only raw-address call of the eager kernels. ``src`` and ``dst`` were checked by the
-    caller: contiguous float32 CPU tensors of the same element count, ``dst`` freshly allocated."""
-    _native.unary_f32(code, src.data_ptr(), dst.data_ptr(), src.numel())
+    """The native call of the eager kernels; Rust validates both tensors again."""
+    _native.unary_f32(code, src, dst)
 
 
 def _refusal(op: str, x: object) -> Exception:

@@ -44,8 +44,9 @@ from torchburn.llm import GROUP_SIZES, Activation, BackendError, KVCache, ModelD
 use_torch_openmp()
 
 
-def _arg(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
-    return (t.data_ptr(), tuple(t.shape), t.stride(), str(t.dtype))
+def _arg(t: torch.Tensor) -> torch.Tensor:
+    # the tensor itself: the native module reads and validates its DLPack description
+    return t
 
 
 class _Dense:

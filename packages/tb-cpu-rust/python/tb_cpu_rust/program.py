@@ -1,12 +1,11 @@
 """NativeProgram: the callable a compiled partition becomes; PreparedNativeProgram: the same
 program as ``NativeCpuEngine.prepare`` hands it to other engines (``torchburn.interop``).
 
-Per call: check each input's dtype, sizes and strides against the plan's (one C call per tensor),
-allocate the output buffers with ``torch.empty`` (only those whose values leave the partition),
-and make one call into Rust with the GIL released, passing only data pointers
-(``Executor.run_ptrs``). An input that does not match takes the descriptor entry
-(``Executor.run``), which validates everything in Rust and raises the precise error. Outputs that
-are views are made with ``as_strided``.
+Per call: allocate the output buffers with ``torch.empty`` (only those whose values leave the
+partition) and make one call into Rust with the GIL released, passing the tensors
+(``Executor.run``): Rust reads each tensor's own description, checks its dtype, sizes and strides
+against the plan's and raises the precise error when one does not match. Outputs that are views
+are made with ``as_strided``.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ class NativeProgram:
                 self._direct[spec[0]] = (spec[1], spec[2])
         self._alloc = [(spec, self._direct.get(i)) for i, spec in enumerate(self._out_bufs)]
         self.single = plan.single_output
-        # what run_ptrs relies on: each input tensor's dtype, sizes and strides, as the plan has them
+        # each input tensor's dtype, sizes and strides as the plan has them (PreparedNativeProgram's checks)
         self._layouts = [(_DT[b["dtype"]], tuple(b["sizes"]), tuple(b["strides"])) for b in buffers[:n_in]]
         # the executor reads memory as it is: a complex input with its conjugate (or negative) bit set
         # would be read unconjugated, so such calls are refused (tb-core then runs the graph eagerly)
@@ -86,15 +85,11 @@ class NativeProgram:
         tensors = [*inputs, *self._constants]
         if self._complex_in and any(isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()) for t in tensors):
             raise RuntimeError("native_cpu: a complex input is a lazy conjugate view; pass t.resolve_conj()")
-        ptrs = self._input_ptrs(tensors)
         bufs = [
             torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype)
             for (numel, dtype), direct in self._alloc
         ]
-        if ptrs is not None:
-            _run_ptrs(self.executor, ptrs, [b.data_ptr() for b in bufs])
-        else:
-            _run_checked(self.executor, tensors, bufs)
+        _run(self.executor, tensors, bufs)
         result = []
         for kind, spec in self._outputs:
             if kind == "lit":
@@ -108,22 +103,6 @@ class NativeProgram:
                 buf = bufs[b]
                 result.append(buf if b in self._direct else buf.as_strided(shape, stride, off))
         return result[0] if self.single else tuple(result)
-
-    def _input_ptrs(self, tensors: list[Any]) -> list[int] | None:
-        """The inputs' data pointers when every input has the plan's dtype, sizes and strides; else
-        None (the caller then takes the descriptor entry, which names what is wrong)."""
-        if len(tensors) != len(self._layouts):
-            return None
-        ptrs = []
-        try:
-            for t, (dtype, sizes, strides) in zip(tensors, self._layouts):
-                if t.dtype is not dtype:
-                    return None
-                _same_layout(t, sizes, strides)
-                ptrs.append(t.data_ptr())
-        except (AttributeError, AssertionError, TypeError, RuntimeError):
-            return None
-        return ptrs
 
 
 class PreparedNativeProgram(PreparedProgram):
@@ -171,7 +150,7 @@ class PreparedNativeProgram(PreparedProgram):
         if ptrs is None or (self._complex_in and _lazy_complex(tensors)):
             self._refuse(inputs, ())
         outputs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for dtype, shape, stride in self._out_layouts)
-        _run_ptrs(self._executor, ptrs, [t.data_ptr() for t in outputs])
+        _run(self._executor, tensors, outputs)
         return outputs
 
     def run_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -185,7 +164,7 @@ class PreparedNativeProgram(PreparedProgram):
         if _overlap(in_ptrs, self._in_extents, out_ptrs, self._out_extents):
             self._refuse(inputs, outputs)
         if self._order is not None:
-            _run_ptrs(self._executor, in_ptrs, [out_ptrs[i] for i in self._order])
+            _run(self._executor, tensors, [outputs[i] for i in self._order])
             return
         result = self.program(*inputs)
         for out, value in zip(outputs, result if isinstance(result, tuple) else (result,)):
@@ -234,19 +213,10 @@ def _overlap(in_ptrs: list[int], in_len: list[int], out_ptrs: list[int], out_len
     return False
 
 
-def _run_ptrs(executor: Any, inputs: list[int], outputs: list[int]) -> None:
-    """The only call that hands the executor bare addresses. Every address is the data pointer of
-    a CPU tensor whose dtype, sizes and strides the caller matched against the plan's."""
+def _run(executor: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """One executor call on the tensors themselves; Rust validates each and names what is wrong."""
     try:
-        executor.run_ptrs(inputs, outputs)
-    except BaseException as exc:
-        _reraise(exc)
-
-
-def _run_checked(executor: Any, inputs: list[Any], outputs: list[Any]) -> None:
-    """The descriptor entry: Rust validates every tensor and raises the precise error."""
-    try:
-        executor.run(_descriptors(inputs), _descriptors(outputs))
+        executor.run(inputs, outputs)
     except BaseException as exc:
         _reraise(exc)
 
@@ -261,18 +231,6 @@ def _reraise(exc: BaseException) -> None:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _descriptors(tensors: list[Any]) -> list[tuple[Any, ...]]:
-    """(data pointer, sizes, strides, dtype name) of each tensor, for ``Executor.run``."""
-    try:
-        # torch.Size is a tuple: pyo3 reads it as the sizes list without a copy here
-        return [(t.data_ptr(), t.shape, t.stride(), _NAMES.get(t.dtype) or str(t.dtype)) for t in tensors]
-    except AttributeError:
-        bad = next((t for t in tensors if not isinstance(t, torch.Tensor)), None)
-        if bad is None:
-            raise
-        raise TypeError(f"native_cpu expected a tensor input, got {type(bad).__name__}") from None
 
 
 def _same_layout_py(t: Any, sizes: tuple[int, ...], strides: tuple[int, ...]) -> None:
@@ -296,6 +254,3 @@ def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     if any(s == 0 for s in shape):
         return 0
     return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-
-
-_NAMES = {dtype: name for name, dtype in _DT.items()}

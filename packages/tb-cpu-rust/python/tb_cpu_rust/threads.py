@@ -3,13 +3,13 @@
 PyTorch's eager ops run on libgomp threads that spin for a while after each parallel region. A
 second pool with a thread per core (rayon) then shares the cores with those spinning threads
 whenever native calls and eager ops alternate (a training step, a graph with fallback nodes),
-and pays a wake-up of its sleeping workers otherwise. With the addresses of the libgomp that
-torch mapped, the Rust loops run on the same team as eager ops instead (``src/par.rs``).
+and pays a wake-up of its sleeping workers otherwise. Given the path of the libgomp that torch
+mapped, the Rust loops run on the same team as eager ops instead (``src/core/par.rs``).
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import os
 
 from tb_cpu_rust import _native
@@ -39,13 +39,8 @@ def use_torch_openmp() -> str:
 
         path = _mapped_libgomp() if "OpenMP" in torch.__config__.parallel_info() else None
         if path is not None:
-            try:
-                lib = ctypes.CDLL(path)
-                addr = [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0 for n in _ENTRY_POINTS]
-                _native.set_openmp(*addr)
-            except (OSError, AttributeError, ValueError):
-                pass  # keep rayon
+            # the native module looks the entry points up in the already loaded library itself;
+            # a library it cannot use leaves the loops on rayon
+            with contextlib.suppress(ValueError):
+                _native.set_openmp(path)
     return _native.thread_pool()
-
-
-_ENTRY_POINTS = ("GOMP_parallel", "omp_get_max_threads", "omp_in_parallel")

@@ -14,6 +14,7 @@ use crate::core::math::unary::Un;
 pub use crate::core::mem::{Mem, SPtr};
 use crate::kernels::elementwise::{Compute, EwStep};
 use crate::kernels::gemm::EpiSpec;
+use crate::core::host_tensor::HostTensor;
 use crate::core::tensor::{extent, ranges_overlap, to_usize, DType, Result, View};
 use kernel::Kernel;
 use step::{StepKind, StepSpec};
@@ -74,14 +75,6 @@ pub struct Executor {
     pub n_inputs: usize,
     pub n_outputs: usize,
     workspace: Mutex<Option<Vec<Vec<u64>>>>,
-}
-
-/// One tensor handed over by Python: data pointer, sizes, strides, dtype.
-pub struct Arg {
-    pub ptr: usize,
-    pub sizes: Vec<i64>,
-    pub strides: Vec<i64>,
-    pub dtype: String,
 }
 
 impl Executor {
@@ -194,70 +187,34 @@ impl Executor {
         Ok(())
     }
 
-    /// Checks the tensors of one call against the plan; returns the buffer base pointers.
-    pub fn bind(&self, inputs: &[Arg], outputs: &[Arg]) -> Result<Vec<*mut u8>> {
-        self.check_counts(inputs.len(), outputs.len())?;
-        let mut ptrs = Vec::with_capacity(self.buffers.len());
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
-        for (i, (arg, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
-            let dtype = DType::parse(&arg.dtype)?;
-            if dtype != buf.dtype {
-                return Err(format!("tensor {i}: dtype {} where the plan has {}", dtype.name(), buf.dtype.name()));
-            }
-            let sizes = to_usize(&arg.sizes, "sizes")?;
-            let strides = to_usize(&arg.strides, "strides")?;
-            if sizes.len() != strides.len() {
-                return Err(format!("tensor {i}: sizes {sizes:?} and strides {strides:?} differ in rank"));
-            }
-            let ext = extent(&sizes, &strides)?;
-            if buf.kind == BufKind::Input {
-                if sizes != buf.sizes || strides != buf.strides {
-                    return Err(format!(
-                        "input {i}: sizes {sizes:?} strides {strides:?} differ from the plan's {:?} {:?}",
-                        buf.sizes, buf.strides
-                    ));
-                }
-            } else {
-                if ext < buf.numel {
-                    return Err(format!("output {i}: {ext} elements where the plan needs {}", buf.numel));
-                }
-                ranges.push((arg.ptr, ext * dtype.size()));
-            }
-            if arg.ptr == 0 && ext > 0 {
-                return Err(format!("tensor {i}: null data pointer"));
-            }
-            if !arg.ptr.is_multiple_of(dtype.size()) {
-                return Err(format!("tensor {i}: misaligned data pointer"));
-            }
-            ptrs.push(arg.ptr as *mut u8);
-        }
-        self.check_no_overlap(&ranges, inputs.iter().map(|a| a.ptr))?;
-        Ok(ptrs)
-    }
-
-    /// Checks bare data pointers for a call whose tensors the caller has already matched against
-    /// the plan (same dtypes, sizes and strides as the plan's buffers — the plan's own layouts are
-    /// what the extents below are computed from): counts, null and misaligned pointers, and
-    /// outputs overlapping each other or an input. Returns the buffer base pointers, like `bind`.
-    pub fn bind_ptrs(&self, inputs: &[usize], outputs: &[usize]) -> Result<Vec<*mut u8>> {
+    /// Checks the tensors of one call against the plan; returns the buffer base pointers. An
+    /// input has the plan's dtype, sizes and strides (a stride over a dim of size 0 or 1 never
+    /// moves an index, so it may differ); an output the plan's dtype and at least its elements.
+    pub fn bind(&self, inputs: &[HostTensor], outputs: &[HostTensor]) -> Result<Vec<*mut u8>> {
         self.check_counts(inputs.len(), outputs.len())?;
         let mut ptrs = Vec::with_capacity(self.buffers.len());
         let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(outputs.len());
-        for (i, (&ptr, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
-            let size = buf.dtype.size();
-            let bytes = buf.numel * size; // an input's numel is its extent
-            if ptr == 0 && bytes > 0 {
-                return Err(format!("tensor {i}: null data pointer"));
+        for (i, (t, buf)) in inputs.iter().chain(outputs).zip(&self.buffers).enumerate() {
+            if t.dtype != buf.dtype {
+                return Err(format!("tensor {i}: dtype {} where the plan has {}", t.dtype.name(), buf.dtype.name()));
             }
-            if !ptr.is_multiple_of(size) {
-                return Err(format!("tensor {i}: misaligned data pointer"));
+            if buf.kind == BufKind::Input {
+                let strides_match = t.sizes.iter().zip(&t.strides).zip(&buf.strides).all(|((&n, a), b)| n <= 1 || a == b);
+                if t.sizes != buf.sizes || !strides_match {
+                    return Err(format!(
+                        "input {i}: sizes {:?} strides {:?} differ from the plan's {:?} {:?}",
+                        t.sizes, t.strides, buf.sizes, buf.strides
+                    ));
+                }
+            } else {
+                if t.extent() < buf.numel {
+                    return Err(format!("output {i}: {} elements where the plan needs {}", t.extent(), buf.numel));
+                }
+                ranges.push((t.ptr, t.extent() * t.dtype.size()));
             }
-            if buf.kind == BufKind::Output {
-                ranges.push((ptr, bytes));
-            }
-            ptrs.push(ptr as *mut u8);
+            ptrs.push(t.ptr as *mut u8);
         }
-        self.check_no_overlap(&ranges, inputs.iter().copied())?;
+        self.check_no_overlap(&ranges, inputs.iter().map(|t| t.ptr))?;
         Ok(ptrs)
     }
 

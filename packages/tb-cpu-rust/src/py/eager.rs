@@ -1,12 +1,13 @@
-//! One unary elementwise op over a contiguous float32 buffer, for eager callers.
-//!
-//! tb-cython-dispatch's `turbo_torch.sin` & co. call this once per op when they have decided
-//! (per signature, by timing) that it beats PyTorch's own kernel for that signature. No plan, no
-//! descriptors: the caller has already checked that both tensors are contiguous float32 CPU
-//! tensors of `n` elements that do not overlap, and hands over their data pointers. What is
-//! checked here is only what cannot be wrong without a crash being possible from a correct
-//! caller: a known op, and non-null aligned pointers when `n > 0`.
+//! `unary_f32`: one unary elementwise op from a contiguous float32 tensor into another (or in
+//! place), for eager callers (`NativeCpuEngine.eager_kernel`, which tb-cython-dispatch's
+//! `turbo_torch.sin` & co. reach through tb-core). No plan: both tensors are validated by
+//! `args` (CPU, float32, contiguous, the same number of elements, the same memory or none in
+//! common); the op runs over their memory, on the kernel thread team when it is large.
 
+use pyo3::prelude::*;
+
+use super::args::{self, err, Want};
+use crate::core::tensor::DType;
 use crate::core::math::unary::Un;
 use crate::kernels::elementwise::Scalar;
 
@@ -30,25 +31,44 @@ pub fn op_names() -> Vec<&'static str> {
     OPS.iter().map(|(n, _)| *n).collect()
 }
 
-/// Validates the call; returns the op.
-pub fn check(op: usize, src: usize, dst: usize, n: usize) -> Result<Un, String> {
-    let (_, un) = *OPS.get(op).ok_or_else(|| format!("unknown unary op code {op} (known: 0..{})", OPS.len()))?;
-    if n > 0 {
-        if src == 0 || dst == 0 {
-            return Err("null data pointer".into());
-        }
-        if !src.is_multiple_of(4) || !dst.is_multiple_of(4) {
-            return Err("misaligned float32 data pointer".into());
-        }
-        if n > isize::MAX as usize / 4 {
-            return Err(format!("{n} elements do not fit in memory"));
-        }
+/// The op of a code.
+pub fn op(code: usize) -> Result<Un, String> {
+    OPS.get(code).map(|&(_, un)| un).ok_or_else(|| format!("unknown unary op code {code} (known: 0..{})", OPS.len()))
+}
+
+const F32: Want = Want::of(&[DType::F32]).contiguous();
+
+/// `dst = op(src)` elementwise; `dst` may be `src` itself.
+#[pyfunction]
+pub fn unary_f32(py: Python<'_>, op: usize, src: &Bound<'_, PyAny>, dst: &Bound<'_, PyAny>) -> PyResult<()> {
+    let un = self::op(op).map_err(err)?;
+    let s = args::tensor(src, "src", F32)?;
+    let d = args::tensor(dst, "dst", F32)?;
+    if d.numel() != s.numel() {
+        return Err(err(format!("dst: {} elements where src has {}", d.numel(), s.numel())));
     }
-    Ok(un)
+    if d.ptr != s.ptr && d.overlaps(&s) {
+        return Err(err("dst overlaps src (in place takes the same tensor twice)"));
+    }
+    let (src, dst, n) = (s.ptr, d.ptr, s.numel());
+    if parallel(n) {
+        // SAFETY: validated above; `src` and `dst` hold the tensors until this returns
+        py.detach(move || unsafe { run(un, src, dst, n) });
+    } else {
+        // SAFETY: as above
+        unsafe { run(un, src, dst, n) };
+    }
+    Ok(())
+}
+
+/// The op names `unary_f32` takes, by code.
+#[pyfunction]
+pub fn unary_ops() -> Vec<&'static str> {
+    op_names()
 }
 
 /// Whether the call is worth handing to other threads.
-pub fn parallel(n: usize) -> bool {
+fn parallel(n: usize) -> bool {
     n >= 2 * CHUNK && crate::core::par::threads() > 1
 }
 
@@ -57,7 +77,7 @@ pub fn parallel(n: usize) -> bool {
 /// # Safety
 /// `src` and `dst` must point to `n` valid float32 elements each; the two ranges are either the
 /// same (in place) or do not overlap.
-pub unsafe fn run(op: Un, src: usize, dst: usize, n: usize) {
+unsafe fn run(op: Un, src: usize, dst: usize, n: usize) {
     if n == 0 {
         return;
     }
@@ -99,21 +119,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn check_rejects_bad_calls() {
-        assert!(check(OPS.len(), 4, 8, 1).is_err());
-        assert!(check(0, 0, 8, 1).is_err());
-        assert!(check(0, 6, 8, 1).is_err());
-        assert!(check(0, 0, 0, 0).is_ok());
+    fn op_codes_are_checked() {
+        assert!(op(OPS.len()).is_err());
+        assert!(op(0).is_ok());
     }
 
     #[test]
     fn every_op_matches_the_executor_kernel_in_and_out_of_place() {
         let xs: Vec<f32> = (0..70_001).map(|i| ((i as f32) * 0.37).sin() * 30.0).collect();
-        for (code, (_, un)) in OPS.iter().enumerate() {
+        for (_, un) in OPS.iter() {
             let mut want = vec![0f32; xs.len()];
             <f32 as Scalar>::un(*un, &mut want, &xs);
             let mut out = vec![0f32; xs.len()];
-            check(code, xs.as_ptr() as usize, out.as_ptr() as usize, xs.len()).unwrap();
             // SAFETY: both buffers hold xs.len() floats
             unsafe { run(*un, xs.as_ptr() as usize, out.as_mut_ptr() as usize, xs.len()) };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

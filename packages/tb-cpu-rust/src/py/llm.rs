@@ -1,134 +1,32 @@
-//! pyo3 layer of the LLM kernels: validates every tensor descriptor (pointer, sizes, strides,
-//! dtype) and the shapes between them, then calls the plain-Rust kernels. A bad argument is a
-//! `ValueError`, never undefined behaviour. Weights are copied into Rust-owned `LLMWeight`s.
+//! pyo3 layer of the LLM kernels: every tensor is validated by `args` (dtype, rank, layout) and
+//! checked against the others (shapes, outputs sharing no byte with inputs), then the plain-Rust
+//! kernels run. A bad argument is an exception, never undefined behaviour. Weights are copied
+//! into Rust-owned `LLMWeight`s; the KV cache is held as its tensors and read again at each step.
 
-use crate::llm::{attn, attn_decode};
+use pyo3::prelude::*;
+
+use super::args::{self, disjoint, err, shape, tensor, Indexed, Want};
+use crate::core::host_tensor::HostTensor;
+use crate::core::tensor::DType;
 use crate::llm::gemv::{self, detect};
 use crate::llm::model::{self, AsPacked, Lin, Model};
 use crate::llm::ops::{self, V4};
 use crate::llm::packed::Packed;
-use crate::llm::quant;
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
+use crate::llm::{attn, attn_decode, quant};
 
-type TensorArg = (usize, Vec<i64>, Vec<i64>, String);
+const F32: Want = Want::of(&[DType::F32]).contiguous();
+const I64: Want = Want::of(&[DType::I64]).contiguous();
+/// A strided float32 view whose rows are unit-stride (q, k, v, x, cos, sin of attention / RoPE).
+const F32_ROWS: Want = Want::of(&[DType::F32]).rank(4).unit_last();
+/// A checkpoint weight: float32 or bfloat16 `[N, K]`.
+const DENSE: Want = Want::of(&[DType::F32, DType::BF16]).rank(2).contiguous();
 
-fn err(e: impl Into<String>) -> PyErr {
-    PyValueError::new_err(e.into())
-}
-
-struct T {
-    ptr: usize,
-    sizes: Vec<usize>,
-    strides: Vec<usize>,
-    elem: usize,
-}
-
-impl T {
-    fn numel(&self) -> usize {
-        self.sizes.iter().product()
+fn v4(t: &HostTensor) -> V4 {
+    V4 {
+        ptr: t.ptr as *const f32,
+        sizes: [t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3]],
+        strides: [t.strides[0], t.strides[1], t.strides[2], t.strides[3]],
     }
-    fn contiguous(&self) -> bool {
-        let mut acc = 1;
-        for i in (0..self.sizes.len()).rev() {
-            if self.sizes[i] != 1 && self.strides[i] != acc {
-                return false;
-            }
-            acc *= self.sizes[i];
-        }
-        true
-    }
-    /// Bytes from the first to one past the last element.
-    fn span(&self) -> (usize, usize) {
-        if self.numel() == 0 {
-            return (self.ptr, self.ptr);
-        }
-        let last: usize = self.sizes.iter().zip(&self.strides).map(|(s, st)| (s - 1) * st).sum();
-        (self.ptr, self.ptr + (last + 1) * self.elem)
-    }
-    /// # Safety
-    /// The descriptor must describe a live, contiguous tensor of element type `E`.
-    unsafe fn slice<'a, E>(&self) -> &'a [E] {
-        if self.numel() == 0 {
-            return &[];
-        }
-        std::slice::from_raw_parts(self.ptr as *const E, self.numel())
-    }
-    /// # Safety
-    /// As `slice`, and nothing else may alias it during the call.
-    unsafe fn slice_mut<'a, E>(&self) -> &'a mut [E] {
-        if self.numel() == 0 {
-            return &mut [];
-        }
-        std::slice::from_raw_parts_mut(self.ptr as *mut E, self.numel())
-    }
-    fn v4(&self) -> V4 {
-        V4 {
-            ptr: self.ptr as *const f32,
-            sizes: [self.sizes[0], self.sizes[1], self.sizes[2], self.sizes[3]],
-            strides: [self.strides[0], self.strides[1], self.strides[2], self.strides[3]],
-        }
-    }
-}
-
-/// Checks one descriptor: dtype, rank, non-negative sizes and strides that do not overflow,
-/// a non-null aligned pointer; with `contig`, a contiguous layout.
-fn arg(a: TensorArg, what: &str, dtype: &str, rank: usize, contig: bool) -> PyResult<T> {
-    let (ptr, sizes, strides, dt) = a;
-    let dt = dt.trim_start_matches("torch.");
-    if dt != dtype {
-        return Err(err(format!("{what}: expected dtype {dtype}, got {dt}")));
-    }
-    if sizes.len() != rank || strides.len() != rank {
-        return Err(err(format!("{what}: expected {rank} dims, got sizes {sizes:?} strides {strides:?}")));
-    }
-    let to = |v: &[i64], n: &str| -> PyResult<Vec<usize>> {
-        v.iter().map(|&x| usize::try_from(x).map_err(|_| err(format!("{what}: negative {n} {v:?}")))).collect()
-    };
-    let elem = match dtype {
-        "int64" => 8,
-        "float32" => 4,
-        "bfloat16" => 2,
-        _ => 1,
-    };
-    let t = T { ptr, sizes: to(&sizes, "size")?, strides: to(&strides, "stride")?, elem };
-    let mut last = 1usize;
-    for (s, st) in t.sizes.iter().zip(&t.strides) {
-        last = s
-            .checked_mul(*st)
-            .and_then(|x| x.checked_add(last))
-            .and_then(|x| x.checked_mul(elem))
-            .ok_or_else(|| err(format!("{what}: sizes {sizes:?} / strides {strides:?} overflow")))?
-            / elem;
-    }
-    if t.numel() > 0 && (ptr == 0 || ptr % elem != 0) {
-        return Err(err(format!("{what}: null or misaligned data pointer")));
-    }
-    if contig && !t.contiguous() {
-        return Err(err(format!("{what}: must be contiguous, got sizes {sizes:?} strides {strides:?}")));
-    }
-    if rank == 4 && t.strides[3] != 1 && t.sizes[3] > 1 {
-        return Err(err(format!("{what}: last dim must have stride 1, got strides {strides:?}")));
-    }
-    Ok(t)
-}
-
-fn same(what: &str, a: &[usize], b: &[usize]) -> PyResult<()> {
-    if a != b {
-        return Err(err(format!("{what}: shapes {a:?} and {b:?} differ")));
-    }
-    Ok(())
-}
-
-fn disjoint(out: &T, ins: &[&T]) -> PyResult<()> {
-    let (a0, a1) = out.span();
-    for t in ins {
-        let (b0, b1) = t.span();
-        if a0 < b1 && b0 < a1 {
-            return Err(err("output overlaps an input"));
-        }
-    }
-    Ok(())
 }
 
 /// A weight packed for the LLM kernels (owned by Rust, built once at load time).
@@ -141,21 +39,21 @@ pub struct LLMWeight {
 impl LLMWeight {
     /// `out[M, N] = x[M, K] @ W^T (+ bias[N])`, all float32 and contiguous; GIL released.
     #[pyo3(signature = (x, out, bias=None))]
-    fn linear(&self, py: Python<'_>, x: TensorArg, out: TensorArg, bias: Option<TensorArg>) -> PyResult<()> {
+    fn linear(&self, py: Python<'_>, x: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>, bias: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let (n, k) = self.inner.shape();
-        let x = arg(x, "x", "float32", 2, true)?;
-        let out = arg(out, "out", "float32", 2, true)?;
+        let x = tensor(x, "x", F32.rank(2))?;
+        let out = tensor(out, "out", F32.rank(2))?;
         if x.sizes[1] != k {
             return Err(err(format!("x has {} features but the weight takes {k}", x.sizes[1])));
         }
-        same("out", &out.sizes, &[x.sizes[0], n])?;
-        let bias = bias.map(|b| arg(b, "bias", "float32", 1, true)).transpose()?;
+        shape("out", &out.sizes, &[x.sizes[0], n])?;
+        let bias = args::optional(bias, "bias", F32.rank(1))?;
         if let Some(b) = &bias {
-            same("bias", &b.sizes, &[n])?;
+            shape("bias", &b.sizes, &[n])?;
         }
         let mut ins = vec![&x];
         ins.extend(bias.as_ref());
-        disjoint(&out, &ins)?;
+        disjoint("out", &out, &ins)?;
         let m = x.sizes[0];
         // SAFETY: validated above; Python keeps the tensors alive for the call.
         let (xs, ys, bs) = unsafe { (x.slice::<f32>(), out.slice_mut::<f32>(), bias.as_ref().map(|b| b.slice::<f32>())) };
@@ -171,12 +69,12 @@ impl LLMWeight {
 
     /// `out[i] = W[ids[i]]` dequantized to float32 (the embedding lookup): `ids` `[M]` int64,
     /// `out` `[M, K]` float32 contiguous.
-    fn rows(&self, ids: TensorArg, out: TensorArg) -> PyResult<()> {
+    fn rows(&self, ids: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let (n, k) = self.inner.shape();
-        let ids = arg(ids, "ids", "int64", 1, true)?;
-        let out = arg(out, "out", "float32", 2, true)?;
-        same("out", &out.sizes, &[ids.sizes[0], k])?;
-        disjoint(&out, &[&ids])?;
+        let ids = tensor(ids, "ids", I64.rank(1))?;
+        let out = tensor(out, "out", F32.rank(2))?;
+        shape("out", &out.sizes, &[ids.sizes[0], k])?;
+        disjoint("out", &out, &[&ids])?;
         // SAFETY: validated above; Python keeps the tensors alive for the call.
         let (is, os) = unsafe { (ids.slice::<i64>(), out.slice_mut::<f32>()) };
         let rows = is
@@ -208,45 +106,50 @@ impl AsPacked for Py<LLMWeight> {
     }
 }
 
-type LinArg = (Py<LLMWeight>, Option<TensorArg>);
-type LayerArg = (
-    TensorArg,         // input_norm
-    TensorArg,         // post_attention_norm
-    Option<TensorArg>, // pre_feedforward_norm (Gemma 2)
-    Option<TensorArg>, // post_feedforward_norm (Gemma 2)
-    Vec<LinArg>,       // [q, k, v] or [qkv]
-    LinArg,            // o
-    Option<TensorArg>, // q_norm (Qwen3)
-    Option<TensorArg>, // k_norm
-    Vec<LinArg>,       // [gate, up] or [gate_up]
-    LinArg,            // down
-    bool,              // sliding window applies
+type LinArg<'py> = (Py<LLMWeight>, Option<Bound<'py, PyAny>>);
+type LayerArg<'py> = (
+    Bound<'py, PyAny>,         // input_norm
+    Bound<'py, PyAny>,         // post_attention_norm
+    Option<Bound<'py, PyAny>>, // pre_feedforward_norm (Gemma 2)
+    Option<Bound<'py, PyAny>>, // post_feedforward_norm (Gemma 2)
+    Vec<LinArg<'py>>,          // [q, k, v] or [qkv]
+    LinArg<'py>,               // o
+    Option<Bound<'py, PyAny>>, // q_norm (Qwen3)
+    Option<Bound<'py, PyAny>>, // k_norm
+    Vec<LinArg<'py>>,          // [gate, up] or [gate_up]
+    LinArg<'py>,               // down
+    bool,                      // sliding window applies
 );
 /// hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, norm_offset, attn_scale,
 /// attn_softcap, final_softcap, sliding_window
 type ConfigArg = (usize, usize, usize, usize, usize, usize, f32, f32, f32, Option<f32>, Option<f32>, Option<i64>);
 
-fn vec_f32(a: TensorArg, what: &str, len: usize) -> PyResult<Vec<f32>> {
-    let t = arg(a, what, "float32", 1, true)?;
-    same(what, &t.sizes, &[len])?;
-    // SAFETY: validated contiguous f32 descriptor; copied before returning.
+/// A float32 vector of `len` elements, copied.
+fn vec_f32(obj: &Bound<'_, PyAny>, what: &str, len: usize) -> PyResult<Vec<f32>> {
+    let t = tensor(obj, what, F32.rank(1))?;
+    shape(what, &t.sizes, &[len])?;
+    // SAFETY: validated contiguous float32; copied before returning.
     Ok(unsafe { t.slice::<f32>() }.to_vec())
 }
 
-fn lin(a: LinArg, what: &str, n: usize, k: usize) -> PyResult<Lin<Py<LLMWeight>>> {
+fn opt_vec_f32(obj: Option<Bound<'_, PyAny>>, what: &str, len: usize) -> PyResult<Option<Vec<f32>>> {
+    obj.map(|o| vec_f32(&o, what, len)).transpose()
+}
+
+fn lin(a: LinArg<'_>, what: &str, n: usize, k: usize) -> PyResult<Lin<Py<LLMWeight>>> {
     let (w, bias) = a;
     let shape = w.get().inner.shape();
     if shape != (n, k) {
         return Err(err(format!("{what}: weight is {shape:?}, the config implies ({n}, {k})")));
     }
-    let bias = bias.map(|b| vec_f32(b, what, n)).transpose()?;
+    let bias = opt_vec_f32(bias, what, n)?;
     Ok(Lin { w, bias })
 }
 
-fn lins(a: Vec<LinArg>, what: &str, parts: &[usize], k: usize) -> PyResult<Vec<Lin<Py<LLMWeight>>>> {
+fn lins(a: Vec<LinArg<'_>>, what: &str, parts: &[usize], k: usize) -> PyResult<Vec<Lin<Py<LLMWeight>>>> {
     if a.len() == 1 {
         let n = parts.iter().sum();
-        return Ok(vec![lin(a.into_iter().next().unwrap_or_else(|| unreachable!()), what, n, k)?]);
+        return a.into_iter().map(|l| lin(l, what, n, k)).collect();
     }
     if a.len() != parts.len() {
         return Err(err(format!("{what}: expected 1 fused or {} weights, got {}", parts.len(), a.len())));
@@ -261,48 +164,52 @@ pub struct LLMModel {
     inner: Model<Py<LLMWeight>>,
 }
 
-/// The KV cache buffers of one `tb_llm.kv_cache.KVCache` allocation, checked once:
-/// per layer `[B, KV, cap, D]` contiguous float32 keys and values.
+/// The KV cache tensors of one allocation: per layer `[B, KV, cap, D]` contiguous float32 keys
+/// and values, all of one shape and sharing no byte. They are held (so they live as long as
+/// this) and validated again at every step (so a replaced buffer is never written through a
+/// stale address).
 #[pyclass(module = "tb_cpu_rust._native", frozen)]
 pub struct LLMKVCache {
-    k: Vec<usize>,
-    v: Vec<usize>,
+    k: Vec<Py<PyAny>>,
+    v: Vec<Py<PyAny>>,
     shape: [usize; 4],
+}
+
+impl LLMKVCache {
+    /// The keys then the values, validated.
+    fn tensors(py: Python<'_>, k: &[Py<PyAny>], v: &[Py<PyAny>]) -> PyResult<(Vec<HostTensor>, [usize; 4])> {
+        if k.len() != v.len() || k.is_empty() {
+            return Err(err("k and v must be non-empty lists of one tensor per layer"));
+        }
+        let mut all = Vec::with_capacity(2 * k.len());
+        for (what, list) in [("k", k), ("v", v)] {
+            for (i, obj) in list.iter().enumerate() {
+                all.push(tensor(obj.bind(py), Indexed(what, i), F32.rank(4))?);
+            }
+        }
+        let s = [all[0].sizes[0], all[0].sizes[1], all[0].sizes[2], all[0].sizes[3]];
+        for (i, t) in all.iter().enumerate() {
+            shape(Indexed("cache", i), &t.sizes, &s)?;
+        }
+        let named: Vec<(&HostTensor, usize)> = all.iter().zip(0..).collect();
+        args::all_disjoint(&named).map_err(|_| err("cache tensors overlap"))?;
+        Ok((all, s))
+    }
 }
 
 #[pymethods]
 impl LLMKVCache {
     #[new]
-    fn new(k: Vec<TensorArg>, v: Vec<TensorArg>) -> PyResult<Self> {
-        if k.len() != v.len() || k.is_empty() {
-            return Err(err("k and v must be non-empty lists of one tensor per layer"));
-        }
-        let mut shape = None;
-        let mut spans = Vec::new();
-        let (mut kp, mut vp) = (Vec::new(), Vec::new());
-        for (i, (ka, va)) in k.into_iter().zip(v).enumerate() {
-            for (a, out) in [(ka, &mut kp), (va, &mut vp)] {
-                let t = arg(a, &format!("cache layer {i}"), "float32", 4, true)?;
-                let s = [t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3]];
-                if *shape.get_or_insert(s) != s {
-                    return Err(err(format!("cache layer {i}: shape {s:?} differs from layer 0's")));
-                }
-                spans.push(t.span());
-                out.push(t.ptr);
-            }
-        }
-        spans.sort();
-        if spans.windows(2).any(|w| w[1].0 < w[0].1) {
-            return Err(err("cache tensors overlap"));
-        }
-        Ok(LLMKVCache { k: kp, v: vp, shape: shape.unwrap_or_default() })
+    fn new(py: Python<'_>, k: Vec<Py<PyAny>>, v: Vec<Py<PyAny>>) -> PyResult<Self> {
+        let (_, shape) = Self::tensors(py, &k, &v)?;
+        Ok(LLMKVCache { k, v, shape })
     }
 }
 
 #[pymethods]
 impl LLMModel {
     #[new]
-    fn new(config: ConfigArg, act: &str, embed_scale: Option<f32>, layers: Vec<LayerArg>, norm: TensorArg, head: Py<LLMWeight>) -> PyResult<Self> {
+    fn new(config: ConfigArg, act: &str, embed_scale: Option<f32>, layers: Vec<LayerArg<'_>>, norm: &Bound<'_, PyAny>, head: Py<LLMWeight>) -> PyResult<Self> {
         let (hidden, heads, kv_heads, head_dim, inter, vocab, eps, norm_offset, attn_scale, attn_softcap, final_softcap, window) = config;
         if kv_heads == 0 || heads % kv_heads != 0 || head_dim == 0 {
             return Err(err(format!("{heads} query heads are not a multiple of {kv_heads} KV heads")));
@@ -320,14 +227,14 @@ impl LLMModel {
             let (inn, post, pre_ff, post_ff, qkv, o, qn, kn, gu, down, sliding) = l;
             let p = |what: &str| format!("layer {i} {what}");
             out.push(model::Layer {
-                input_norm: vec_f32(inn, &p("input_norm"), hidden)?,
-                post_attn_norm: vec_f32(post, &p("post_attention_norm"), hidden)?,
-                pre_ff_norm: pre_ff.map(|a| vec_f32(a, &p("pre_feedforward_norm"), hidden)).transpose()?,
-                post_ff_norm: post_ff.map(|a| vec_f32(a, &p("post_feedforward_norm"), hidden)).transpose()?,
+                input_norm: vec_f32(&inn, &p("input_norm"), hidden)?,
+                post_attn_norm: vec_f32(&post, &p("post_attention_norm"), hidden)?,
+                pre_ff_norm: opt_vec_f32(pre_ff, &p("pre_feedforward_norm"), hidden)?,
+                post_ff_norm: opt_vec_f32(post_ff, &p("post_feedforward_norm"), hidden)?,
                 qkv: lins(qkv, &p("qkv"), &[qd, kvd, kvd], hidden)?,
                 o: lin(o, &p("o"), hidden, qd)?,
-                q_norm: qn.map(|a| vec_f32(a, &p("q_norm"), head_dim)).transpose()?,
-                k_norm: kn.map(|a| vec_f32(a, &p("k_norm"), head_dim)).transpose()?,
+                q_norm: opt_vec_f32(qn, &p("q_norm"), head_dim)?,
+                k_norm: opt_vec_f32(kn, &p("k_norm"), head_dim)?,
                 gate_up: lins(gu, &p("gate_up"), &[inter, inter], hidden)?,
                 down: lin(down, &p("down"), hidden, inter)?,
                 sliding,
@@ -366,64 +273,64 @@ impl LLMModel {
     fn step(
         &self,
         py: Python<'_>,
-        x: TensorArg,
-        positions: TensorArg,
-        cos: TensorArg,
-        sin: TensorArg,
-        pos: TensorArg,
+        x: &Bound<'_, PyAny>,
+        positions: &Bound<'_, PyAny>,
+        cos: &Bound<'_, PyAny>,
+        sin: &Bound<'_, PyAny>,
+        pos: &Bound<'_, PyAny>,
         length: usize,
         cache: &LLMKVCache,
-        logits: TensorArg,
+        logits: &Bound<'_, PyAny>,
         last_only: bool,
     ) -> PyResult<()> {
         let c = &self.inner.cfg;
-        let pa = arg(positions, "positions", "int64", 2, true)?;
+        let pa = tensor(positions, "positions", I64.rank(2))?;
         let (b, t) = (pa.sizes[0], pa.sizes[1]);
-        let x = arg(x, "x", "float32", 2, true)?;
-        same("x", &x.sizes, &[b * t, c.hidden])?;
-        let cs = arg(cos, "cos", "float32", 3, true)?;
-        let sn = arg(sin, "sin", "float32", 3, true)?;
+        let x = tensor(x, "x", F32.rank(2))?;
+        shape("x", &x.sizes, &[b * t, c.hidden])?;
+        let cs = tensor(cos, "cos", F32.rank(3))?;
+        let sn = tensor(sin, "sin", F32.rank(3))?;
         let r = cs.sizes[2];
-        same("cos", &cs.sizes, &[b, t, r])?;
-        same("sin", &sn.sizes, &cs.sizes)?;
+        shape("cos", &cs.sizes, &[b, t, r])?;
+        shape("sin", &sn.sizes, &cs.sizes)?;
         if r % 2 != 0 || r > c.head_dim || r == 0 {
             return Err(err(format!("rotary dims {r} must be even, positive and at most the head dim {}", c.head_dim)));
         }
-        let [cb, ckv, cap, cd] = cache.shape;
+        let (kv, [cb, ckv, cap, cd]) = LLMKVCache::tensors(py, &cache.k, &cache.v)?;
+        if cache.shape != [cb, ckv, cap, cd] {
+            return Err(err(format!("cache tensors are now {:?}, bound as {:?}", [cb, ckv, cap, cd], cache.shape)));
+        }
         if cache.k.len() != self.inner.layers.len() {
             return Err(err(format!("cache has {} layers, the model {}", cache.k.len(), self.inner.layers.len())));
         }
-        same("cache", &[cb, ckv, cd], &[b, c.kv_heads, c.head_dim])?;
-        if length + t > cap || t == 0 {
+        shape("cache", &[cb, ckv, cd], &[b, c.kv_heads, c.head_dim])?;
+        if length.checked_add(t).is_none_or(|end| end > cap) || t == 0 {
             return Err(err(format!("cache holds {cap} slots; {length} used + {t} new do not fit")));
         }
-        let pz = arg(pos, "pos", "int64", 2, true)?;
-        same("pos", &pz.sizes, &[b, cap])?;
-        let lg = arg(logits, "logits", "float32", 2, true)?;
-        same("logits", &lg.sizes, &[if last_only { b } else { b * t }, c.vocab])?;
-        let cache_spans: Vec<T> = cache
-            .k
-            .iter()
-            .chain(&cache.v)
-            .map(|&ptr| T { ptr, sizes: cache.shape.to_vec(), strides: vec![ckv * cap * cd, cap * cd, cd, 1], elem: 4 })
-            .collect();
-        let mut ins: Vec<&T> = vec![&pa, &cs, &sn, &pz, &lg];
-        ins.extend(cache_spans.iter());
-        disjoint(&x, &ins)?;
-        let mut ins2: Vec<&T> = vec![&pa, &cs, &sn, &pz];
-        ins2.extend(cache_spans.iter());
-        disjoint(&lg, &ins2)?;
-        // SAFETY: every descriptor validated above and disjoint from the outputs; Python keeps
-        // the tensors alive for the call. The cache buffers were checked when bound.
+        let pz = tensor(pos, "pos", I64.rank(2))?;
+        shape("pos", &pz.sizes, &[b, cap])?;
+        let lg = tensor(logits, "logits", F32.rank(2))?;
+        shape("logits", &lg.sizes, &[if last_only { b } else { b * t }, c.vocab])?;
+        let mut ins: Vec<&HostTensor> = vec![&pa, &cs, &sn, &pz];
+        for (i, t) in kv.iter().enumerate() {
+            disjoint(Indexed("cache", i), t, &ins)?;
+        }
+        ins.extend(kv.iter());
+        disjoint("logits", &lg, &ins)?;
+        ins.push(&lg);
+        disjoint("x", &x, &ins)?;
+        // SAFETY: every tensor validated above and the outputs disjoint from the rest; Python
+        // keeps the tensors (and `cache` its own) alive for the call.
         let (xs, ps, coss, sins, poss, lgs) = unsafe {
             (x.slice_mut::<f32>(), pa.slice::<i64>(), cs.slice::<f32>(), sn.slice::<f32>(), pz.slice::<i64>(), lg.slice_mut::<f32>())
         };
-        let (kp, vp) = (&cache.k, &cache.v);
+        let layers = cache.k.len();
+        let ptrs: Vec<usize> = kv.iter().map(|t| t.ptr).collect();
         let inner = &self.inner;
         let isa = detect();
         py.detach(move || {
-            let k: Vec<*mut f32> = kp.iter().map(|&p| p as *mut f32).collect();
-            let v: Vec<*mut f32> = vp.iter().map(|&p| p as *mut f32).collect();
+            let k: Vec<*mut f32> = ptrs[..layers].iter().map(|&p| p as *mut f32).collect();
+            let v: Vec<*mut f32> = ptrs[layers..].iter().map(|&p| p as *mut f32).collect();
             let kv = model::Cache { k: &k, v: &v, cap, pos: poss, length };
             let s = model::Step { x: xs, b, t, positions: ps, cos: coss, sin: sins, rot: r, last_only };
             // run on a pool worker: the step's parallel regions then fork inside the pool
@@ -441,12 +348,12 @@ impl LLMModel {
 
 /// int8 `[N, K]` in [-127, 127] with f32 scales `[N]` (tb-llm's int8 layout).
 #[pyfunction]
-fn llm_pack_int8(qweight: TensorArg, scales: TensorArg) -> PyResult<LLMWeight> {
-    let q = arg(qweight, "qweight", "int8", 2, true)?;
-    let s = arg(scales, "scales", "float32", 1, true)?;
+fn llm_pack_int8(qweight: &Bound<'_, PyAny>, scales: &Bound<'_, PyAny>) -> PyResult<LLMWeight> {
+    let q = tensor(qweight, "qweight", Want::of(&[DType::I8]).rank(2).contiguous())?;
+    let s = tensor(scales, "scales", F32.rank(1))?;
     let (n, k) = (q.sizes[0], q.sizes[1]);
-    same("scales", &s.sizes, &[n])?;
-    // SAFETY: validated contiguous descriptors.
+    shape("scales", &s.sizes, &[n])?;
+    // SAFETY: validated contiguous tensors of these dtypes.
     let inner = unsafe { Packed::int8(n, k, q.slice::<i8>(), s.slice::<f32>()) }.map_err(err)?;
     Ok(LLMWeight { inner })
 }
@@ -454,55 +361,53 @@ fn llm_pack_int8(qweight: TensorArg, scales: TensorArg) -> PyResult<LLMWeight> {
 /// uint8 `[N, K / 2]` nibbles with f32 scales / zeros `[N, K / group]` (tb-llm's int4 layout),
 /// each a float16 value (stored as binary16; any other value is a ValueError).
 #[pyfunction]
-fn llm_pack_int4(qweight: TensorArg, scales: TensorArg, zeros: TensorArg, group: usize) -> PyResult<LLMWeight> {
-    let q = arg(qweight, "qweight", "uint8", 2, true)?;
-    let s = arg(scales, "scales", "float32", 2, true)?;
-    let z = arg(zeros, "zeros", "float32", 2, true)?;
+fn llm_pack_int4(qweight: &Bound<'_, PyAny>, scales: &Bound<'_, PyAny>, zeros: &Bound<'_, PyAny>, group: usize) -> PyResult<LLMWeight> {
+    let q = tensor(qweight, "qweight", Want::of(&[DType::U8]).rank(2).contiguous())?;
+    let s = tensor(scales, "scales", F32.rank(2))?;
+    let z = tensor(zeros, "zeros", F32.rank(2))?;
     let (n, k) = (q.sizes[0], q.sizes[1] * 2);
     if group == 0 || k % group != 0 {
         return Err(err(format!("int4 group size {group} does not divide K={k}")));
     }
-    same("scales", &s.sizes, &[n, k / group])?;
-    same("zeros", &z.sizes, &[n, k / group])?;
-    // SAFETY: validated contiguous descriptors.
+    shape("scales", &s.sizes, &[n, k / group])?;
+    shape("zeros", &z.sizes, &[n, k / group])?;
+    // SAFETY: validated contiguous tensors of these dtypes.
     let inner = unsafe { Packed::int4(n, k, group, q.slice::<u8>(), s.slice::<f32>(), z.slice::<f32>()) }.map_err(err)?;
     Ok(LLMWeight { inner })
 }
 
+/// A float32 or bfloat16 `[N, K]` checkpoint weight as the quantizers read it.
+fn checkpoint<'a>(w: &'a HostTensor) -> quant::Src<'a> {
+    // SAFETY: `DENSE` validated a contiguous tensor of one of these two dtypes.
+    unsafe {
+        if w.dtype == DType::BF16 {
+            quant::Src::Bf16(w.slice::<u16>())
+        } else {
+            quant::Src::F32(w.slice::<f32>())
+        }
+    }
+}
+
 /// A float32 or bfloat16 `[N, K]` weight.
 #[pyfunction]
-fn llm_pack_dense(weight: TensorArg) -> PyResult<LLMWeight> {
-    let bf16 = weight.3.trim_start_matches("torch.") == "bfloat16";
-    let w = arg(weight, "weight", if bf16 { "bfloat16" } else { "float32" }, 2, true)?;
+fn llm_pack_dense(weight: &Bound<'_, PyAny>) -> PyResult<LLMWeight> {
+    let w = tensor(weight, "weight", DENSE)?;
     let (n, k) = (w.sizes[0], w.sizes[1]);
-    // SAFETY: validated contiguous descriptor.
-    let inner = unsafe {
-        if bf16 {
-            Packed::bf16(n, k, w.slice::<u16>())
-        } else {
-            Packed::f32(n, k, w.slice::<f32>())
-        }
+    let inner = match checkpoint(&w) {
+        quant::Src::Bf16(v) => Packed::bf16(n, k, v),
+        quant::Src::F32(v) => Packed::f32(n, k, v),
     }
     .map_err(err)?;
     Ok(LLMWeight { inner })
-}
-
-/// A float32 or bfloat16 `[N, K]` checkpoint weight, validated, as `quant::Src`.
-fn src_arg(weight: TensorArg) -> PyResult<(T, bool)> {
-    let bf16 = weight.3.trim_start_matches("torch.") == "bfloat16";
-    let w = arg(weight, "weight", if bf16 { "bfloat16" } else { "float32" }, 2, true)?;
-    Ok((w, bf16))
 }
 
 /// Quantizes a float32 / bfloat16 `[N, K]` weight (`kind` "int8", or "int4" with `group`)
 /// and packs it for the kernels in one pass, over the rayon pool with the GIL released: the
 /// same weight as `llm_pack_int8` / `llm_pack_int4` of `tb_llm.quant.quantize`'s output.
 #[pyfunction]
-fn llm_quantize(py: Python<'_>, weight: TensorArg, kind: &str, group: usize) -> PyResult<LLMWeight> {
-    let (w, bf16) = src_arg(weight)?;
-    let (n, k) = (w.sizes[0], w.sizes[1]);
-    // SAFETY: validated contiguous descriptor of the dtype `src_arg` checked.
-    let src = unsafe { if bf16 { quant::Src::Bf16(w.slice::<u16>()) } else { quant::Src::F32(w.slice::<f32>()) } };
+fn llm_quantize(py: Python<'_>, weight: &Bound<'_, PyAny>, kind: &str, group: usize) -> PyResult<LLMWeight> {
+    let w = tensor(weight, "weight", DENSE)?;
+    let (n, k, src) = (w.sizes[0], w.sizes[1], checkpoint(&w));
     let inner = match kind {
         "int8" => py.detach(|| quant::packed_int8(src, n, k)),
         "int4" => py.detach(|| quant::packed_int4(src, n, k, group)),
@@ -517,49 +422,57 @@ fn llm_quantize(py: Python<'_>, weight: TensorArg, kind: &str, group: usize) -> 
 /// what the tests compare bit for bit with the Python quantizer.
 #[pyfunction]
 #[pyo3(signature = (weight, kind, group, q, scales, zeros=None))]
-fn llm_quantize_layout(weight: TensorArg, kind: &str, group: usize, q: TensorArg, scales: TensorArg, zeros: Option<TensorArg>) -> PyResult<()> {
-    let (w, bf16) = src_arg(weight)?;
-    let (n, k) = (w.sizes[0], w.sizes[1]);
-    // SAFETY: as in `llm_quantize`.
-    let src = unsafe { if bf16 { quant::Src::Bf16(w.slice::<u16>()) } else { quant::Src::F32(w.slice::<f32>()) } };
-    let put = |t: TensorArg, what: &str, dtype: &str, shape: &[usize], data: &[u8]| -> PyResult<()> {
-        let t = arg(t, what, dtype, shape.len(), true)?;
-        same(what, &t.sizes, shape)?;
-        disjoint(&t, &[&w])?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: validated contiguous descriptor of `data.len()` bytes.
-        unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut u8, data.len()) }.copy_from_slice(data);
-        Ok(())
+fn llm_quantize_layout(
+    weight: &Bound<'_, PyAny>,
+    kind: &str,
+    group: usize,
+    q: &Bound<'_, PyAny>,
+    scales: &Bound<'_, PyAny>,
+    zeros: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let w = tensor(weight, "weight", DENSE)?;
+    let (n, k, src) = (w.sizes[0], w.sizes[1], checkpoint(&w));
+    let out = |obj: &Bound<'_, PyAny>, what: &'static str, dtype: &'static [DType], dims: &[usize]| -> PyResult<(HostTensor, &'static str)> {
+        let t = tensor(obj, what, Want::of(dtype).rank(dims.len()).contiguous())?;
+        shape(what, &t.sizes, dims)?;
+        Ok((t, what))
     };
     let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
-    match kind {
+    // every output checked (and none sharing a byte with another or the weight) before any is written
+    let (outs, data) = match kind {
         "int8" => {
             let (qv, sv) = quant::int8(src, n, k).map_err(err)?;
-            put(q, "q", "int8", &[n, k], &qv.iter().map(|&v| v as u8).collect::<Vec<u8>>())?;
-            put(scales, "scales", "float32", &[n], &bytes(&sv))
+            let outs = vec![out(q, "q", &[DType::I8], &[n, k])?, out(scales, "scales", &[DType::F32], &[n])?];
+            (outs, vec![qv.iter().map(|&v| v as u8).collect::<Vec<u8>>(), bytes(&sv)])
         }
         "int4" => {
             let (pv, sv, zv) = quant::int4(src, n, k, group).map_err(err)?;
             let z = zeros.ok_or_else(|| err("int4 needs a zeros tensor"))?;
-            put(q, "q", "uint8", &[n, k / 2], &pv)?;
-            put(scales, "scales", "float32", &[n, k / group], &bytes(&sv))?;
-            put(z, "zeros", "float32", &[n, k / group], &bytes(&zv))
+            let g = [n, k / group];
+            let outs = vec![out(q, "q", &[DType::U8], &[n, k / 2])?, out(scales, "scales", &[DType::F32], &g)?, out(z, "zeros", &[DType::F32], &g)?];
+            (outs, vec![pv, bytes(&sv), bytes(&zv)])
         }
-        other => Err(err(format!("llm_quantize_layout: kind must be int8 or int4, got {other:?}"))),
+        other => return Err(err(format!("llm_quantize_layout: kind must be int8 or int4, got {other:?}"))),
+    };
+    let mut named: Vec<(&HostTensor, &str)> = outs.iter().map(|(t, what)| (t, *what)).collect();
+    named.push((&w, "weight"));
+    args::all_disjoint(&named)?;
+    for ((t, _), d) in outs.iter().zip(&data) {
+        // SAFETY: a validated contiguous tensor of `d.len()` bytes (its dtype and shape), shared with nothing else here.
+        unsafe { t.bytes_mut() }.copy_from_slice(d);
     }
+    Ok(())
 }
 
 /// `out = x / rms(x) * (offset + weight)` over the last dim; x/out `[R, D]`, weight `[D]`.
 #[pyfunction]
-fn llm_rms_norm(x: TensorArg, weight: TensorArg, out: TensorArg, eps: f32, offset: f32) -> PyResult<()> {
-    let x = arg(x, "x", "float32", 2, true)?;
-    let w = arg(weight, "weight", "float32", 1, true)?;
-    let out = arg(out, "out", "float32", 2, true)?;
-    same("weight", &w.sizes, &x.sizes[1..])?;
-    same("out", &out.sizes, &x.sizes)?;
-    disjoint(&out, &[&x, &w])?;
+fn llm_rms_norm(x: &Bound<'_, PyAny>, weight: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>, eps: f32, offset: f32) -> PyResult<()> {
+    let x = tensor(x, "x", F32.rank(2))?;
+    let w = tensor(weight, "weight", F32.rank(1))?;
+    let out = tensor(out, "out", F32.rank(2))?;
+    shape("weight", &w.sizes, &x.sizes[1..])?;
+    shape("out", &out.sizes, &x.sizes)?;
+    disjoint("out", &out, &[&x, &w])?;
     // SAFETY: validated above.
     unsafe { ops::rms_norm(x.slice(), w.slice(), eps, offset, out.slice_mut()) };
     Ok(())
@@ -567,14 +480,14 @@ fn llm_rms_norm(x: TensorArg, weight: TensorArg, out: TensorArg, eps: f32, offse
 
 /// `out = act(gate) * up`, three contiguous float32 tensors of one shape `[R, C]`.
 #[pyfunction]
-fn llm_gated_act(py: Python<'_>, gate: TensorArg, up: TensorArg, out: TensorArg, act: &str) -> PyResult<()> {
+fn llm_gated_act(py: Python<'_>, gate: &Bound<'_, PyAny>, up: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>, act: &str) -> PyResult<()> {
     let act = ops::Act::parse(act).map_err(err)?;
-    let g = arg(gate, "gate", "float32", 2, true)?;
-    let u = arg(up, "up", "float32", 2, true)?;
-    let out = arg(out, "out", "float32", 2, true)?;
-    same("up", &u.sizes, &g.sizes)?;
-    same("out", &out.sizes, &g.sizes)?;
-    disjoint(&out, &[&g, &u])?;
+    let g = tensor(gate, "gate", F32.rank(2))?;
+    let u = tensor(up, "up", F32.rank(2))?;
+    let out = tensor(out, "out", F32.rank(2))?;
+    shape("up", &u.sizes, &g.sizes)?;
+    shape("out", &out.sizes, &g.sizes)?;
+    disjoint("out", &out, &[&g, &u])?;
     // SAFETY: validated above.
     let (gs, us, os) = unsafe { (g.slice::<f32>(), u.slice::<f32>(), out.slice_mut::<f32>()) };
     let (rows, cols) = (g.sizes[0], g.sizes[1]);
@@ -600,21 +513,21 @@ fn llm_gated_act(py: Python<'_>, gate: TensorArg, up: TensorArg, out: TensorArg,
 /// RoPE ("rotate half") on x `[B, H, T, D]` (strided, unit last stride) with cos/sin
 /// `[B, 1, T, R]`; out contiguous `[B, H, T, D]`.
 #[pyfunction]
-fn llm_rope(x: TensorArg, cos: TensorArg, sin: TensorArg, out: TensorArg) -> PyResult<()> {
-    let x = arg(x, "x", "float32", 4, false)?;
-    let c = arg(cos, "cos", "float32", 4, false)?;
-    let s = arg(sin, "sin", "float32", 4, false)?;
-    let out = arg(out, "out", "float32", 4, true)?;
+fn llm_rope(x: &Bound<'_, PyAny>, cos: &Bound<'_, PyAny>, sin: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    let x = tensor(x, "x", F32_ROWS)?;
+    let c = tensor(cos, "cos", F32_ROWS)?;
+    let s = tensor(sin, "sin", F32_ROWS)?;
+    let out = tensor(out, "out", F32.rank(4))?;
     let r = c.sizes[3];
-    same("cos", &c.sizes, &[x.sizes[0], 1, x.sizes[2], r])?;
-    same("sin", &s.sizes, &c.sizes)?;
+    shape("cos", &c.sizes, &[x.sizes[0], 1, x.sizes[2], r])?;
+    shape("sin", &s.sizes, &c.sizes)?;
     if r % 2 != 0 || r > x.sizes[3] {
         return Err(err(format!("rotary dims {r} must be even and at most the head dim {}", x.sizes[3])));
     }
-    same("out", &out.sizes, &x.sizes)?;
-    disjoint(&out, &[&x, &c, &s])?;
+    shape("out", &out.sizes, &x.sizes)?;
+    disjoint("out", &out, &[&x, &c, &s])?;
     // SAFETY: validated above.
-    unsafe { ops::rope(x.v4(), c.v4(), s.v4(), out.slice_mut()) };
+    unsafe { ops::rope(v4(&x), v4(&c), v4(&s), out.slice_mut()) };
     Ok(())
 }
 
@@ -624,40 +537,41 @@ fn llm_rope(x: TensorArg, cos: TensorArg, sin: TensorArg, out: TensorArg) -> PyR
 #[pyo3(signature = (q, k, v, mask, out, scale, softcap=None))]
 fn llm_attention(
     py: Python<'_>,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    mask: TensorArg,
-    out: TensorArg,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    mask: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
     scale: f32,
     softcap: Option<f32>,
 ) -> PyResult<()> {
-    let q = arg(q, "q", "float32", 4, false)?;
-    let k = arg(k, "k", "float32", 4, false)?;
-    let v = arg(v, "v", "float32", 4, false)?;
-    let m = arg(mask, "mask", "bool", 4, true)?;
-    let out = arg(out, "out", "float32", 4, true)?;
+    let q = tensor(q, "q", F32_ROWS)?;
+    let k = tensor(k, "k", F32_ROWS)?;
+    let v = tensor(v, "v", F32_ROWS)?;
+    let m = tensor(mask, "mask", Want::of(&[DType::Bool]).rank(4).contiguous())?;
+    let out = tensor(out, "out", F32.rank(4))?;
     let [b, h, t, d] = [q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]];
     let (kvh, s) = (k.sizes[1], k.sizes[2]);
-    same("k", &k.sizes, &[b, kvh, s, d])?;
-    same("v", &v.sizes, &k.sizes)?;
-    same("mask", &m.sizes, &[b, 1, t, s])?;
-    same("out", &out.sizes, &q.sizes)?;
+    shape("k", &k.sizes, &[b, kvh, s, d])?;
+    shape("v", &v.sizes, &k.sizes)?;
+    shape("mask", &m.sizes, &[b, 1, t, s])?;
+    shape("out", &out.sizes, &q.sizes)?;
     if kvh == 0 || h % kvh != 0 {
         return Err(err(format!("{h} query heads are not a multiple of {kvh} KV heads")));
     }
     if softcap.is_some_and(|c| c <= 0.0 || !c.is_finite()) {
         return Err(err("softcap must be a positive finite number"));
     }
-    disjoint(&out, &[&q, &k, &v, &m])?;
+    disjoint("out", &out, &[&q, &k, &v, &m])?;
     // SAFETY: validated above; bool tensors hold 0 or 1 bytes.
     let (ms, os) = unsafe { (m.slice::<u8>(), out.slice_mut::<f32>()) };
-    let (qv, kv, vv) = (q.v4(), k.v4(), v.v4());
+    let (qv, kv, vv) = (v4(&q), v4(&k), v4(&v));
     if t >= attn::MIN_QUERIES && attn::takes(d, softcap) {
         // SAFETY: validated above; `takes` holds.
         py.detach(move || unsafe { attn::prefill(qv, kv, vv, ms, scale, os) });
         return Ok(());
     }
+    // SAFETY: validated above.
     py.detach(move || unsafe { attn_decode::attention(qv, kv, vv, ms, scale, softcap, os) });
     Ok(())
 }
