@@ -36,7 +36,7 @@ def test_cli_generate_and_benchmark(llama_dir: Path) -> None:
     assert "6 tokens, length" in out.stderr
     for word in ("prefill", "decode", "ms/token", "memory", "engine     reference"):
         assert word in out.stdout
-    assert "not a folder" in out.stderr
+    assert "no such local folder" in out.stderr
 
 
 def test_python_dash_m_help() -> None:

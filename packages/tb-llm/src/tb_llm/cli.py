@@ -1,4 +1,6 @@
-"""``python -m tb_llm chat|generate|benchmark`` (also ``torchburn llm ...``)."""
+"""``python -m tb_llm chat|generate|benchmark|perplexity|serve`` (also ``torchburn llm ...``).
+
+Nothing heavy is imported until a command runs: ``--help`` answers without loading torch."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from tb_llm.serve.cli import add_serve_parser, run_serve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="llm_command", metavar="{chat,generate,benchmark}")
+    sub = parser.add_subparsers(dest="llm_command")  # the usage line lists every command
     sub.required = True
     for name, help_text in (
         ("chat", "interactive multi-turn chat (the KV cache is kept across turns)"),

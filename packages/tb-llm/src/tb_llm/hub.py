@@ -22,6 +22,22 @@ ALLOW_PATTERNS = [
 IGNORE_PATTERNS = ["*/*"]
 
 
+def looks_local(name: str) -> bool:
+    """Whether a name that exists nowhere on disk was meant as a local path, not a Hub repo id.
+
+    A Hub id is ``name`` or ``org/name``. Anything that starts with ``./``, ``../``, ``/`` or
+    ``~``, holds more than one ``/`` or an OS path separator other than ``/``, or whose first
+    component is an existing local folder (``models/qwen`` with a ``models/`` here) is a path.
+    """
+    if name in (".", "..") or name.startswith(("./", "../", "/", "~", ".\\", "..\\")):
+        return True
+    separators = {s for s in (os.sep, os.altsep) if s and s != "/"}
+    if name.count("/") > 1 or any(s in name for s in separators):
+        return True
+    head, sep, _ = name.partition("/")
+    return bool(sep) and Path(head).expanduser().is_dir()
+
+
 def resolve(name_or_path: str | os.PathLike[str], revision: str | None = None, token: str | bool | None = None) -> Path:
     """A local folder holding the checkpoint files (downloading them first if needed).
 
@@ -33,8 +49,10 @@ def resolve(name_or_path: str | os.PathLike[str], revision: str | None = None, t
     if path.is_dir():
         return path
     name = str(name_or_path)
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", ""):
-        raise LLMError(f"{name}: not a folder, and not a Hugging Face repo id (expected 'org/name')")
+    if path.exists():
+        raise LLMError(f"{name}: not a folder (a checkpoint is a folder with config.json, or a .gguf file)")
+    if not isinstance(name_or_path, str) or looks_local(name):  # a Path object always means a local one
+        raise LLMError(f"{name}: no such local folder ({path.absolute()})")
     try:
         import huggingface_hub
         from huggingface_hub import snapshot_download
@@ -58,6 +76,7 @@ def resolve(name_or_path: str | os.PathLike[str], revision: str | None = None, t
             if offline
             else " (check the repo id, the revision, your network, and HF_TOKEN for gated repos)"
         )
+        hint += f"; nor is it a local folder: no {path.absolute()}"
         raise LLMError(
             f"{name}: could not get the checkpoint from the Hugging Face Hub: {type(exc).__name__}: {exc}{hint}"
         ) from exc

@@ -54,6 +54,10 @@ class Generation:
     finish_reason: str  # "stop": EOS or a stop string; "length": max_new_tokens reached
     timing: Timing = field(default_factory=Timing)
 
+    def __str__(self) -> str:
+        # `print(llm.generate(...))` shows the completion; repr() keeps every field.
+        return self.text
+
 
 class _Seq:
     def __init__(self, llm: LLM, prompt_ids: list[int], stop: Sequence[str]) -> None:
@@ -411,7 +415,8 @@ class LLM:
                 out.flush()
             t = session.last.timing if session.last else Timing()
             out.write(
-                f"\n[{t.prefill_tokens} prompt tokens at {t.prefill_tok_s:.1f} tok/s, {t.decode_tok_s:.1f} tok/s]\n"
+                f"\n[{t.prefill_tokens} prompt tokens at {t.prefill_tok_s:.1f} tok/s prefill,"
+                f" {t.decode_tokens} tokens at {t.decode_tok_s:.1f} tok/s decode]\n"
             )
 
 
