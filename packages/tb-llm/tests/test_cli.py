@@ -14,7 +14,7 @@ import pytest
 from tb_llm import LLM, LLMError, hub
 from tb_llm.hub import looks_local, resolve
 
-COMMANDS = ("chat", "generate", "benchmark", "serve")
+COMMANDS = ("chat", "generate", "benchmark", "perplexity", "serve")
 
 
 def test_print_generation_prints_the_text(llama: LLM, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,9 @@ from tb_llm._version import __version__
 
 if TYPE_CHECKING:
     from tb_llm.errors import BackendError, ChatTemplateError, CheckpointError, LLMError, UnsupportedModelError
-    from tb_llm.llm import LLM, ChatSession, Generation, Timing
+    from tb_llm.llm import LLM, ChatSession, Generation, TextDelta, Timing
+    from tb_llm.logprobs import TokenLogprob
+    from tb_llm.perplexity import Score
 
 __all__ = [
     "LLM",
@@ -23,7 +25,10 @@ __all__ = [
     "CheckpointError",
     "Generation",
     "LLMError",
+    "Score",
+    "TextDelta",
     "Timing",
+    "TokenLogprob",
     "UnsupportedModelError",
     "__version__",
 ]
@@ -35,6 +40,9 @@ _LAZY = {
     "ChatSession": "tb_llm.llm",
     "Generation": "tb_llm.llm",
     "Timing": "tb_llm.llm",
+    "TextDelta": "tb_llm.llm",
+    "TokenLogprob": "tb_llm.logprobs",
+    "Score": "tb_llm.perplexity",
     "BackendError": "tb_llm.errors",
     "ChatTemplateError": "tb_llm.errors",
     "CheckpointError": "tb_llm.errors",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from tb_llm.serve.cli import add_serve_parser, run_serve
 
@@ -18,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("chat", "interactive multi-turn chat (the KV cache is kept across turns)"),
         ("generate", "complete one prompt"),
         ("benchmark", "prefill and decode speed, memory and engine"),
+        ("perplexity", "perplexity of a text file, cut into windows as llama.cpp's llama-perplexity does"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--model", "-m", required=True, help="local folder or Hugging Face repo id")
@@ -33,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if name == "benchmark":
             p.add_argument("--prompt-tokens", type=int, default=128, help="prefill length")
             p.add_argument("--repeat", type=int, default=3, help="runs; the median is reported")
+            continue
+        if name == "perplexity":
+            p.add_argument("--file", "-f", required=True, help="the text to score (UTF-8)")
+            p.add_argument("--ctx", "-c", type=int, default=512, help="context size: tokens per chunk / window")
+            p.add_argument(
+                "--stride", type=int, default=None, help="windows every STRIDE tokens, each scoring its last STRIDE"
+            )
             continue
         p.add_argument("--temperature", "-t", type=float, default=0.0 if name == "generate" else 0.7)
         p.add_argument("--top-k", type=int, default=0)
@@ -72,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     except (LLMError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.llm_command == "perplexity":
+        return _perplexity(llm, args)
     if args.llm_command == "benchmark":
         from tb_llm.bench import benchmark
 
@@ -116,6 +128,32 @@ def run(args: argparse.Namespace) -> int:
         f"[{len(g.token_ids)} tokens, {g.finish_reason}; prefill {t.prefill_tok_s:.1f} tok/s, decode {t.decode_tok_s:.1f} tok/s, engine {llm.engine}]",
         file=sys.stderr,
     )
+    return 0
+
+
+def _perplexity(llm: Any, args: argparse.Namespace) -> int:
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"error: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    ids = llm.encode(text)
+    need = 2 * args.ctx  # llama-perplexity's minimum, so both tools score the same chunks
+    if len(ids) < need:
+        print(
+            f"error: {args.file} is {len(ids)} tokens; a context of {args.ctx} needs at least {need}", file=sys.stderr
+        )
+        return 2
+    try:
+        result = llm.score(ids, ctx=args.ctx, stride=args.stride)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"model      {llm.path} ({llm.quant}, engine {llm.engine})")
+    mode = f"stride {args.stride}" if args.stride else "chunks, second half scored"
+    print(f"text       {args.file}: {len(ids)} tokens, {result.windows} windows of {args.ctx} ({mode})")
+    print(",".join(f"[{i + 1}]{p:.4f}" for i, p in enumerate(result.chunk_perplexities)))
+    print(f"Final estimate: PPL = {result.perplexity:.4f} +/- {result.perplexity_stderr:.5f} ({result.scored} tokens)")
     return 0
 
 

@@ -15,7 +15,9 @@ import torch
 from tb_llm.backends import LLMKernels, resolve_device, select_backend
 from tb_llm.config import ModelConfig, load_config
 from tb_llm.hub import resolve
+from tb_llm.logprobs import TokenLogprob, TokenPieces, check_top, log_softmax, token_logprob
 from tb_llm.model import Decoder, check_weights
+from tb_llm.perplexity import Score, score_tokens
 from tb_llm.quant import QUANTS
 from tb_llm.safetensors_io import CheckpointWeights
 from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
@@ -53,10 +55,26 @@ class Generation:
     prompt_token_ids: list[int]
     finish_reason: str  # "stop": EOS or a stop string; "length": max_new_tokens reached
     timing: Timing = field(default_factory=Timing)
+    logprobs: list[TokenLogprob] | None = None
+    """With ``logprobs=k``: one entry per generated token (``token_ids`` order), each with its
+    ``k`` most likely alternatives."""
 
     def __str__(self) -> str:
         # `print(llm.generate(...))` shows the completion; repr() keeps every field.
         return self.text
+
+
+class TextDelta(str):
+    """A piece of streamed text; with ``stream(..., logprobs=k)`` it also carries the entries of
+    the tokens generated since the previous delta (a delta may be ``""`` when the text of its
+    tokens is held back: half a character, or what may start a stop string)."""
+
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+    def __new__(cls, text: str, logprobs: Sequence[TokenLogprob] = ()) -> TextDelta:
+        out = super().__new__(cls, text)
+        out.logprobs = tuple(logprobs)
+        return out
 
 
 class _Seq:
@@ -68,6 +86,13 @@ class _Seq:
         self.emitted = 0
         self.stop = list(stop)
         self.finish_reason: str | None = None
+        self.logprobs: list[TokenLogprob] = []
+        self.logprobs_emitted = 0
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        out = self.logprobs[self.logprobs_emitted :]
+        self.logprobs_emitted = len(self.logprobs)
+        return out
 
     def add(self, token: int, eos: bool) -> None:
         self.ids.append(token)
@@ -263,19 +288,47 @@ class LLM:
         stop: Sequence[str] = (),
         seed: int | None = None,
         ignore_eos: bool = False,
+        logprobs: int | None = None,
+        n: int = 1,
     ) -> Generation | list[Generation]:
         """Generate from one prompt (-> ``Generation``) or a list of prompts as one batch
-        (-> list). Greedy when ``temperature`` is 0."""
+        (-> list). Greedy when ``temperature`` is 0.
+
+        ``logprobs``: ``None`` (off), or ``k`` in 0..20: each generated token's log-probability
+        under the model (raw logits, before sampling settings) and its ``k`` likeliest
+        alternatives, in ``Generation.logprobs``.
+        ``n``: samples of one prompt (-> list of ``n``), decoded together; with ``seed``, sample
+        ``i`` uses seed ``seed + i``, so it is what ``n=1, seed=seed + i`` gives (the server's
+        ``n`` / ``seed`` follow the same rule).
+        """
+        check_top(logprobs)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
         batch = self._is_batch(prompt)
-        prompts = list(prompt) if batch else [prompt]  # type: ignore[list-item, arg-type]
+        if n > 1 and batch:
+            raise ValueError("n > 1 takes one prompt, not a batch of prompts")
+        prompts = list(prompt) if batch else [prompt] * n  # type: ignore[list-item, arg-type]
         ids = [self.encode(p) for p in prompts]  # type: ignore[arg-type]
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
         seqs = [_Seq(self, p, stop) for p in ids]
         timing = Timing(load_seconds=self.load_seconds)
-        for _ in self._run(seqs, params, max_new_tokens, seed, ignore_eos, timing):
+        generators = _choice_generators(seed, n) if n > 1 else None
+        for _ in self._run(
+            seqs, params, max_new_tokens, seed, ignore_eos, timing, logprobs=logprobs, generators=generators
+        ):
             pass
-        out = [Generation(s.text, s.ids, s.prompt_ids, s.finish_reason or "length", timing) for s in seqs]
-        return out if batch else out[0]
+        out = [
+            Generation(
+                s.text,
+                s.ids,
+                s.prompt_ids,
+                s.finish_reason or "length",
+                timing,
+                s.logprobs if logprobs is not None else None,
+            )
+            for s in seqs
+        ]
+        return out if batch or n > 1 else out[0]
 
     def stream(
         self,
@@ -290,21 +343,58 @@ class LLM:
         seed: int | None = None,
         ignore_eos: bool = False,
         result: list[Generation] | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[str]:
         """Yield text deltas as they are generated; each delta is whole UTF-8 characters.
-        Pass ``result=[]`` to receive the final ``Generation`` in it."""
+        Pass ``result=[]`` to receive the final ``Generation`` in it. With ``logprobs=k`` the
+        deltas are :class:`TextDelta` strings carrying the entries of their tokens (see
+        :meth:`generate`); every generated token's entry comes out in exactly one delta."""
+        check_top(logprobs)
         seq = _Seq(self, self.encode(prompt), stop)
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
         timing = Timing(load_seconds=self.load_seconds)
-        for _ in self._run([seq], params, max_new_tokens, seed, ignore_eos, timing):
+        for _ in self._run([seq], params, max_new_tokens, seed, ignore_eos, timing, logprobs=logprobs):
             delta = seq.take_delta()
-            if delta:
+            if logprobs is not None:
+                yield TextDelta(delta, seq.take_logprobs())
+            elif delta:
                 yield delta
         delta = seq.take_delta()
         if delta:
-            yield delta
+            yield TextDelta(delta) if logprobs is not None else delta
         if result is not None:
-            result.append(Generation(seq.text, seq.ids, seq.prompt_ids, seq.finish_reason or "length", timing))
+            result.append(
+                Generation(
+                    seq.text,
+                    seq.ids,
+                    seq.prompt_ids,
+                    seq.finish_reason or "length",
+                    timing,
+                    seq.logprobs if logprobs is not None else None,
+                )
+            )
+
+    def score(self, text: str | list[int], ctx: int | None = None, stride: int | None = None) -> Score:
+        """Log-probability of every token of ``text`` (a string, encoded with BOS as ``generate``
+        encodes, or token ids) under the model, and the perplexity.
+
+        A text of at most ``ctx`` tokens (default: the model's context length) is one window and
+        every token but the first is scored. A longer one is cut as llama.cpp's
+        ``llama-perplexity -c ctx [--ppl-stride stride]`` cuts it (see :mod:`tb_llm.perplexity`):
+        chunks of ``ctx`` scoring their second half, or with ``stride``, windows every ``stride``
+        tokens scoring their last ``stride``.
+        """
+        ids = self.encode(text) if isinstance(text, str) else list(text)
+        vocab = self.config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"token ids must be integers in [0, {vocab})")
+        window = ctx if ctx is not None else self.config.max_position
+        if window > self.config.max_position:
+            raise ValueError(f"ctx {window} is beyond the model's context length {self.config.max_position}")
+        bos = self.tokenizer.bos_token_id if self.tokenizer is not None else None
+        # llama-perplexity puts BOS at the start of each chunk when its tokenizer adds one.
+        adds_bos = bos is not None and self.tokenizer is not None and self.tokenizer.encode("a")[:1] == [bos]
+        return score_tokens(self.model, ids, window, stride, bos if adds_bos else None)
 
     def _run(
         self,
@@ -317,11 +407,15 @@ class LLM:
         cache: Any = None,
         feed: list[list[int]] | None = None,
         start: int = 0,
+        logprobs: int | None = None,
+        generators: list[torch.Generator] | None = None,
     ) -> Iterator[None]:
         """The prefill + decode loop over a batch; yields after every step.
 
         ``cache``/``feed``/``start``: continue an existing cache (chat) by feeding only the
         tokens after the shared prefix, which sit at positions ``start`` onwards.
+        ``generators``: one per row (independent samples per row), instead of one seeded by
+        ``seed`` for the whole batch.
         """
         model = self.model
         dev = model.device
@@ -350,10 +444,16 @@ class LLM:
         last = pos[:, -1].clone()
         t0 = time.perf_counter()
         logits = model.forward(ids.to(dev), pos.to(dev), cache)
+        pieces = TokenPieces(self.tokenizer) if logprobs is not None else None
         for step in range(max_new_tokens):
+            raw = log_softmax(logits).cpu() if logprobs is not None else None
             if seen is not None:
                 logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
-            nxt = sample(logits.float().cpu(), params, gen)
+            if generators is not None:
+                cpu = logits.float().cpu()
+                nxt = torch.cat([sample(cpu[i : i + 1], params, g) for i, g in enumerate(generators)])
+            else:
+                nxt = sample(logits.float().cpu(), params, gen)
             now = time.perf_counter()
             if step == 0:
                 timing.prefill_tokens += sum(len(r) for r in rows)
@@ -364,6 +464,8 @@ class LLM:
             for i, s in enumerate(seqs):
                 if s.finish_reason is None:
                     tok = int(nxt[i])
+                    if raw is not None and pieces is not None and logprobs is not None:
+                        s.logprobs.append(token_logprob(raw[i], tok, logprobs, pieces))
                     s.add(tok, tok in eos)
             if seen is not None:
                 seen[torch.arange(b), nxt.clamp(0, vocab - 1)] = True
@@ -476,6 +578,19 @@ class ChatSession:
         self.cached = ids + seq.ids[:-1]
         self.messages.append({"role": "assistant", "content": seq.text})
         self.last = Generation(seq.text, seq.ids, ids, seq.finish_reason or "length", timing)
+
+
+def _choice_generators(seed: int | None, n: int) -> list[torch.Generator]:
+    """Choice ``i`` of ``n`` samples with seed ``seed + i`` (unseeded: fresh random seeds)."""
+    gens = []
+    for i in range(n):
+        g = torch.Generator()
+        if seed is not None:
+            g.manual_seed((seed + i) % (1 << 64))
+        else:
+            g.seed()
+        gens.append(g)
+    return gens
 
 
 def _progress_bar(total: int, desc: str, enabled: bool | None) -> Any:
