@@ -6,6 +6,7 @@ use crate::core::math::unary::Un;
 use crate::core::tensor::{need, DType, Result, View};
 use crate::kernels::gemm::EpiSpec;
 use crate::kernels::reduce::Red;
+use super::step::StepKind;
 
 pub enum Kernel {
     Gemm { a: View, b: View, c: View, bias: Option<View>, res: Option<View>, alpha: f32, beta: f32, epi: Vec<EpiSpec> },
@@ -80,25 +81,59 @@ fn out(outs: &[View], i: usize) -> Result<View> {
     outs.get(i).cloned().ok_or_else(|| format!("missing output {i}"))
 }
 
-fn int(ints: &[i64], i: usize) -> Result<i64> {
-    ints.get(i).copied().ok_or_else(|| format!("missing integer parameter {i}"))
+fn uint(v: i64, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| format!("{what} must be non-negative"))
 }
 
-fn uint(ints: &[i64], i: usize) -> Result<usize> {
-    usize::try_from(int(ints, i)?).map_err(|_| format!("parameter {i} must be non-negative"))
+/// `n` non-negative sizes (a window's kernel, stride, padding or dilation per spatial dim).
+fn uints<const N: usize>(v: &[i64], what: &str) -> Result<[usize; N]> {
+    need(v.len() == N, &format!("{what} needs {N} entries"))?;
+    let mut out = [0usize; N];
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o = uint(x, what)?;
+    }
+    Ok(out)
 }
 
-fn dim(ints: &[i64], i: usize, rank: usize) -> Result<usize> {
-    let d = int(ints, i)?;
+fn dim(d: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let d = if d < 0 { d + r } else { d };
     need(d >= 0 && d < r.max(1), "dimension out of range")?;
     Ok(d as usize)
 }
 
+/// A pooling step's window as the kernels read it: kernel, stride, padding (and for max pooling
+/// dilation) per spatial dim, then count_include_pad and the divisor of average pooling.
+fn pool_window<const N: usize>(kind: &StepKind) -> Result<(Vec<usize>, bool, usize)> {
+    let (kernel, stride, padding, rest) = match kind {
+        StepKind::MaxPool2d { kernel, stride, padding, dilation } | StepKind::MaxPool3d { kernel, stride, padding, dilation } => {
+            (kernel, stride, padding, Some(dilation))
+        }
+        StepKind::AvgPool2d { kernel, stride, padding, .. } | StepKind::AvgPool3d { kernel, stride, padding, .. } => (kernel, stride, padding, None),
+        _ => return Err("not a pooling step".into()),
+    };
+    let mut window = [uints::<N>(kernel, "pool kernel")?, uints(stride, "pool stride")?, uints(padding, "pool padding")?].concat();
+    if let Some(d) = rest {
+        window.extend(uints::<N>(d, "pool dilation")?);
+    }
+    let (include_pad, divisor) = match kind {
+        StepKind::AvgPool2d { count_include_pad, divisor, .. } | StepKind::AvgPool3d { count_include_pad, divisor, .. } => {
+            (*count_include_pad, uint(*divisor, "divisor_override")?)
+        }
+        _ => (false, 0),
+    };
+    Ok((window, include_pad, divisor))
+}
+
 impl Kernel {
-    pub fn new(op: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64], floats: &[f64], epi: Vec<EpiSpec>) -> Result<Kernel> {
-        let fl = |i: usize, d: f64| floats.get(i).copied().unwrap_or(d);
+    /// Builds the kernel of one parsed step, checking every shape relation its run relies on.
+    /// Kernel families with their own constructors (complex, FFT, wide dtypes, search,
+    /// distances, resampling, segments, linear algebra) read the step's parameters in declaration
+    /// order (`StepKind::params`); the others read them by name here.
+    pub fn new(kind: &StepKind, ins: Vec<Option<View>>, outs: Vec<View>, epi: Vec<EpiSpec>) -> Result<Kernel> {
+        let op = kind.tag();
+        let (ints, floats) = kind.params();
+        let (ints, floats) = (ints.as_slice(), floats.as_slice());
         // complex kernels take their own dtypes (checked in complex.rs / fft.rs)
         match op {
             "complex" | "polar" | "conj" | "angle" | "imag" => return Ok(Kernel::Cplx(Box::new(crate::kernels::complex::Cplx::new(op, &ins, &outs)?))),
@@ -111,18 +146,18 @@ impl Kernel {
         if !wide && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
             return Err(format!("kernel {op} takes float32, int64 and bool only"));
         }
-        let k = match op {
-            "cast" => {
+        let k = match kind {
+            StepKind::Cast {} => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 crate::kernels::cast::check_cast(&x, &y)?;
                 Kernel::Cast { x, y }
             }
-            "fill" => {
+            StepKind::Fill { mode, integer, value } => {
                 let y = out(&outs, 0)?;
                 // mode 0: the float, 1: the integer (exact for any int64), 2..4: NaN, +inf, -inf
-                let (value, int) = match int(ints, 0)? {
-                    0 => (fl(0, 0.0), None),
-                    1 => (0.0, Some(int(ints, 1)?)),
+                let (value, int) = match *mode {
+                    0 => (*value, None),
+                    1 => (0.0, Some(*integer)),
                     2 => (f64::NAN, None),
                     3 => (f64::INFINITY, None),
                     4 => (f64::NEG_INFINITY, None),
@@ -130,23 +165,23 @@ impl Kernel {
                 };
                 Kernel::Fill { y, value, int }
             }
-            "searchsorted" | "histc" | "frexp" => Kernel::Search(Box::new(crate::kernels::indexing::search::Search::new(op, &ins, &outs, ints, floats)?)),
-            "cdist" | "pdist" | "dist" => Kernel::Dist(Box::new(crate::kernels::linalg::dist::Dist::new(op, &ins, &outs, floats)?)),
-            "median_dim" | "nanmedian_dim" | "mode" => {
+            StepKind::Searchsorted { .. } | StepKind::Histc { .. } | StepKind::Frexp {} => Kernel::Search(Box::new(crate::kernels::indexing::search::Search::new(op, &ins, &outs, ints, floats)?)),
+            StepKind::Cdist { .. } | StepKind::Pdist { .. } | StepKind::Dist { .. } => Kernel::Dist(Box::new(crate::kernels::linalg::dist::Dist::new(op, &ins, &outs, floats)?)),
+            StepKind::MedianDim { dim: d } | StepKind::NanmedianDim { dim: d } | StepKind::Mode { dim: d } => {
                 let (x, v, i) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
-                let d = dim(ints, 0, x.rank())?;
+                let d = dim(*d, x.rank())?;
                 Kernel::Select(Box::new(crate::kernels::indexing::select::Select::new(op, x, v, i, d)?))
             }
-            "upsample_linear" | "upsample_cubic" | "grid_sampler_2d" | "grid_sampler_3d" => {
+            StepKind::UpsampleLinear { .. } | StepKind::UpsampleCubic { .. } | StepKind::GridSampler2d { .. } | StepKind::GridSampler3d { .. } => {
                 Kernel::Resample(Box::new(crate::kernels::conv::upsample::Resample::new(op, &ins, &outs, ints, floats)?))
             }
-            "embedding_bag" => {
+            StepKind::EmbeddingBag { mode, include_last_offset, padding_idx } => {
                 let (w, idx, offsets, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
                 let psw = opt(&ins, 3);
                 f32s(&[&w, &o])?;
                 need(w.rank() == 2 && o.rank() == 2 && o.sizes[1] == w.sizes[1], "embedding_bag: 2-d weight and output")?;
                 need(idx.dtype == DType::I64 && offsets.dtype == DType::I64 && idx.rank() == 1 && offsets.rank() == 1, "embedding_bag: 1-d int64 indices and offsets")?;
-                let (mode, include_last, padding) = (int(ints, 0)?, int(ints, 1)? != 0, int(ints, 2)?);
+                let (mode, include_last, padding) = (*mode, *include_last_offset, *padding_idx);
                 need((0..=2).contains(&mode), "embedding_bag mode")?;
                 need(o.sizes[0] == offsets.sizes[0] - (include_last && offsets.sizes[0] > 0) as usize, "embedding_bag: number of bags")?;
                 if let Some(p) = &psw {
@@ -154,30 +189,30 @@ impl Kernel {
                 }
                 Kernel::EmbeddingBag { w, idx, offsets, psw, out: o, mode, include_last, padding }
             }
-            "max_pool2d_bwd" => Kernel::PoolBwd(Box::new(crate::kernels::indexing::segment::PoolBwd::new(&ins, &outs)?)),
-            "nonzero_static" => {
+            StepKind::MaxPool2dBwd {} => Kernel::PoolBwd(Box::new(crate::kernels::indexing::segment::PoolBwd::new(&ins, &outs)?)),
+            StepKind::NonzeroStatic { fill_value } => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
-                Kernel::NonzeroStatic(Box::new(crate::kernels::indexing::nonzero_static::NonzeroStatic::new(x, y, int(ints, 0)?)?))
+                Kernel::NonzeroStatic(Box::new(crate::kernels::indexing::nonzero_static::NonzeroStatic::new(x, y, *fill_value)?))
             }
-            "segment_reduce" => Kernel::Segment(Box::new(crate::kernels::indexing::segment::Segment::new(&ins, &outs, ints, floats)?)),
-            "check_info" => {
+            StepKind::SegmentReduce { .. } => Kernel::Segment(Box::new(crate::kernels::indexing::segment::Segment::new(&ins, &outs, ints, floats)?)),
+            StepKind::CheckInfo {} => {
                 let info = take(&ins, 0)?;
                 need(info.dtype == DType::I32, "linalg info is int32")?;
                 Kernel::CheckInfo { info, api: "linalg".into() }
             }
-            "masked_scatter" => {
+            StepKind::MaskedScatter {} => {
                 let (base, mask, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
                 need(mask.dtype == DType::Bool && base.dtype == o.dtype && src.dtype == o.dtype, "masked_scatter dtypes")?;
                 need(mask.sizes == o.sizes && base.sizes == o.sizes && src.rank() == 1, "masked_scatter shapes")?;
                 Kernel::MaskedScatter { base, mask, src, out: o }
             }
-            "lu_factor" | "lu_unpack" | "lu" | "lu_solve" | "det" | "slogdet" | "cholesky" | "tri_solve" => {
+            StepKind::LuFactor { .. } | StepKind::LuUnpack { .. } | StepKind::Lu {} | StepKind::LuSolve { .. } | StepKind::Det {} | StepKind::Slogdet {} | StepKind::Cholesky { .. } | StepKind::TriSolve { .. } => {
                 Kernel::Linalg(Box::new(crate::kernels::linalg::Linalg::new(op, ins, outs, ints)?))
             }
-            "geqrf" | "orgqr" | "ormqr" | "qr" | "svd" | "eigh" | "pinv" | "linalg_polar" | "sqrth" | "matrix_exp" => {
+            StepKind::Geqrf {} | StepKind::Orgqr {} | StepKind::Ormqr { .. } | StepKind::Qr { .. } | StepKind::Svd { .. } | StepKind::Eigh { .. } | StepKind::Pinv { .. } | StepKind::LinalgPolar {} | StepKind::Sqrth {} | StepKind::MatrixExp {} => {
                 Kernel::Decomp(Box::new(crate::kernels::linalg::decomp::Decomp::new(op, ins, outs, ints)?))
             }
-            "gemm" => {
+            StepKind::Gemm { alpha, beta, .. } => {
                 let (a, b, c) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let bias = opt(&ins, 2);
                 f32s(&[&a, &b, &c])?;
@@ -201,29 +236,29 @@ impl Kernel {
                 need(res.is_some() == epi.contains(&EpiSpec::Residual), "gemm residual operand and epilogue disagree")?;
                 need(epi.iter().filter(|e| **e == EpiSpec::Residual).count() <= 1, "at most one residual add")?;
                 need(epi.len() <= crate::kernels::gemm::MAX_EPI, "too many GEMM epilogue steps")?;
-                Kernel::Gemm { a, b, c, bias, res, alpha: fl(0, 1.0) as f32, beta: fl(1, 1.0) as f32, epi }
+                Kernel::Gemm { a, b, c, bias, res, alpha: *alpha as f32, beta: *beta as f32, epi }
             }
-            "reduce" => {
+            StepKind::Reduce { kind, mask, correction } => {
                 let (x, o) = (take(&ins, 0)?, out(&outs, 0)?);
                 need(x.rank() == o.rank(), "reduction output must keep the reduced dims")?;
                 for d in 0..x.rank() {
                     need(o.sizes[d] == x.sizes[d] || o.sizes[d] == 1, "reduction shapes do not agree")?;
                 }
-                let kind = match int(ints, 0)? {
+                let kind = match *kind {
                     0 => Red::Sum,
                     1 => Red::Mean,
                     2 => Red::Amax,
                     3 => Red::Amin,
                     4 => Red::Argmax,
                     5 => Red::Argmin,
-                    6 => Red::Var(fl(0, 1.0)),
+                    6 => Red::Var(*correction),
                     7 => Red::Prod,
                     8 => Red::LogSumExp,
                     9 => Red::Any,
                     10 => Red::All,
                     k => return Err(format!("unknown reduction {k}")),
                 };
-                let reduced: Vec<bool> = ints.iter().skip(1).map(|&v| v != 0).collect();
+                let reduced: Vec<bool> = mask.iter().map(|&v| v != 0).collect();
                 need(reduced.len() == x.rank(), "reduction mask has the wrong rank")?;
                 for (d, &r) in reduced.iter().enumerate() {
                     need(!r || o.sizes[d] == 1, "reduced dim must have size 1 in the output")?;
@@ -250,25 +285,25 @@ impl Kernel {
                 }
                 Kernel::Reduce { kind, x, out: o }
             }
-            "softmax" | "log_softmax" => {
+            StepKind::Softmax { dim: d } | StepKind::LogSoftmax { dim: d } => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
                 need(x.sizes == y.sizes, "softmax shapes differ")?;
                 need(x.rank() >= 1, "softmax of a 0-d tensor (view it as 1-d)")?;
-                let d = dim(ints, 0, x.rank())?;
-                Kernel::Softmax { x, y, dim: d, log: op == "log_softmax" }
+                let d = dim(*d, x.rank())?;
+                Kernel::Softmax { x, y, dim: d, log: matches!(kind, StepKind::LogSoftmax { .. }) }
             }
-            "softmax_bwd" | "log_softmax_bwd" => {
+            StepKind::SoftmaxBwd { dim: d } | StepKind::LogSoftmaxBwd { dim: d } => {
                 let (g, y, gi) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 f32s(&[&g, &y, &gi])?;
                 need(g.sizes == y.sizes && y.sizes == gi.sizes, "softmax backward shapes differ")?;
-                let d = dim(ints, 0, g.rank())?;
-                Kernel::SoftmaxBwd { g, y, gi, dim: d, log: op == "log_softmax_bwd" }
+                let d = dim(*d, g.rank())?;
+                Kernel::SoftmaxBwd { g, y, gi, dim: d, log: matches!(kind, StepKind::LogSoftmaxBwd { .. }) }
             }
-            "layer_norm" | "rms_norm" => {
+            StepKind::LayerNorm { n, eps } | StepKind::RmsNorm { n, eps } => {
                 let x = take(&ins, 0)?;
                 let y = out(&outs, 0)?;
-                let n = uint(ints, 0)?;
+                let n = uint(*n, "normalized size")?;
                 f32s(&[&x, &y])?;
                 need(x.is_contiguous() && y.is_contiguous() && x.sizes == y.sizes, "norm needs contiguous input/output")?;
                 need(n > 0 && x.numel() % n == 0, "normalized size does not divide the input")?;
@@ -278,8 +313,8 @@ impl Kernel {
                     f32s(&[p])?;
                     need(p.is_contiguous() && p.numel() == n, "norm weight/bias must have the normalized shape")?;
                 }
-                let eps = fl(0, 1e-5) as f32;
-                if op == "layer_norm" {
+                let eps = *eps as f32;
+                if matches!(kind, StepKind::LayerNorm { .. }) {
                     let (mean, rstd) = (out(&outs, 1)?, out(&outs, 2)?);
                     f32s(&[&mean, &rstd])?;
                     need(mean.numel() == rows && rstd.numel() == rows && mean.is_contiguous() && rstd.is_contiguous(), "layer norm stats shape")?;
@@ -291,7 +326,7 @@ impl Kernel {
                     Kernel::RmsNorm { x, w, y, rstd, n, eps }
                 }
             }
-            "sdpa" => {
+            StepKind::Sdpa { causal, scale } => {
                 let (q, k, v, o, lse) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?, out(&outs, 1)?);
                 f32s(&[&q, &k, &v, &o, &lse])?;
                 need(q.rank() == 4 && k.rank() == 4 && v.rank() == 4 && o.rank() == 4 && lse.rank() == 3, "sdpa needs 4-d q/k/v")?;
@@ -303,9 +338,9 @@ impl Kernel {
                 if let Some(m) = &mask {
                     need(m.sizes == [b, h, l, s], "sdpa mask must be broadcast to (B, H, L, S)")?;
                 }
-                Kernel::Sdpa { q, k, v, mask, o, lse, causal: int(ints, 0)? != 0, scale: fl(0, 1.0 / (e as f64).sqrt()) as f32 }
+                Kernel::Sdpa { q, k, v, mask, o, lse, causal: *causal, scale: *scale as f32 }
             }
-            "embedding" => {
+            StepKind::Embedding {} => {
                 let (w, idx, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 f32s(&[&w, &o])?;
                 need(w.rank() == 2 && idx.dtype == DType::I64, "embedding takes a 2-d weight and int64 indices")?;
@@ -314,7 +349,7 @@ impl Kernel {
                 need(o.sizes == expect, "embedding output shape")?;
                 Kernel::Embedding { w, idx, out: o }
             }
-            "index" => {
+            StepKind::Index {} => {
                 let x = take(&ins, 0)?;
                 let idx: Vec<View> = (1..ins.len()).map(|i| take(&ins, i)).collect::<Result<_>>()?;
                 let o = out(&outs, 0)?;
@@ -327,12 +362,13 @@ impl Kernel {
                 need(o.sizes == expect, "index output shape")?;
                 Kernel::Index { x, idx, out: o }
             }
-            "gather" | "index_select" => {
+            StepKind::Gather { dim: d } | StepKind::IndexSelect { dim: d } => {
+                let gather = matches!(kind, StepKind::Gather { .. });
                 let (x, idx, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
-                let d = dim(ints, 0, x.rank())?;
+                let d = dim(*d, x.rank())?;
                 need(matches!(idx.dtype, DType::I64 | DType::I32) && o.dtype == x.dtype && o.rank() == x.rank().max(1), "gather dtypes/rank")?;
-                need(x.dtype.is_core() && (op == "gather" || idx.dtype == DType::I64), "gather dtypes")?;
-                if op == "gather" {
+                need(x.dtype.is_core() && (gather || idx.dtype == DType::I64), "gather dtypes")?;
+                if gather {
                     need(idx.sizes == o.sizes && idx.rank() == x.rank(), "gather shapes")?;
                     for i in 0..x.rank() {
                         need(i == d || idx.sizes[i] <= x.sizes[i], "gather index larger than input")?;
@@ -346,43 +382,42 @@ impl Kernel {
                     Kernel::IndexSelect { x, idx, out: o, dim: d }
                 }
             }
-            "cumsum" => {
+            StepKind::Cumsum { dim: d } => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 need(x.sizes == y.sizes, "cumsum shapes")?;
                 need(y.dtype != DType::Bool && !(y.dtype == DType::I64 && x.dtype == DType::F32), "cumsum dtypes")?;
                 need(x.rank() >= 1, "cumsum of a 0-d tensor (view it as 1-d)")?;
-                Kernel::Cumsum { dim: dim(ints, 0, x.rank())?, x, y }
+                Kernel::Cumsum { dim: dim(*d, x.rank())?, x, y }
             }
-            "cummax" | "cummin" => {
+            StepKind::Cummax { dim: d } | StepKind::Cummin { dim: d } => {
                 let (x, vals, idx) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
                 f32s(&[&x, &vals])?;
                 need(x.sizes == vals.sizes && x.sizes == idx.sizes && x.rank() >= 1, "cummax/cummin shapes")?;
                 need(idx.dtype == DType::I64, "cummax/cummin indices are int64")?;
-                Kernel::CumExtreme { dim: dim(ints, 0, x.rank())?, x, vals, idx, max: op == "cummax" }
+                Kernel::CumExtreme { dim: dim(*d, x.rank())?, x, vals, idx, max: matches!(kind, StepKind::Cummax { .. }) }
             }
-            "scan" => {
+            StepKind::Scan { dim: d, mode } => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
                 need(x.sizes == y.sizes && x.rank() >= 1, "scan shapes")?;
-                let mode = int(ints, 1)?;
-                need((0..=1).contains(&mode), "scan mode")?;
-                Kernel::Scan { dim: dim(ints, 0, x.rank())?, x, y, mode }
+                need((0..=1).contains(mode), "scan mode")?;
+                Kernel::Scan { dim: dim(*d, x.rank())?, x, y, mode: *mode }
             }
-            "scatter" => {
+            StepKind::Scatter { dim: d, how, include_self } => {
                 let (base, idx, src, o) = (take(&ins, 0)?, take(&ins, 1)?, take(&ins, 2)?, out(&outs, 0)?);
                 need(o.sizes == base.sizes && o.dtype == base.dtype && src.dtype == o.dtype, "scatter output")?;
                 need(matches!(idx.dtype, DType::I64 | DType::I32) && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
                 need(base.dtype.is_core() && src.dtype.is_core() && o.dtype.is_core(), "scatter takes float32, int64 and bool")?;
-                let d = dim(ints, 0, o.rank())?;
+                let d = dim(*d, o.rank())?;
                 for i in 0..o.rank() {
                     need(idx.sizes[i] <= src.sizes[i], "scatter index larger than src")?;
                     need(i == d || idx.sizes[i] <= o.sizes[i], "scatter index larger than self")?;
                 }
-                let how = crate::kernels::indexing::Combine::from_code(int(ints, 1)?)?;
+                let how = crate::kernels::indexing::Combine::from_code(*how)?;
                 need(o.dtype == DType::F32 || !matches!(how, crate::kernels::indexing::Combine::Mean) || o.dtype == DType::I64, "scatter mean dtype")?;
-                Kernel::Scatter { base, idx, src, out: o, dim: d, how, include_self: int(ints, 2)? != 0 }
+                Kernel::Scatter { base, idx, src, out: o, dim: d, how, include_self: *include_self }
             }
-            "index_put" => {
+            StepKind::IndexPut { accumulate } => {
                 let (base, values, o) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let idx: Vec<View> = (2..ins.len()).map(|i| take(&ins, i)).collect::<Result<_>>()?;
                 need(!idx.is_empty() && idx.len() <= o.rank(), "index_put needs 1..rank index tensors")?;
@@ -393,26 +428,27 @@ impl Kernel {
                 let mut expect = bshape;
                 expect.extend_from_slice(&o.sizes[idx.len()..]);
                 need(values.sizes == expect, "index_put values shape")?;
-                Kernel::IndexPut { base, values, idx, out: o, accumulate: int(ints, 0)? != 0 }
+                Kernel::IndexPut { base, values, idx, out: o, accumulate: *accumulate }
             }
-            "sort" => {
+            StepKind::Sort { dim: d, descending } => {
                 let (x, vals, pos) = (take(&ins, 0)?, out(&outs, 0)?, out(&outs, 1)?);
                 need(x.rank() >= 1 && vals.sizes == x.sizes && pos.sizes == x.sizes, "sort shapes")?;
                 need(vals.dtype == x.dtype && pos.dtype == DType::I64, "sort dtypes")?;
-                Kernel::Sort { dim: dim(ints, 0, x.rank())?, x, vals, pos, descending: int(ints, 1)? != 0 }
+                Kernel::Sort { dim: dim(*d, x.rank())?, x, vals, pos, descending: *descending }
             }
-            "arange" => {
+            StepKind::Arange { start, step } => {
                 let y = out(&outs, 0)?;
                 need(y.rank() == 1 && y.dtype != DType::Bool, "arange output")?;
-                Kernel::Arange { y, start: fl(0, 0.0), step: fl(1, 1.0) }
+                Kernel::Arange { y, start: *start, step: *step }
             }
-            "conv2d" => {
+            StepKind::Conv2d { stride, padding, dilation, groups } => {
                 let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let bias = opt(&ins, 2);
                 f32s(&[&x, &w, &y])?;
                 need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv2d takes 4-d tensors")?;
-                let p: [usize; 7] = [uint(ints, 0)?, uint(ints, 1)?, uint(ints, 2)?, uint(ints, 3)?, uint(ints, 4)?, uint(ints, 5)?, uint(ints, 6)?];
-                let (sh, sw, ph, pw, dh, dw, g) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+                let ([sh, sw], [ph, pw], [dh, dw]) = (uints(stride, "stride")?, uints(padding, "padding")?, uints(dilation, "dilation")?);
+                let g = uint(*groups, "groups")?;
+                let p: [usize; 7] = [sh, sw, ph, pw, dh, dw, g];
                 need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv2d stride/dilation/groups must be positive")?;
                 let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
                 let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
@@ -434,12 +470,12 @@ impl Kernel {
                     .collect::<Result<Vec<Un>>>()?;
                 Kernel::Conv2d { x, w, bias, y, p, epi }
             }
-            "conv3d" => {
+            StepKind::Conv3d { stride, padding, dilation, groups } => {
                 let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let bias = opt(&ins, 2);
                 f32s(&[&x, &w, &y])?;
                 need(x.rank() == 5 && w.rank() == 5 && y.rank() == 5, "conv3d takes 5-d tensors")?;
-                let v: Vec<usize> = (0..10).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                let v: Vec<usize> = [uints::<3>(stride, "stride")?, uints(padding, "padding")?, uints(dilation, "dilation")?].concat().into_iter().chain([uint(*groups, "groups")?]).collect();
                 need(v[..3].iter().chain(&v[6..]).all(|&u| u > 0), "conv3d stride/dilation/groups must be positive")?;
                 let g = v[9];
                 let (c, oc, cg) = (x.sizes[1], w.sizes[0], w.sizes[1]);
@@ -460,13 +496,13 @@ impl Kernel {
                 p.copy_from_slice(&v);
                 Kernel::Conv3d { x, w, bias, y, p }
             }
-            "conv_transpose2d" => {
+            StepKind::ConvTranspose2d { stride, padding, dilation, groups, output_padding } => {
                 let (x, w, y) = (take(&ins, 0)?, take(&ins, 1)?, out(&outs, 0)?);
                 let bias = opt(&ins, 2);
                 f32s(&[&x, &w, &y])?;
                 need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv_transpose2d takes 4-d tensors")?;
-                let v: Vec<usize> = (0..9).map(|i| uint(ints, i)).collect::<Result<_>>()?;
-                let (sh, sw, ph, pw, dh, dw, g, oph, opw) = (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]);
+                let ([sh, sw], [ph, pw], [dh, dw]) = (uints(stride, "stride")?, uints(padding, "padding")?, uints(dilation, "dilation")?);
+                let ([oph, opw], g) = (uints(output_padding, "output_padding")?, uint(*groups, "groups")?);
                 need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv_transpose2d stride/dilation/groups must be positive")?;
                 let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
                 let (wc, ocg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
@@ -482,14 +518,15 @@ impl Kernel {
                 let p = [sh, sw, ph, pw, dh, dw, g];
                 Kernel::ConvTranspose2d { x, w, bias, y, p }
             }
-            "max_pool2d" | "avg_pool2d" => {
+            StepKind::MaxPool2d { .. } | StepKind::AvgPool2d { .. } => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
                 need(x.rank() == 4 && y.rank() == 4 && x.sizes[..2] == y.sizes[..2], "pool takes 4-d tensors")?;
-                let vals: Vec<usize> = (0..if op == "max_pool2d" { 8 } else { 6 }).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                let (window, include_pad, divisor) = pool_window::<2>(kind)?;
+                let vals: Vec<usize> = window;
                 need(vals[0] > 0 && vals[1] > 0 && vals[2] > 0 && vals[3] > 0, "pool kernel/stride must be positive")?;
                 need(vals[4] <= vals[0] / 2 && vals[5] <= vals[1] / 2, "pool padding larger than half the kernel")?;
-                if op == "max_pool2d" {
+                if matches!(kind, StepKind::MaxPool2d { .. }) {
                     let idx = out(&outs, 1)?;
                     need(idx.sizes == y.sizes && idx.dtype == DType::I64, "max_pool2d indices")?;
                     need(vals[6] > 0 && vals[7] > 0, "pool dilation must be positive")?;
@@ -499,15 +536,15 @@ impl Kernel {
                 } else {
                     let mut p = [0usize; 6];
                     p.copy_from_slice(&vals);
-                    Kernel::AvgPool { x, y, p, include_pad: int(ints, 6)? != 0, divisor: uint(ints, 7)? }
+                    Kernel::AvgPool { x, y, p, include_pad, divisor }
                 }
             }
-            "max_pool3d" | "avg_pool3d" => {
+            StepKind::MaxPool3d { .. } | StepKind::AvgPool3d { .. } => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
                 need(x.rank() == 5 && y.rank() == 5 && x.sizes[..2] == y.sizes[..2], "3-d pooling takes 5-d tensors")?;
-                let max = op == "max_pool3d";
-                let vals: Vec<usize> = (0..if max { 12 } else { 9 }).map(|i| uint(ints, i)).collect::<Result<_>>()?;
+                let max = matches!(kind, StepKind::MaxPool3d { .. });
+                let (vals, include_pad, divisor) = pool_window::<3>(kind)?;
                 need(vals[..6].iter().all(|&v| v > 0), "pool kernel/stride must be positive")?;
                 need((0..3).all(|d| vals[6 + d] <= vals[d] / 2), "pool padding larger than half the kernel")?;
                 if max {
@@ -520,10 +557,10 @@ impl Kernel {
                 } else {
                     let mut p = [0usize; 9];
                     p.copy_from_slice(&vals);
-                    Kernel::AvgPool3d { x, y, p, include_pad: int(ints, 9)? != 0, divisor: uint(ints, 10)? }
+                    Kernel::AvgPool3d { x, y, p, include_pad, divisor }
                 }
             }
-            "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" | "adaptive_max_pool3d" => {
+            StepKind::AdaptiveAvgPool2d {} | StepKind::AdaptiveMaxPool2d {} | StepKind::AdaptiveAvgPool3d {} | StepKind::AdaptiveMaxPool3d {} => {
                 let (x, y) = (take(&ins, 0)?, out(&outs, 0)?);
                 f32s(&[&x, &y])?;
                 let r = if op.ends_with("3d") { 5 } else { 4 };
@@ -538,8 +575,8 @@ impl Kernel {
                 };
                 Kernel::AdaptivePool { x, y, idx }
             }
-            "nll_loss" | "nll_loss_bwd" => {
-                let fwd = op == "nll_loss";
+            StepKind::NllLoss { reduction, ignore_index } | StepKind::NllLossBwd { reduction, ignore_index } => {
+                let fwd = matches!(kind, StepKind::NllLoss { .. });
                 let off = if fwd { 0 } else { 1 };
                 let (x, t) = (take(&ins, off)?, take(&ins, off + 1)?);
                 let w = opt(&ins, off + 2);
@@ -550,9 +587,8 @@ impl Kernel {
                 if let Some(wv) = &w {
                     need(wv.sizes == [classes] && wv.dtype == DType::F32, "nll_loss weight")?;
                 }
-                let reduction = int(ints, 0)?;
+                let (reduction, ignore) = (*reduction, *ignore_index);
                 need((0..=2).contains(&reduction), "nll_loss reduction")?;
-                let ignore = int(ints, 1)?;
                 if fwd {
                     let (o, total) = (out(&outs, 0)?, out(&outs, 1)?);
                     f32s(&[&o, &total])?;
@@ -567,7 +603,8 @@ impl Kernel {
                     Kernel::NllBwd { g, x, t, w, total, gi, reduction, ignore }
                 }
             }
-            other => return Err(format!("unknown kernel {other:?}")),
+            StepKind::Ew { .. } => return Err("an elementwise step is not a kernel".into()),
+            _ => return Err(format!("no kernel for step {op:?}")),
         };
         Ok(k)
     }

@@ -153,8 +153,7 @@ impl Executor {
                         other => Err(format!("unknown epilogue {other:?}")),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let (ints, floats) = s.kind.params();
-                Step::Op(Kernel::new(op, ins, outs, &ints, &floats, epilogue)?)
+                Step::Op(Kernel::new(&s.kind, ins, outs, epilogue)?)
             };
             steps.push(step);
         }
