@@ -132,7 +132,14 @@ def byte_span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def check_no_overlap(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-    """Raise ``ValueError`` when an output's bytes may overlap another output's or an input's."""
+    """Raise ``ValueError`` when an output's bytes may overlap another output's or an input's
+    (``TypeError`` when one of them is not a tensor)."""
+    for what, tensors in (("input", inputs), ("output", outputs)):
+        for index, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{what} {index} is a {type(t).__name__}, not a tensor")
+            if t.layout is not torch.strided:
+                raise ValueError(f"{what} {index} has layout {t.layout}, expected torch.strided")
     spans_in = [byte_span(t) for t in inputs]
     spans_out = [byte_span(t) for t in outputs]
     for i, (a0, a1) in enumerate(spans_out):

@@ -1,9 +1,10 @@
 """native_cpu's single-op eager kernels, as ``NativeCpuEngine.eager_kernel`` hands them out.
 
-Each kernel is a function of a tensor that returns a new tensor: it checks its input (a plain
-strided, contiguous float32 CPU tensor with no lazy negation or conjugation) and raises
-``ValueError`` / ``TypeError`` for anything else, with a message that says why. The native
-module takes the tensors themselves (``_unary_f32``) and validates them once more.
+Each kernel is a function of a tensor that returns a new tensor: it takes a plain strided,
+contiguous float32 CPU tensor with no lazy negation or conjugation and raises ``ValueError`` /
+``TypeError`` for anything else, with a message that says why. The native module takes the
+tensors themselves (``_unary_f32``) and validates them before it reads a byte; the kernel checks
+only what the module cannot tell (a subclass, a non-strided layout) and words the refusals.
 
 Numerics: the Rust kernels' polynomial approximations, within float32 tolerance of
 ``torch.testing.assert_close`` (NaN, ±inf and signed zeros as PyTorch), not bit-identical.
@@ -44,17 +45,15 @@ def unary_kernel(op: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
     code = unary_codes()[name]
 
     def kernel(x: torch.Tensor) -> torch.Tensor:
-        if (
-            type(x) is not _Tensor
-            or x.dtype is not _F32
-            or x.layout is not _STRIDED
-            or not x.is_cpu
-            or not x.is_contiguous()
-            or x.is_neg()
-        ):
+        # dtype, device, contiguity and the negation bit are checked by the native module itself
+        # (before it reads anything); only what it cannot see of x is checked here
+        if type(x) is not _Tensor or x.layout is not _STRIDED:
             raise _refusal(op, x)
         y = _empty_like(x, memory_format=_CONTIGUOUS)
-        _unary_f32(code, x, y)
+        try:
+            _unary_f32(code, x, y)
+        except ValueError as exc:
+            raise _refusal(op, x) from exc
         return y
 
     kernel.__name__ = kernel.__qualname__ = f"native_cpu_{name}_f32"
@@ -80,6 +79,8 @@ def _refusal(op: str, x: object) -> Exception:
         why = f"device {x.device}"
     elif not x.is_contiguous():
         why = f"a non-contiguous tensor (strides {x.stride()})"
-    else:
+    elif x.is_neg() or x.is_conj():
         why = "a lazily negated view (pass x.resolve_neg())"
+    else:
+        why = "this tensor (the native module refused it)"
     return ValueError(f"native_cpu {op} kernel does not take {why}")
