@@ -79,6 +79,14 @@ def _scalar(v: Any) -> float | None:
         return None
 
 
+def _hyper(v: Any) -> float:
+    """A hyper-parameter that ``_native_ok`` accepted, as the float the native step takes."""
+    x = _scalar(v)
+    if x is None:
+        raise TypeError(f"hyper-parameter {v!r} is not a number")
+    return x
+
+
 def _group_flags_ok(group: dict[str, Any]) -> bool:
     return not (group.get("capturable") or group.get("differentiable") or group.get("fused"))
 
@@ -168,11 +176,11 @@ class _AdamBase:
             steps.append(_arg(st["step"]))
         if not ps:
             return
-        beta1, beta2 = (_scalar(b) for b in group["betas"])
+        beta1, beta2 = (_hyper(b) for b in group["betas"])
         decoupled = self._decoupled if self._decoupled is not None else bool(group.get("decoupled_weight_decay", False))
         _native.optim_adam(
             ps, gs, ms, vs, mxs, steps,
-            _scalar(group["lr"]), beta1, beta2, _scalar(group["eps"]), _scalar(group["weight_decay"]),
+            _hyper(group["lr"]), beta1, beta2, _hyper(group["eps"]), _hyper(group["weight_decay"]),
             decoupled, bool(group["maximize"]), amsgrad,
         )  # fmt: skip
 
@@ -218,7 +226,7 @@ class SGD(_topt.SGD):
         return _run_step(self, closure, _topt.SGD)
 
     def _native_group(self, group: dict[str, Any]) -> None:
-        momentum = _scalar(group["momentum"])
+        momentum = _hyper(group["momentum"])
         ps, gs, bufs, first = [], [], [], []
         for p in group["params"]:
             if p.grad is None:
@@ -234,6 +242,6 @@ class SGD(_topt.SGD):
                 bufs.append(_arg(buf))
         if ps:
             _native.optim_sgd(
-                ps, gs, bufs, first, _scalar(group["lr"]), momentum, _scalar(group["dampening"]),
-                _scalar(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
+                ps, gs, bufs, first, _hyper(group["lr"]), momentum, _hyper(group["dampening"]),
+                _hyper(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
             )  # fmt: skip

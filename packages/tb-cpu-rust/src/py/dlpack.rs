@@ -190,26 +190,17 @@ unsafe fn describe(dl: &DLTensor) -> Result<HostTensor, Option<String>> {
     HostTensor::new(dl.data as usize, dl.byte_offset, dtype, dims(dl.shape), strides).map_err(Some)
 }
 
+/// The DLPack (type code, bits) of each dtype the crate has.
+const DTYPES: [(u8, u8, DType); 13] = [
+    (0, 8, DType::I8), (0, 16, DType::I16), (0, 32, DType::I32), (0, 64, DType::I64), // kDLInt
+    (1, 8, DType::U8), (6, 8, DType::Bool), // kDLUInt, kDLBool
+    (2, 16, DType::F16), (2, 32, DType::F32), (2, 64, DType::F64), (4, 16, DType::BF16), // kDLFloat, kDLBfloat
+    (5, 32, DType::C32), (5, 64, DType::C64), (5, 128, DType::C128), // kDLComplex
+];
+
 fn dtype_of(d: DLDataType) -> Option<DType> {
-    if d.lanes != 1 {
-        return None;
-    }
-    Some(match (d.code, d.bits) {
-        (2, 32) => DType::F32,
-        (2, 64) => DType::F64,
-        (2, 16) => DType::F16,
-        (4, 16) => DType::BF16,
-        (0, 64) => DType::I64,
-        (0, 32) => DType::I32,
-        (0, 16) => DType::I16,
-        (0, 8) => DType::I8,
-        (1, 8) => DType::U8,
-        (6, 8) => DType::Bool,
-        (5, 64) => DType::C64,
-        (5, 128) => DType::C128,
-        (5, 32) => DType::C32,
-        _ => return None,
-    })
+    let found = DTYPES.iter().find(|&&(code, bits, _)| (code, bits) == (d.code, d.bits));
+    found.filter(|_| d.lanes == 1).map(|&(_, _, dtype)| dtype)
 }
 
 fn flag(obj: &Bound<'_, PyAny>, method: &Bound<'_, pyo3::types::PyString>) -> Result<bool, Refusal> {
