@@ -46,20 +46,6 @@ def test_selection_opens_no_device_and_a_second_process_reads_the_cache(tmp_path
     assert second == {**first, "source": "cache", "wgpu_imported": False}
 
 
-def test_compiling_on_native_engines_opens_no_wgpu_device(tmp_path: Path) -> None:
-    code = """
-        import json, torch, torchburn
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
-        x = torch.randn(4, 16)
-        out = torch.compile(model, backend="torchburn")(x)
-        torch.testing.assert_close(out, model(x))
-        from tb_wgpu import device
-        print(json.dumps({"device_opened": device._CONTEXT is not None}))
-    """
-    got = _child(code, tmp_path)
-    assert not got["device_opened"], got
-
-
 def test_a_changed_fingerprint_enumerates_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHBURN_CACHE_DIR", str(tmp_path))
     adapters.forget()
