@@ -70,7 +70,7 @@ def test_stream_logprobs_cover_every_token_once(llama: LLM) -> None:
     assert all(isinstance(d, TextDelta) for d in deltas)
     (g,) = out
     assert "".join(deltas) == g.text
-    streamed = [e for d in deltas for e in d.logprobs]
+    streamed = [e for d in deltas for e in d.logprobs]  # type: ignore[attr-defined]
     assert streamed == g.logprobs
     want = llama.generate("Grüße aus München", max_new_tokens=16, ignore_eos=True, logprobs=2)
     assert not isinstance(want, list) and [e.token_id for e in streamed] == want.token_ids
@@ -114,4 +114,4 @@ def test_n_samples_are_seeded_per_choice(llama: LLM) -> None:
     with pytest.raises(ValueError, match="n must be"):
         llama.generate("Hello", n=0)
     with pytest.raises(ValueError, match="n > 1"):
-        llama.generate(["a", "b"], n=2)
+        llama.generate(["a", "b"], n=2)  # type: ignore[arg-type]

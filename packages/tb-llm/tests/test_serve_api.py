@@ -180,7 +180,7 @@ def test_errors_through_the_client(server: BackgroundServer, client: openai.Open
         client.completions.create(model=MODEL, prompt="Hello", temperature=5)
     assert _error(e)["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt="Hello", n=2)
+        client.completions.create(model=MODEL, prompt="Hello", n=99)  # above max_n
     assert _error(e)["param"] == "n"
 
     with pytest.raises(openai.APIStatusError) as e:

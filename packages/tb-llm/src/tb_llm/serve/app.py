@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -28,6 +29,7 @@ from starlette.routing import Route
 from tb_llm._version import __version__
 from tb_llm.errors import LLMError
 from tb_llm.llm import LLM
+from tb_llm.logprobs import TokenLogprob
 from tb_llm.serve.api_error import (
     APIError,
     bad_request,
@@ -37,7 +39,10 @@ from tb_llm.serve.api_error import (
     too_many,
     unauthorized,
 )
+from tb_llm.serve.logprob_format import CompletionLogprobs, chat_logprobs
+from tb_llm.serve.metrics import Gauge, ServerMetrics
 from tb_llm.serve.request_schema import GenerationRequest, parse
+from tb_llm.serve.row_sampler import RequestSampling
 from tb_llm.serve.scheduler import Busy, Delta, Event, Failed, Finished, Job, Scheduler
 from tb_llm.serve.settings import ServeSettings
 
@@ -59,7 +64,9 @@ class OpenAIServer:
     def __init__(self, llm: LLM, settings: ServeSettings, scheduler: Scheduler | None = None) -> None:
         self.llm = llm
         self.settings = settings
-        self.scheduler = scheduler or Scheduler(llm, settings.max_batch, settings.max_queue)
+        self.metrics = scheduler.metrics if scheduler is not None else ServerMetrics()
+        self.scheduler = scheduler or Scheduler(llm, settings.max_batch, settings.max_queue, metrics=self.metrics)
+        self._add_gauges()
         self.context_length = settings.max_model_len or llm.config.max_position
         self.created = int(time.time())
         self.fingerprint = f"tb-llm-{__version__}-{llm.engine}"
@@ -71,6 +78,7 @@ class OpenAIServer:
                 Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/metrics", self.metrics_text, methods=["GET"]),
             ],
             exception_handlers={HTTPException: self._http_exception, Exception: self._unexpected},
             lifespan=self._lifespan,
@@ -94,6 +102,38 @@ class OpenAIServer:
 
     async def _unexpected(self, request: Request, exc: Exception) -> Response:
         return _error_response(server_error(f"internal error: {type(exc).__name__}"))
+
+    def _add_gauges(self) -> None:
+        sched = self.scheduler
+        self.metrics.gauges += [
+            Gauge("requests_running", "Sequences in the batch now.", lambda: sched.load[0]),
+            Gauge("requests_waiting", "Sequences queued for a batch row (queue depth).", lambda: sched.load[1]),
+            Gauge("batch_rows", "Rows in the batch (--max-batch).", lambda: sched.max_batch),
+            Gauge(
+                "kv_cache_tokens", "Tokens whose keys and values the cache holds now.", lambda: sched.engine.tokens_held
+            ),
+            Gauge(
+                "kv_cache_capacity_tokens",
+                "Tokens the cache has room for now, all rows (it grows on demand).",
+                lambda: sched.engine.token_capacity,
+            ),
+            Gauge("kv_cache_usage_ratio", "kv_cache_tokens / kv_cache_capacity_tokens.", self._kv_usage),
+            Gauge("kv_cache_bytes", "Memory the KV cache takes.", lambda: sched.engine.cache.nbytes()),
+            Gauge(
+                "model_info",
+                "The model served (labels); always 1.",
+                lambda: 1,
+                {"model": self.settings.model_name, "engine": self.llm.engine, "quant": self.llm.quant},
+            ),
+        ]
+
+    def _kv_usage(self) -> float:
+        cap = self.scheduler.engine.token_capacity
+        return self.scheduler.engine.tokens_held / cap if cap else 0.0
+
+    async def metrics_text(self, request: Request) -> Response:
+        # Open like /health: scrapers seldom carry the API key, and nothing here is a secret.
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # -- checks ---------------------------------------------------------------------------
     def _authorize(self, request: Request) -> None:
@@ -198,68 +238,85 @@ class OpenAIServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
+        self.metrics.requests.inc()
         try:
             self._authorize(request)
-            req = parse(await self._read_json(request), chat, self.settings.max_stop)
+            req = parse(await self._read_json(request), chat, self.settings.max_stop, self.settings.max_n)
             self._check_model(req.model)
             prompt_ids = await self._encode(req)
             max_tokens = self._max_tokens(req, len(prompt_ids))
             loop = asyncio.get_running_loop()
-            queue: asyncio.Queue[Event] = asyncio.Queue()
-
-            def emit(event: Event) -> None:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-
-            job = Job(prompt_ids, max_tokens, req.sampling, req.stop, req.ignore_eos, emit)
+            queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+            jobs = [
+                Job(
+                    prompt_ids,
+                    max_tokens,
+                    _choice_sampling(req.sampling, i),
+                    req.stop,
+                    req.ignore_eos,
+                    _emitter(loop, queue, i),
+                    logprobs=req.logprobs,
+                    prompt_logprobs=req.echo and req.logprobs is not None,
+                )
+                for i in range(req.n)
+            ]
             try:
-                self.scheduler.submit(job)
+                self.scheduler.submit_all(jobs)
             except Busy as exc:
+                self.metrics.rejected.inc()
                 raise too_many(str(exc)) from None
         except APIError as err:
             return _error_response(err)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        out = _Choices(self, req, jobs, prompt_ids)
         if req.stream:
             return StreamingResponse(
-                self._stream(req, job, queue, rid), media_type="text/event-stream", headers=SSE_HEADERS
+                self._stream(req, out, queue, rid), media_type="text/event-stream", headers=SSE_HEADERS
             )
-        return await self._complete(request, req, job, queue, rid)
+        return await self._complete(request, req, out, queue, rid)
 
     # -- responses ------------------------------------------------------------------------
-    def _usage(self, done: Finished) -> dict[str, int]:
-        return {
-            "prompt_tokens": done.prompt_tokens,
-            "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-        }
+    def _usage(self, done: list[Finished]) -> dict[str, int]:
+        prompt = done[0].prompt_tokens  # one prompt, however many choices
+        completion = sum(d.completion_tokens for d in done)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     async def _complete(
-        self, request: Request, req: GenerationRequest, job: Job, queue: asyncio.Queue[Event], rid: str
+        self, request: Request, req: GenerationRequest, out: _Choices, queue: asyncio.Queue[tuple[int, Event]], rid: str
     ) -> Response:
-        parts: list[str] = []
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            while True:
+            while not out.all_done:
                 get = asyncio.ensure_future(queue.get())
                 await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():
                     get.cancel()
                     return Response(status_code=499)  # nobody is listening any more
-                event = get.result()
-                if isinstance(event, Delta):
-                    parts.append(event.text)
-                elif isinstance(event, Failed):
+                i, event = get.result()
+                if isinstance(event, Failed):
                     return _error_response(server_error(event.message))
-                else:
-                    break
+                out.record(i, event)
         finally:
             gone.cancel()
-            job.cancel()
-        text = "".join(parts)
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": event.finish_reason}
-        if req.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
+            out.cancel()
+        choices = []
+        for i, done in enumerate(out.finished):
+            assert done is not None
+            choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": done.finish_reason}
+            text = "".join(out.texts[i])
+            if req.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+                if req.logprobs is not None:
+                    choice["logprobs"] = chat_logprobs(out.entries[i])
+            else:
+                choice["text"] = (out.echo_text if req.echo else "") + text
+                if req.logprobs is not None:
+                    lp = CompletionLogprobs()
+                    if req.echo:
+                        out.add_prompt(lp, done.prompt_logprobs or ())
+                    lp.extend(out.entries[i])
+                    choice["logprobs"] = lp.take()
+            choices.append(choice)
         return JSONResponse(
             {
                 "id": rid,
@@ -267,13 +324,13 @@ class OpenAIServer:
                 "created": int(time.time()),
                 "model": self.settings.model_name,
                 "system_fingerprint": self.fingerprint,
-                "choices": [choice],
-                "usage": self._usage(event),
+                "choices": choices,
+                "usage": self._usage([d for d in out.finished if d is not None]),
             }
         )
 
     async def _stream(
-        self, req: GenerationRequest, job: Job, queue: asyncio.Queue[Event], rid: str
+        self, req: GenerationRequest, out: _Choices, queue: asyncio.Queue[tuple[int, Event]], rid: str
     ) -> AsyncIterator[str]:
         created = int(time.time())
         head: dict[str, Any] = {
@@ -283,41 +340,111 @@ class OpenAIServer:
             "model": self.settings.model_name,
             "system_fingerprint": self.fingerprint,
         }
+        legacy = [CompletionLogprobs() for _ in out.jobs]
+        started = [False] * len(out.jobs)
 
-        def chunk(piece: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        def chunk(i: int, piece: str | None, finish: str | None, entries: tuple[TokenLogprob, ...] = ()) -> str:
+            choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": finish}
             if req.chat:
                 delta: dict[str, Any] = {}
-                if first:
+                if not started[i]:
                     delta["role"] = "assistant"
                 if piece is not None:
                     delta["content"] = piece
                 choice["delta"] = delta
+                if req.logprobs is not None and entries:
+                    choice["logprobs"] = chat_logprobs(entries)
             else:
                 choice["text"] = piece or ""
-            out: dict[str, Any] = {**head, "choices": [choice]}
+                if req.logprobs is not None:
+                    legacy[i].extend(entries)
+                    fresh = legacy[i].take()
+                    if fresh["tokens"]:
+                        choice["logprobs"] = fresh
+            started[i] = True
+            body: dict[str, Any] = {**head, "choices": [choice]}
             if req.include_usage:
-                out["usage"] = None
-            return out
+                body["usage"] = None
+            return _sse(body)
 
         try:
-            if req.chat:
-                yield _sse(chunk("", None, first=True))
-            while True:
-                event = await queue.get()
-                if isinstance(event, Delta):
-                    yield _sse(chunk(event.text, None))
-                elif isinstance(event, Failed):
+            for i in range(len(out.jobs)):
+                if req.chat:
+                    yield chunk(i, "", None)
+            while not out.all_done:
+                i, event = await queue.get()
+                if not req.chat and req.echo and not started[i]:
+                    # The prompt's log-probs are set at prefill, before this choice's first event.
+                    if req.logprobs is not None:
+                        out.add_prompt(legacy[i], out.jobs[i].prompt_entries or ())
+                    yield chunk(i, out.echo_text, None)
+                if isinstance(event, Failed):
                     yield _sse(server_error(event.message).body())
                     break
+                out.record(i, event)
+                if isinstance(event, Delta):
+                    yield chunk(i, event.text, None, event.logprobs)
                 else:
-                    yield _sse(chunk(None if req.chat else "", event.finish_reason))
-                    if req.include_usage:
-                        yield _sse({**head, "choices": [], "usage": self._usage(event)})
-                    break
+                    yield chunk(i, None if req.chat else "", event.finish_reason)
+            else:
+                if req.include_usage:
+                    yield _sse({**head, "choices": [], "usage": self._usage([d for d in out.finished if d])})
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()  # a no-op when finished; frees the row when the client went away
+            out.cancel()  # a no-op when finished; frees the rows when the client went away
+
+
+class _Choices:
+    """The ``n`` jobs of one request and what each has produced so far."""
+
+    def __init__(self, server: OpenAIServer, req: GenerationRequest, jobs: list[Job], prompt_ids: list[int]) -> None:
+        self.jobs = jobs
+        self.prompt_ids = prompt_ids
+        self.texts: list[list[str]] = [[] for _ in jobs]
+        self.entries: list[list[TokenLogprob]] = [[] for _ in jobs]
+        self.finished: list[Finished | None] = [None] * len(jobs)
+        self.pieces = server.scheduler.pieces
+        self.echo_text = ""
+        if req.echo:
+            tok = server.llm.tokenizer
+            if isinstance(req.prompt, str):
+                self.echo_text = req.prompt
+            elif tok is not None:
+                self.echo_text = tok.decode(prompt_ids)
+
+    @property
+    def all_done(self) -> bool:
+        return all(f is not None for f in self.finished)
+
+    def record(self, i: int, event: Event) -> None:
+        if isinstance(event, Delta):
+            self.texts[i].append(event.text)
+            self.entries[i].extend(event.logprobs)
+        elif isinstance(event, Finished):
+            self.finished[i] = event
+
+    def add_prompt(self, lp: CompletionLogprobs, entries: Sequence[TokenLogprob]) -> None:
+        lp.add_unscored(self.pieces.text(self.prompt_ids[0]))  # nothing predicts the first token
+        lp.extend(entries)
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()
+
+
+def _choice_sampling(sampling: RequestSampling, i: int) -> RequestSampling:
+    """Choice ``i`` samples with seed ``seed + i``: choice 0 is the ``n=1`` request, and each
+    choice is reproducible on its own (as ``LLM.generate(n=..., seed=...)``)."""
+    if sampling.seed is None or i == 0:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + i) % (1 << 64))
+
+
+def _emitter(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[int, Event]], i: int) -> Any:
+    def emit(event: Event) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (i, event))
+
+    return emit
 
 
 async def _disconnected(request: Request) -> None:

@@ -34,14 +34,15 @@ class BatchEngine:
         return self.model.device
 
     @torch.inference_mode()
-    def prefill(self, row: int, ids: list[int]) -> torch.Tensor:
-        """Run a whole prompt into the (free) row ``row``; return float32 logits ``[V]`` on CPU."""
+    def prefill(self, row: int, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Run a whole prompt into the (free) row ``row``; return float32 logits ``[V]`` on CPU
+        (of the last position; with ``all_logits``, ``[T, V]``: every position's)."""
         self.cache.clear(row)
         dev = self.device
         t = len(ids)
         x = torch.tensor([ids], dtype=torch.long, device=dev)
         pos = torch.arange(t, dtype=torch.long, device=dev)[None]
-        logits = self.model.forward(x, pos, self.cache.prefill_view(row))  # type: ignore[arg-type]
+        logits = self.model.forward(x, pos, self.cache.prefill_view(row), last_only=not all_logits)  # type: ignore[arg-type]
         return logits[0].float().cpu()
 
     @torch.inference_mode()
@@ -61,6 +62,15 @@ class BatchEngine:
             self.cache.clear(row)
         else:
             self.cache.move(last, row)
+
+    @property
+    def tokens_held(self) -> int:
+        return sum(self.cache.lens)
+
+    @property
+    def token_capacity(self) -> int:
+        """Tokens the cache holds room for now, all rows together (it grows on demand)."""
+        return self.cache.capacity * self.max_batch
 
     @torch.inference_mode()
     def reset(self) -> None:

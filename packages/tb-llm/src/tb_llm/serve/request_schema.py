@@ -1,8 +1,9 @@
 """Validation of ``/v1/chat/completions`` and ``/v1/completions`` bodies.
 
 Each field is checked by hand so that every rejection names the offending ``param`` the way
-OpenAI's API does. Parameters OpenAI defines but this server does not implement (``n > 1``,
-``logprobs``, tools, ``echo``, ``suffix``) are refused with a 400, never silently ignored.
+OpenAI's API does. Parameters OpenAI defines but this server does not implement (tools,
+``suffix``, ``best_of`` other than ``n``, ``response_format`` other than text) are refused with a
+400, never silently ignored.
 Extensions other OpenAI-compatible servers accept are honoured: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``.
 """
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tb_llm.logprobs import MAX_TOP_LOGPROBS
 from tb_llm.serve.api_error import bad_request
 from tb_llm.serve.row_sampler import RequestSampling
 
@@ -31,6 +33,9 @@ class GenerationRequest:
     include_usage: bool
     ignore_eos: bool
     prompt_param: str
+    n: int = 1
+    logprobs: int | None = None  # None: off; k: each token's log-prob and its k likeliest alternatives
+    echo: bool = False  # /v1/completions: the prompt (and its log-probs) before the completion
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -101,21 +106,39 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
     return out
 
 
+def _n(body: dict[str, Any], max_n: int) -> int:
+    n = _int(body, "n", 1)
+    if n is None:
+        return 1
+    if n > max_n:
+        raise bad_request(f"'n' must be at most {max_n}, got {n}", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise bad_request("best_of is not supported (other than best_of == n)", "best_of")
+    return n
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    if chat:  # logprobs: bool, top_logprobs: 0..20 alternatives (needs logprobs)
+        on = _bool(body, "logprobs")
+        top = _int(body, "top_logprobs", 0)
+        if top is not None and top > MAX_TOP_LOGPROBS:
+            raise bad_request(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", "top_logprobs")
+        if top is not None and not on:
+            raise bad_request("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+        return (top or 0) if on else None
+    k = _int(body, "logprobs", 0)  # /v1/completions: logprobs is the number of alternatives
+    if k is not None and k > MAX_TOP_LOGPROBS:
+        raise bad_request(f"'logprobs' must be at most {MAX_TOP_LOGPROBS}, got {k}", "logprobs")
+    return k
+
+
 def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise bad_request("only n=1 is supported; send several requests instead", "n")
-    if body.get("best_of") not in (None, 1):
-        raise bad_request("best_of is not supported", "best_of")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise bad_request("logprobs are not supported by this server", "logprobs")
     if chat and body.get("tools"):
         raise bad_request("tools / function calling are not supported by this server", "tools")
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
-    if not chat and body.get("echo"):
-        raise bad_request("echo is not supported by this server", "echo")
     if not chat and body.get("suffix"):
         raise bad_request("suffix is not supported by this server", "suffix")
 
@@ -168,7 +191,7 @@ def _prompt(body: dict[str, Any]) -> Any:
     raise bad_request("'prompt' must be a non-empty string or a list of token ids", "prompt")
 
 
-def parse(body: Any, chat: bool, max_stop: int = 16) -> GenerationRequest:
+def parse(body: Any, chat: bool, max_stop: int = 16, max_n: int = 16) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = body.get("model")
@@ -176,9 +199,11 @@ def parse(body: Any, chat: bool, max_stop: int = 16) -> GenerationRequest:
         raise bad_request("'model' must be a string", "model")
     _refuse_unsupported(body, chat)
     prompt: Any = _messages(body) if chat else _prompt(body)
+    echo = False if chat else _bool(body, "echo")
     max_tokens = _int(body, "max_completion_tokens", 1) if chat else None
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1)
+        # max_tokens 0 with echo scores the prompt and generates nothing (the usual scoring call).
+        max_tokens = _int(body, "max_tokens", 0 if echo else 1)
     top_k = _int(body, "top_k")
     sampling = RequestSampling(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -207,4 +232,7 @@ def parse(body: Any, chat: bool, max_stop: int = 16) -> GenerationRequest:
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
         prompt_param="messages" if chat else "prompt",
+        n=_n(body, max_n),
+        logprobs=_logprobs(body, chat),
+        echo=echo,
     )

@@ -16,9 +16,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from tb_llm.llm import LLM
+from tb_llm.logprobs import TokenLogprob, TokenPieces, log_softmax, token_logprob
 from tb_llm.serve.batch_engine import BatchEngine
 from tb_llm.serve.completion_text import CompletionText
+from tb_llm.serve.metrics import ServerMetrics
 from tb_llm.serve.row_sampler import RequestSampling, RowSampler
 
 log = logging.getLogger("tb_llm.serve")
@@ -27,6 +31,7 @@ log = logging.getLogger("tb_llm.serve")
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens generated since the last delta (with logprobs on)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     token_ids: tuple[int, ...]
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # prompt tokens 1.. (echo with logprobs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class Job:
         stop: Sequence[str],
         ignore_eos: bool,
         emit: Callable[[Event], None],
+        logprobs: int | None = None,
+        prompt_logprobs: bool = False,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
@@ -67,6 +75,12 @@ class Job:
         self.stop = list(stop)
         self.ignore_eos = ignore_eos
         self.emit = emit
+        self.logprobs = logprobs  # None: off; k: alternatives per token
+        self.prompt_logprobs = prompt_logprobs
+        self.prompt_entries: tuple[TokenLogprob, ...] | None = None
+        self.pending_entries: list[TokenLogprob] = []
+        self.last_token_at: float | None = None
+        self.closed = False  # counted in the metrics as ended
         self.cancelled = False
         self.done = False
         self.ids: list[int] = []
@@ -82,7 +96,12 @@ class Job:
 
 class Scheduler:
     def __init__(
-        self, llm: LLM, max_batch: int = 16, max_queue: int = 256, prefill_tokens_per_step: int = 4096
+        self,
+        llm: LLM,
+        max_batch: int = 16,
+        max_queue: int = 256,
+        prefill_tokens_per_step: int = 4096,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -93,6 +112,8 @@ class Scheduler:
         self.prefill_tokens_per_step = prefill_tokens_per_step
         self.eos = frozenset(llm.eos_token_ids)
         self.vocab = llm.config.vocab_size
+        self.metrics = metrics or ServerMetrics()
+        self.pieces = TokenPieces(llm.tokenizer)
         self._pending: deque[Job] = deque()
         self._active: list[Job] = []  # job i lives in cache row i
         self._cv = threading.Condition()
@@ -131,14 +152,19 @@ class Scheduler:
     # -- requests -------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Queue ``job``; raises :class:`Busy` when the batch and the queue are both full."""
-        if not job.prompt_ids:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: Sequence[Job]) -> None:
+        """Queue every job of ``jobs`` (a request's ``n`` choices) or, if they do not all fit,
+        none of them (:class:`Busy`)."""
+        if any(not job.prompt_ids for job in jobs):
             raise ValueError("empty prompt: encode at least one token")
         with self._cv:
-            if len(self._active) + len(self._pending) >= self.max_batch + self.max_queue:
+            if len(self._active) + len(self._pending) + len(jobs) > self.max_batch + self.max_queue:
                 raise Busy(
                     f"the server is at its limit ({self.max_batch} running, {self.max_queue} waiting); retry later"
                 )
-            self._pending.append(job)
+            self._pending.extend(jobs)
             self._cv.notify()
         self.start()
 
@@ -158,6 +184,7 @@ class Scheduler:
                     log.exception("prefill failed")
                     job.done = True
                     self._send(job, Failed(f"prefill failed: {type(exc).__name__}: {exc}"))
+                    self._close(job, "error")
             try:
                 self._drop_finished()
                 if self._active:
@@ -169,12 +196,14 @@ class Scheduler:
                     if not job.done:
                         job.done = True
                         self._send(job, Failed(f"generation failed: {type(exc).__name__}: {exc}"))
+                        self._close(job, "error")
                 self._active.clear()
                 self.engine = BatchEngine(self.llm, self.max_batch)  # a fresh cache, whatever state it was in
         for job in list(self._active) + list(self._pending):
             if not job.done:
                 job.done = True
                 self._send(job, Failed("the server is shutting down"))
+                self._close(job, "error")
         self._active.clear()
         self._pending.clear()
 
@@ -187,6 +216,7 @@ class Scheduler:
             if job.cancelled:
                 self._pending.popleft()
                 job.done = True
+                self._close(job, "cancelled")
                 continue
             if admitted and len(job.prompt_ids) > budget:
                 break  # a long prompt waits for the next boundary instead of stalling this one
@@ -200,8 +230,24 @@ class Scheduler:
         self.peak_batch = max(self.peak_batch, len(self._active))
         job.text = CompletionText(self.llm.tokenizer, job.stop)
         job.sampler = RowSampler(job.sampling, job.prompt_ids, self.vocab)
-        logits = self.engine.prefill(row, job.prompt_ids)
-        self._accept(job, job.sampler.pick(logits))
+        logits = self.engine.prefill(row, job.prompt_ids, all_logits=job.prompt_logprobs)
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        if job.prompt_logprobs:
+            lsm = log_softmax(logits)
+            k = job.logprobs or 0
+            job.prompt_entries = tuple(
+                token_logprob(lsm[t - 1], job.prompt_ids[t], k, self.pieces) for t in range(1, len(job.prompt_ids))
+            )
+            logits = logits[-1]
+        if job.max_tokens == 0:  # echo only: the prompt is scored, nothing is generated
+            assert job.text is not None
+            job.text.finish()
+            job.finish_reason = "length"
+            job.done = True
+            self._send(job, Finished("length", len(job.prompt_ids), 0, (), job.prompt_entries))
+            self._close(job, "length")
+            return
+        self._accept(job, job.sampler.pick(logits), logits)
 
     def _decode(self) -> None:
         jobs = self._active
@@ -219,29 +265,51 @@ class Scheduler:
                 job.sampler.observe(tok)
             else:
                 tok = job.sampler.pick(logits[i])
-            self._accept(job, tok)
+            self._accept(job, tok, logits[i])
 
-    def _accept(self, job: Job, tok: int) -> None:
+    def _accept(self, job: Job, tok: int, logits: torch.Tensor) -> None:
         assert job.text is not None
         if job.cancelled:
             job.done = True
             return
+        now = time.perf_counter()
         if job.first_token_at is None:
-            job.first_token_at = time.perf_counter()
+            job.first_token_at = now
+            self.metrics.ttft.observe(now - job.submitted)
+        elif job.last_token_at is not None:
+            self.metrics.itl.observe(now - job.last_token_at)
+        job.last_token_at = now
         job.ids.append(tok)
         self.generated_tokens += 1
-        if (tok in self.eos and not job.ignore_eos) or job.text.push(tok):
+        self.metrics.generation_tokens.inc()
+        eos = tok in self.eos and not job.ignore_eos
+        if job.logprobs is not None and not eos:  # the EOS token is not part of the text
+            job.pending_entries.append(token_logprob(log_softmax(logits), tok, job.logprobs, self.pieces))
+        if eos or job.text.push(tok):
             job.finish_reason = "stop"
         elif len(job.ids) >= job.max_tokens:
             job.finish_reason = "length"
         if job.finish_reason is not None:
             job.text.finish()
         delta = job.text.take()
-        if delta:
-            self._send(job, Delta(delta))
+        if delta or job.pending_entries:
+            self._send(job, Delta(delta, tuple(job.pending_entries)))
+            job.pending_entries = []
         if job.finish_reason is not None:
             job.done = True
-            self._send(job, Finished(job.finish_reason, len(job.prompt_ids), len(job.ids), tuple(job.ids)))
+            self._send(
+                job,
+                Finished(job.finish_reason, len(job.prompt_ids), len(job.ids), tuple(job.ids), job.prompt_entries),
+            )
+            self._close(job, job.finish_reason)
+
+    def _close(self, job: Job, reason: str) -> None:
+        """Count ``job``'s end once, whichever path ended it."""
+        if job.closed:
+            return
+        job.closed = True
+        self.metrics.finished.inc(label=reason)
+        self.metrics.e2e.observe(time.perf_counter() - job.submitted)
 
     def _drop_finished(self) -> None:
         """Free the rows of finished / cancelled jobs, keeping live rows packed at the front."""
@@ -250,6 +318,7 @@ class Scheduler:
             if jobs[i].cancelled:
                 jobs[i].done = True
             if jobs[i].done:
+                self._close(jobs[i], "cancelled")  # a no-op for jobs that finished
                 last = len(jobs) - 1
                 self.engine.release(i, last)
                 jobs[i] = jobs[last]

@@ -26,6 +26,8 @@ class ServeSettings:
     """``max_tokens`` of a ``/v1/completions`` request that sets none (OpenAI's default)."""
     max_stop: int = 16
     """Most stop strings per request."""
+    max_n: int = 16
+    """Most choices (``n``) per request; each takes a batch row."""
 
     @staticmethod
     def api_key_from_env(value: str | None) -> str | None:
