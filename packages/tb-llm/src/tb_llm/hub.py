@@ -52,7 +52,9 @@ def resolve(name_or_path: str | os.PathLike[str], revision: str | None = None, t
     if path.exists():
         raise LLMError(f"{name}: not a folder (a checkpoint is a folder with config.json, or a .gguf file)")
     if not isinstance(name_or_path, str) or looks_local(name):  # a Path object always means a local one
-        raise LLMError(f"{name}: no such local folder ({path.absolute()})")
+        raise LLMError(
+            f"{name}: not a folder: no such local folder {path.absolute()} (a path, so not looked up on the Hub)"
+        )
     try:
         import huggingface_hub
         from huggingface_hub import snapshot_download
