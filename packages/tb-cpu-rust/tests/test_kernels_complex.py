@@ -180,7 +180,7 @@ def test_view_as_real_real_and_imag() -> None:
 # -- bad input is an exception, never a crash ------------------------------------------------------
 
 
-def _spec(op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], ints: list[int]) -> str:
+def _spec(op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], params: dict[str, Any]) -> str:
     def strides(sz: list[int]) -> list[int]:
         out, acc = [0] * len(sz), 1
         for i in range(len(sz) - 1, -1, -1):
@@ -198,29 +198,79 @@ def _spec(op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], ints: lis
                 {"buf": 0, "offset": 0, "sizes": x[1], "strides": strides(x[1])},
                 {"buf": 1, "offset": 0, "sizes": y[1], "strides": strides(y[1])},
             ],
-            "steps": [{"op": op, "ins": [0], "outs": [1], "ints": ints}],
+            "steps": [{"op": op, "ins": [0], "outs": [1], **params}],
         }
     )
 
 
+# each spec is well-formed for the step schema and wrong in exactly one way, named by `match`
 @pytest.mark.parametrize(
-    "op,x,y,ints",
+    "op,x,y,params,match",
     [
-        ("fft_r2c", ("float32", [8]), ("complex64", [8]), [0, 1, 0]),  # one-sided size is 5
-        ("fft_r2c", ("float32", [8]), ("complex64", [5]), [5, 1, 0]),  # norm mode
-        ("fft_r2c", ("float32", [8]), ("complex64", [5]), [0, 1, 3]),  # dim out of range
-        ("fft_r2c", ("float32", [8]), ("complex64", [5]), [0, 1]),  # no dim
-        ("fft_c2c", ("float32", [8]), ("complex64", [8]), [0, 1, 0]),  # real input
-        ("fft_c2r", ("complex64", [2]), ("float32", [8]), [0, 8, 0]),  # too short for n=8
-        ("fft_c2c", ("complex64", [4, 4]), ("complex64", [4, 4]), [0, 1, 0, 0]),  # repeated dim
-        ("complex", ("float32", [3]), ("complex64", [3]), []),  # one operand
-        ("conj", ("float32", [3]), ("float32", [3]), []),  # real
-        ("angle", ("complex64", [3]), ("complex64", [3]), []),  # complex result
+        ("fft_r2c", ("float32", [8]), ("complex64", [8]), {"norm": 0, "flag": 1, "dims": [0]}, "fft_r2c: output shape"),
+        (
+            "fft_r2c",
+            ("float32", [8]),
+            ("complex64", [5]),
+            {"norm": 5, "flag": 1, "dims": [0]},
+            "norm mode must be 0, 1 or 2",
+        ),
+        ("fft_r2c", ("float32", [8]), ("complex64", [5]), {"norm": 0, "flag": 1, "dims": [3]}, "dim out of range"),
+        (
+            "fft_r2c",
+            ("float32", [8]),
+            ("complex64", [5]),
+            {"norm": 0, "flag": 1, "dims": []},
+            "at least one dim needed",
+        ),
+        (
+            "fft_c2c",
+            ("float32", [8]),
+            ("complex64", [8]),
+            {"norm": 0, "flag": 1, "dims": [0]},
+            "complex input and output",
+        ),
+        (
+            "fft_c2r",
+            ("complex64", [2]),
+            ("float32", [8]),
+            {"norm": 0, "flag": 8, "dims": [0]},
+            "input too short for the output size",
+        ),
+        (
+            "fft_c2c",
+            ("complex64", [4, 4]),
+            ("complex64", [4, 4]),
+            {"norm": 0, "flag": 1, "dims": [0, 0]},
+            "repeated dim",
+        ),
+        ("complex", ("float32", [3]), ("complex64", [3]), {}, "missing operand 1"),
+        ("conj", ("float32", [3]), ("float32", [3]), {}, "conj takes and gives one complex dtype"),
+        ("angle", ("complex64", [3]), ("complex64", [3]), {}, "angle gives float32 or float64"),
+    ],
+    ids=[
+        "r2c-one-sided-size",
+        "r2c-norm-mode",
+        "r2c-dim-out-of-range",
+        "r2c-no-dim",
+        "c2c-real-input",
+        "c2r-too-short",
+        "c2c-repeated-dim",
+        "complex-one-operand",
+        "conj-real",
+        "angle-complex-result",
     ],
 )
-def test_bad_specs_raise(op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], ints: list[int]) -> None:
-    with pytest.raises(ValueError):
-        _native.Executor(_spec(op, x, y, ints))
+def test_bad_specs_raise(
+    op: str, x: tuple[str, list[int]], y: tuple[str, list[int]], params: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        _native.Executor(_spec(op, x, y, params))
+
+
+def test_the_well_formed_spec_builds() -> None:
+    # the control of test_bad_specs_raise: the same spec with nothing wrong is accepted
+    _native.Executor(_spec("fft_r2c", ("float32", [8]), ("complex64", [5]), {"norm": 0, "flag": 1, "dims": [0]}))
 
 
 def test_complex_dtypes_are_read_from_the_tensor() -> None:
