@@ -45,7 +45,10 @@ TYPED = [
 # or CUDA fails the run; each run's counts land here and `ci` prints the total.
 SKIP_REPORTS = ROOT / ".nox" / "skip-reports"
 # expecttest: imported by torch.testing._internal, where the OpInfo database lives
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout", "expecttest"]
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout", "expecttest", "pytest-xdist>=3.5"]
+# Suites whose tests are independent CPU-bound work: one pytest worker per core (the CI machine has
+# two). Not tb-llm (a session-scoped download fixture, servers on ports) nor wgpu (one GPU device).
+PARALLEL = {"core": ["-n", "2"], "native_cpu": ["-n", "2"]}
 
 # engine name -> (package folder, extra pip args). Only packages that exist take part.
 ENGINE_PACKAGES: dict[str, str] = {
@@ -108,13 +111,13 @@ def tests(session: nox.Session, engine: str) -> None:
     _install_core(session)
     args = session.posargs or []
     if engine == "core":
-        _pytest(session, f"{CORE}/tests", *args)
+        _pytest(session, *PARALLEL["core"], f"{CORE}/tests", *args)
         return
     path = ENGINE_PACKAGES[engine]
     _install_package(session, path)
     if engine in TEST_EXTRAS:
         session.install("-e", f"{path}{TEST_EXTRAS[engine]}")
-    _pytest(session, f"{path}/tests", *args)
+    _pytest(session, *PARALLEL.get(engine, []), f"{path}/tests", *args)
     if engine == "native_cpu":
         # the stub of the extension module matches what the built module exports
         session.install("mypy>=1.10")

@@ -64,7 +64,7 @@ def test_bad_calls_raise() -> None:
     x = torch.randn(4)
     with pytest.raises(ValueError, match="unknown unary op"):
         _native.unary_f32(len(OPS), x, x)
-    with pytest.raises(TypeError, match="dst: expected a torch.Tensor, got int"):
+    with pytest.raises(TypeError, match=r"dst: expected a torch\.Tensor, got int"):
         _native.unary_f32(0, x, x.data_ptr())
     with pytest.raises(ValueError, match="not aligned"):
         _native.unary_f32(0, x, torch.frombuffer(bytearray(17), dtype=torch.float32, offset=1, count=4))

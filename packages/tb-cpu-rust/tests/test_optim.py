@@ -237,7 +237,10 @@ HYPER = (1e-3, 0.9, 0.999, 1e-8, 0.0, False, False, False)
         (lambda ts, a: a[1].append(a[1][0]), "grads: 2 tensors for 1 parameters"),
         (lambda ts, a: a[5].__setitem__(0, _a(torch.zeros(2))), "steps\\[0\\]: expected one element"),
         (lambda ts, a: a[0].__setitem__(0, (ts[0].data_ptr(), (6,), (1,), "torch.float32")), "expected a torch.Tensor"),
-        (lambda ts, a: a[0].__setitem__(0, torch.frombuffer(bytearray(25), dtype=torch.float32, offset=1)), "not aligned"),
+        (
+            lambda ts, a: a[0].__setitem__(0, torch.frombuffer(bytearray(25), dtype=torch.float32, offset=1)),
+            "not aligned",
+        ),
     ],
     ids=["dtype", "shape", "overlap", "strided", "count", "step-shape", "address", "misaligned"],
 )

@@ -19,6 +19,7 @@ CPU tensor (its gradient and state too) and the group leaves ``capturable``,
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -124,7 +125,7 @@ class _AdamBase:
 
     _decoupled: bool | None = None  # None: the group's own ``decoupled_weight_decay``
     param_groups: list[dict[str, Any]]
-    state: dict[Any, Any]
+    state: defaultdict[torch.Tensor, Any]  # as torch.optim.Optimizer declares it
 
     def _native_ok(self) -> bool:
         for group in self.param_groups:

@@ -74,7 +74,7 @@ pub struct Model<W> {
     pub head: W,
 }
 
-/// The KV cache of tb-llm (`tb_llm.kv_cache.KVCache`): per layer `[B, KV, cap, D]` f32 keys
+/// The KV cache of tb-llm (`torchburn.llm.KVCache`): per layer `[B, KV, cap, D]` f32 keys
 /// and values, and `pos` `[B, cap]` (the token position in each slot, -1 = none).
 pub struct Cache<'a> {
     pub k: &'a [*mut f32],

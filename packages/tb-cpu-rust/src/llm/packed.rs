@@ -1,5 +1,5 @@
 //! Weight layouts of the LLM kernels, built once at load time from tb-llm's `QuantWeight`
-//! layouts (`tb_llm.quant`) and owned by Rust.
+//! layouts (`torchburn.llm`) and owned by Rust.
 //!
 //! * `Int8`: row `n` is `kp` bytes (`kp` = K rounded up to 128) holding `w + 128` as `u8`, so
 //!   a VNNI `vpdpbusd` (unsigned × signed) multiplies it with signed int8 activations; the
@@ -67,7 +67,7 @@ impl Packed {
         check_len("scales", scale.len(), n)?;
         if let Some(i) = q.iter().position(|&v| v == i8::MIN) {
             let r = i / k;
-            return Err(format!("int8 weight row {r} holds -128; tb-llm's int8 layout is symmetric in [-127, 127]"));
+            return Err(format!("int8 weight row {r} holds -128; the int8 layout of `torchburn.llm` is symmetric in [-127, 127]"));
         }
         let kp = round_up(k.max(1), 128);
         let mut w = HugeBuf::filled(n * kp, 128u8);
@@ -80,7 +80,7 @@ impl Packed {
     }
 
     /// `packed` is tb-llm's `[N, K / 2]` uint8 (column `2j` low nibble, `2j + 1` high); every
-    /// scale and zero must be a float16 value (as `tb_llm.quant.quantize_int4` makes them): one
+    /// scale and zero must be a float16 value (as `torchburn.llm.quantize_int4` makes them): one
     /// that is not is an error, not a silent rounding.
     pub fn int4(n: usize, k: usize, group: usize, packed: &[u8], scale: &[f32], zero: &[f32]) -> Result<Packed> {
         if !matches!(group, 32 | 64 | 128) || !k.is_multiple_of(group) {
@@ -92,7 +92,7 @@ impl Packed {
         for (what, v) in [("scales", scale), ("zeros", zero)] {
             if let Some(i) = v.iter().position(|&x| exact_f16(x).is_none()) {
                 return Err(format!(
-                    "int4 {what}[{}, {}] = {:e} is not a float16 value (tb_llm.quant.quantize_int4 rounds scales and zeros to float16)",
+                    "int4 {what}[{}, {}] = {:e} is not a float16 value (torchburn.llm.quantize_int4 rounds scales and zeros to float16)",
                     i / (k / group),
                     i % (k / group),
                     v[i]

@@ -1,5 +1,5 @@
 //! Load-time weight quantization straight from the checkpoint's f32 / bf16 data, with the
-//! same numbers as tb-llm's `tb_llm.quant` (the Python quantizer is the specification; the
+//! same numbers as tb-llm's `torchburn.llm` (the Python quantizer is the specification; the
 //! tests check bit equality against it), and over rayon's pool, so `from_pretrained` does not
 //! spend seconds in PyTorch's elementwise ops on a 0.5B model.
 //!
@@ -98,7 +98,7 @@ fn check(src: &Src, n: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
-/// tb-llm's int8 layout: `q` `[N, K]`, `scale` `[N]`.
+/// the int8 layout of `torchburn.llm`: `q` `[N, K]`, `scale` `[N]`.
 pub fn int8(src: Src, n: usize, k: usize) -> Result<(Vec<i8>, Vec<f32>)> {
     check(&src, n, k)?;
     let mut q = vec![0i8; n * k];
@@ -109,7 +109,7 @@ pub fn int8(src: Src, n: usize, k: usize) -> Result<(Vec<i8>, Vec<f32>)> {
     Ok((q, scale))
 }
 
-/// tb-llm's int4 layout: `packed` `[N, K / 2]` (column `2j` in the low nibble), `scale` and
+/// the int4 layout of `torchburn.llm`: `packed` `[N, K / 2]` (column `2j` in the low nibble), `scale` and
 /// `zero` `[N, K / G]`.
 pub fn int4(src: Src, n: usize, k: usize, group: usize) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>)> {
     check(&src, n, k)?;

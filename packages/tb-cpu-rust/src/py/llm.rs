@@ -346,7 +346,7 @@ impl LLMModel {
     }
 }
 
-/// int8 `[N, K]` in [-127, 127] with f32 scales `[N]` (tb-llm's int8 layout).
+/// int8 `[N, K]` in [-127, 127] with f32 scales `[N]` (the int8 layout of `torchburn.llm`).
 #[pyfunction]
 fn llm_pack_int8(qweight: &Bound<'_, PyAny>, scales: &Bound<'_, PyAny>) -> PyResult<LLMWeight> {
     let q = tensor(qweight, "qweight", Want::of(&[DType::I8]).rank(2).contiguous())?;
@@ -358,7 +358,7 @@ fn llm_pack_int8(qweight: &Bound<'_, PyAny>, scales: &Bound<'_, PyAny>) -> PyRes
     Ok(LLMWeight { inner })
 }
 
-/// uint8 `[N, K / 2]` nibbles with f32 scales / zeros `[N, K / group]` (tb-llm's int4 layout),
+/// uint8 `[N, K / 2]` nibbles with f32 scales / zeros `[N, K / group]` (the int4 layout of `torchburn.llm`),
 /// each a float16 value (stored as binary16; any other value is a ValueError).
 #[pyfunction]
 fn llm_pack_int4(qweight: &Bound<'_, PyAny>, scales: &Bound<'_, PyAny>, zeros: &Bound<'_, PyAny>, group: usize) -> PyResult<LLMWeight> {
@@ -403,7 +403,7 @@ fn llm_pack_dense(weight: &Bound<'_, PyAny>) -> PyResult<LLMWeight> {
 
 /// Quantizes a float32 / bfloat16 `[N, K]` weight (`kind` "int8", or "int4" with `group`)
 /// and packs it for the kernels in one pass, over the rayon pool with the GIL released: the
-/// same weight as `llm_pack_int8` / `llm_pack_int4` of `tb_llm.quant.quantize`'s output.
+/// same weight as `llm_pack_int8` / `llm_pack_int4` of `torchburn.llm.quantize`'s output.
 #[pyfunction]
 fn llm_quantize(py: Python<'_>, weight: &Bound<'_, PyAny>, kind: &str, group: usize) -> PyResult<LLMWeight> {
     let w = tensor(weight, "weight", DENSE)?;
@@ -417,7 +417,7 @@ fn llm_quantize(py: Python<'_>, weight: &Bound<'_, PyAny>, kind: &str, group: us
     Ok(LLMWeight { inner })
 }
 
-/// The same quantization in tb-llm's own layouts (`tb_llm.quant`), written into `q` (int8
+/// The same quantization in tb-llm's own layouts (`torchburn.llm`), written into `q` (int8
 /// `[N, K]` or uint8 `[N, K / 2]`), `scales` (`[N]` or `[N, K / G]`) and, for int4, `zeros`:
 /// what the tests compare bit for bit with the Python quantizer.
 #[pyfunction]
