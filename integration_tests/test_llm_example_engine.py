@@ -1,16 +1,41 @@
 """A third-party LLM backend (the example engine's, plain PyTorch, declining quantized weights,
-non-float32 activations and attention) serving tb-llm end to end, through tb-core's contract only."""
+non-float32 activations and attention) serving tb-llm end to end, through tb-core's contract only.
+
+The example engine is a template that the integration session does not install, so its plugin
+module is loaded from the source tree and registered in-process, as its entry point would be.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+import torchburn
 from tb_llm import LLM
 from tb_llm.testing import make_checkpoint
 from torchburn.llm import DeclinedWeight
+
+EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "tb-example-engine" / "src"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def example_plugin() -> Iterator[None]:
+    if "example" in torchburn.plugins.engines():  # installed: its entry point already registered it
+        yield
+        return
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(EXAMPLE_SRC))
+    from tb_example_engine import plugin
+
+    torchburn.register_plugin(plugin, "tb-example-engine-from-source")
+    try:
+        yield
+    finally:
+        torchburn.unregister_plugin("tb-example-engine-from-source")
+        mp.undo()
 
 
 @pytest.fixture(scope="module")
