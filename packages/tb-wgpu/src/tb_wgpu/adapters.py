@@ -38,7 +38,7 @@ STEERING = (
 )
 #: Where the Vulkan loader looks for driver manifests (besides XDG_DATA_DIRS / XDG_CONFIG_DIRS).
 ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vulkan/icd.d")
-#: Limits the engine reads (device.py opens the device with the adapter's own values of these).
+#: Limits the engine reads; device.py opens the device with the adapter's own values of these.
 LIMITS = (
     "max-buffer-size",
     "max-storage-buffer-binding-size",

@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tb_wgpu.adapters import LIMITS
+
 BACKENDS = {"vulkan": "vulkan", "metal": "metal", "dx12": "d3d12", "d3d12": "d3d12", "gl": "opengl", "opengl": "opengl"}
 POWER = ("high-performance", "low-power")
 
@@ -151,20 +153,8 @@ class GpuContext:
         # (shaders.with_int64); tests switch it off on a device that has it to run the emulation.
         self.shader_int64 = "shader-int64" in self.adapter.features
         limits = dict(self.adapter.limits)
-        wanted = {
-            k: limits[k]
-            for k in (
-                "max-buffer-size",
-                "max-storage-buffer-binding-size",
-                "max-storage-buffers-per-shader-stage",
-                "max-compute-workgroup-storage-size",
-                "max-compute-invocations-per-workgroup",
-                "max-compute-workgroup-size-x",
-                "max-compute-workgroup-size-y",
-                "max-compute-workgroups-per-dimension",
-            )
-            if k in limits
-        }
+        # the adapter's own values of the limits the engine reads (adapters.py reports the same ones)
+        wanted = {k: limits[k] for k in LIMITS if k in limits}
         features = [f for f, on in (("shader-f16", self.shader_f16), ("shader-int64", self.shader_int64)) if on]
         try:
             self.device = self.adapter.request_device_sync(required_features=features, required_limits=wanted)
