@@ -7,38 +7,17 @@ layer, against eager PyTorch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-import tb_cython_dispatch
-import torchburn
 import turbo_torch
 from tb_cython_dispatch import native
 
 TOL: dict[str, Any] = {"rtol": 1e-5, "atol": 1e-5}  # float32 reassociation of the GEMM's dot products
 CALLS = native.HOT_AFTER + 2 * (native.WARMUP + native.SAMPLES) + 2
-
-
-@pytest.fixture(params=["compiled", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    previous, enabled = tb_cython_dispatch.implementation(), native.native_enabled()
-    module = tb_cython_dispatch.set_implementation(request.param)
-    module.CACHE.enabled = True
-    module.CACHE.clear()
-    torchburn.plugins.reload()
-    native.reset_for_tests()
-    native.set_native_enabled(True)
-    monkeypatch.setattr(native, "decide", lambda native_ns, torch_ns: native.NATIVE)
-    try:
-        yield module
-    finally:
-        native.set_native_enabled(enabled)
-        native.reset_for_tests()
-        tb_cython_dispatch.set_implementation(previous)
 
 
 def _mlp(bias: bool = True) -> Any:
@@ -51,13 +30,13 @@ def _eager(m: Any, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.Sequential.forward(m, x)
 
 
-def _slot(m: Any, x: torch.Tensor, impl: ModuleType) -> Any:
-    attr = "_tb_site_compiled" if impl.IMPLEMENTATION == "compiled" else "_tb_site_python"
+def _slot(m: Any, x: torch.Tensor, cython_native: ModuleType) -> Any:
+    attr = "_tb_site_compiled" if cython_native.IMPLEMENTATION == "compiled" else "_tb_site_python"
     with torch.no_grad():
-        return m.__dict__[attr].lookup(m, impl.call_key(x))[3]
+        return m.__dict__[attr].lookup(m, cython_native.call_key(x))[3]
 
 
-def test_the_program_is_native_cpus(impl: ModuleType) -> None:
+def test_the_program_is_native_cpus(cython_native: ModuleType) -> None:
     from tb_cpu_rust.program import PreparedNativeProgram
 
     assert native.native_available() == (True, "engine native_cpu")
@@ -65,7 +44,7 @@ def test_the_program_is_native_cpus(impl: ModuleType) -> None:
     with torch.no_grad():
         outs = [m(x) for _ in range(CALLS)]
         want = _eager(m, x)
-    slot = _slot(m, x, impl)
+    slot = _slot(m, x, cython_native)
     assert slot.state == native.NATIVE and isinstance(slot.program, PreparedNativeProgram)
     assert turbo_torch.cache_info()["nn.Sequential"]["native"] == 1
     for out in outs:
@@ -75,21 +54,21 @@ def test_the_program_is_native_cpus(impl: ModuleType) -> None:
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 5, 64])
-def test_shapes_and_biases_match_eager(impl: ModuleType, bias: bool, rows: int) -> None:
+def test_shapes_and_biases_match_eager(cython_native: ModuleType, bias: bool, rows: int) -> None:
     m, x = _mlp(bias), torch.randn(rows, 20)
     with torch.no_grad():
         for _ in range(CALLS):
             m(x)
         torch.testing.assert_close(m(x), _eager(m, x), **TOL)
-    assert _slot(m, x, impl).state == native.NATIVE
+    assert _slot(m, x, cython_native).state == native.NATIVE
 
 
-def test_parameter_changes_are_seen(impl: ModuleType) -> None:
+def test_parameter_changes_are_seen(cython_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.no_grad():
         for _ in range(CALLS):
             m(x)
-        slot = _slot(m, x, impl)
+        slot = _slot(m, x, cython_native)
         m[0].weight.mul_(2.0)
         torch.testing.assert_close(m(x), _eager(m, x), **TOL)
         m[0].weight.data = torch.randn(20, 16).t()  # another layout: the program refuses, the entry re-prepares
@@ -103,7 +82,7 @@ def test_parameter_changes_are_seen(impl: ModuleType) -> None:
             m(x)
 
 
-def test_inference_mode_output(impl: ModuleType) -> None:
+def test_inference_mode_output(cython_native: ModuleType) -> None:
     m, x = _mlp(), torch.randn(3, 20)
     with torch.inference_mode():
         outs = [m(x) for _ in range(CALLS)]

@@ -7,38 +7,17 @@ native_cpu's (``NativeCpuEngine.eager_kernel``), on both implementations, agains
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 import torch
 
-import tb_cython_dispatch
-import torchburn
 import turbo_torch
 from tb_cython_dispatch import native, native_unary
 
 OPS = native_unary.OPS
 CALLS = native.HOT_AFTER + 2 * (native.WARMUP + native.SAMPLES) + 2
 SHAPES = [(), (0,), (1,), (7,), (9,), (64, 64), (3, 0, 5), (513, 130), (300, 300)]
-
-
-@pytest.fixture(params=["compiled", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    previous, enabled = tb_cython_dispatch.implementation(), native.native_enabled()
-    module = tb_cython_dispatch.set_implementation(request.param)
-    module.CACHE.enabled = True
-    module.CACHE.clear()
-    torchburn.plugins.reload()
-    native.reset_for_tests()
-    native.set_native_enabled(True)
-    monkeypatch.setattr(native, "decide", lambda native_ns, torch_ns: native.NATIVE)
-    try:
-        yield module
-    finally:
-        native.set_native_enabled(enabled)
-        native.reset_for_tests()
-        tb_cython_dispatch.set_implementation(previous)
 
 
 def _values(shape: tuple[int, ...]) -> torch.Tensor:
@@ -53,7 +32,7 @@ def _values(shape: tuple[int, ...]) -> torch.Tensor:
     return x
 
 
-def test_the_kernels_are_native_cpus(impl: ModuleType) -> None:
+def test_the_kernels_are_native_cpus(cython_native: ModuleType) -> None:
     kernels = native_unary.kernels()
     assert sorted(kernels) == sorted(OPS)
     assert all(fn.__name__.startswith("native_cpu_") for fn in kernels.values())
@@ -61,7 +40,7 @@ def test_the_kernels_are_native_cpus(impl: ModuleType) -> None:
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_native_matches_torch(impl: ModuleType, op: str, shape: tuple[int, ...]) -> None:
+def test_native_matches_torch(cython_native: ModuleType, op: str, shape: tuple[int, ...]) -> None:
     x = _values(shape)
     want = getattr(torch, op)(x)
     fn = getattr(turbo_torch, op)
@@ -79,7 +58,7 @@ def test_native_matches_torch(impl: ModuleType, op: str, shape: tuple[int, ...])
     assert turbo_torch.cache_info()[f"torch.{op}"]["native"] == 1
 
 
-def test_real_timing_decides(impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_timing_decides(cython_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.undo()  # the real timed decision (the fixture's fixed one was set on this monkeypatch)
     native.set_native_enabled(True)
     x = torch.randn(64, 64)
