@@ -136,3 +136,13 @@ def _native_off(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         native.set_native_enabled(previous)
+
+
+@pytest.fixture
+def only_this_package(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Only cython_dispatch's own plugin loads (no kernel pack of another package beside it)."""
+    monkeypatch.setenv("TORCHBURN_LOAD_PLUGINS", "cython_dispatch")
+    torchburn.plugins.reload()
+    yield
+    monkeypatch.delenv("TORCHBURN_LOAD_PLUGINS")
+    torchburn.plugins.reload()

@@ -16,15 +16,8 @@ import torchburn
 CALLS: list[tuple[int, ...]] = []
 
 
-@pytest.fixture(autouse=True)
-def _only_this_package(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Only cython_dispatch's own plugin loads: a kernel pack installed beside it (the example
-    engine adds a gelu) would change what these tests count."""
-    monkeypatch.setenv("TORCHBURN_LOAD_PLUGINS", "cython_dispatch")
-    torchburn.plugins.reload()
-    yield
-    monkeypatch.delenv("TORCHBURN_LOAD_PLUGINS")
-    torchburn.plugins.reload()
+# a kernel pack installed beside this package (the example engine adds a gelu) would change the counts
+pytestmark = pytest.mark.usefixtures("only_this_package")
 
 
 def _relu_kernel(x: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -285,3 +286,15 @@ def smollm2_gguf() -> Path:
             shutil.copyfileobj(src, dst)
         tmp.replace(target)
     return target
+
+
+@pytest.fixture(scope="module")
+def hf_model(llama_dir: Path) -> Any:
+    """transformers' own model of the tiny Llama checkpoint: the reference for log-probabilities."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_dir, attn_implementation="eager", dtype=torch.float32
+    )
+    return model.eval()

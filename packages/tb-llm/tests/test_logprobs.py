@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from tb_llm import LLM, TextDelta, TokenLogprob
-
-
-@pytest.fixture(scope="module")
-def hf_model(llama_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        llama_dir, attn_implementation="eager", dtype=torch.float32
-    )
-    return model.eval()
 
 
 def reference_logprobs(hf_model: Any, ids: list[int]) -> torch.Tensor:

@@ -17,15 +17,6 @@ from tb_llm.testing import CORPUS
 TEXT = " ".join(CORPUS) * 3
 
 
-@pytest.fixture(scope="module")
-def hf_model(llama_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        llama_dir, attn_implementation="eager", dtype=torch.float32
-    )
-    return model.eval()
-
-
 def ref_window(hf_model: Any, chunk: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return torch.log_softmax(hf_model(torch.tensor([chunk]), use_cache=False).logits[0].float(), dim=-1)
