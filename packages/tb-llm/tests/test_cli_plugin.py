@@ -116,6 +116,31 @@ def test_engine_backend_is_used(llama_dir: Path, llama: LLM) -> None:
         torchburn.unregister_plugin("counting-test")
 
 
+def test_named_engine_gets_host_tensors_where_pytorch_sees_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on an H200 machine: with PyTorch seeing CUDA, device='auto' resolved to cuda and a named
+    engine backend (wgpu) was handed CUDA tensors, which it cannot read. A named engine computes on
+    host tensors; asking for it together with an explicit PyTorch device is refused."""
+    import torch
+
+    import torchburn
+    from tb_llm import backends
+
+    torchburn.hookimpl(_Plugin.tb_register_llm_backends)
+    torchburn.register_plugin(_Plugin, name="counting-test")
+    monkeypatch.setattr(backends, "_other_plugins_installed", lambda: True)
+    try:
+        cuda = torch.device("cuda")
+        for requested in ("auto", "gpu"):
+            backend = backends.select_backend(cuda, "counting_engine", requested=requested)
+            assert backend.device == torch.device("cpu")
+        with pytest.raises(BackendError, match="computes on host tensors"):
+            backends.select_backend(cuda, "counting_engine", requested="cuda")
+        # without a named engine a PyTorch GPU device keeps PyTorch's own kernels on it
+        assert backends.select_backend(cuda, None, requested="auto").device == cuda
+    finally:
+        torchburn.unregister_plugin("counting-test")
+
+
 class _FusedBackend(ReferenceBackend):
     """A backend that takes over the whole step (here: by running the description's forward pass
     over its own kernels), given tb-core's ModelDescription, never the Decoder."""

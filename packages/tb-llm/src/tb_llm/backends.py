@@ -116,6 +116,15 @@ def select_backend(device: torch.device, engine: str | None, requested: str = "a
                 f"engine {engine!r} offers no LLM backend (installed engines with one: {have}); "
                 "install it, or use engine=None for the PyTorch reference path"
             )
+        if device.type != "cpu":
+            if requested not in ("auto", "gpu"):
+                raise BackendError(
+                    f"engine {engine!r} computes on host tensors (its own device, if any), so it cannot be combined "
+                    f"with device={requested!r}; use device='auto', 'gpu' or 'cpu' with it, or engine=None for "
+                    "PyTorch's kernels on that device"
+                )
+            # auto / gpu on a machine where PyTorch sees a GPU: the named engine still takes host tensors
+            device = torch.device("cpu")
         return _load(named[0], device, strict=True)
     if engine is None:
         for desc in candidates:

@@ -28,7 +28,10 @@ fn tb_min(a: f32, b: f32) -> f32 {
     return select(b, a, a < b);
 }
 
+// NaN passes through, as in torch.relu. The explicit bit test matters: NVIDIA's Vulkan compiler
+// turns select(x, 0.0, x < 0.0) into max(x, 0.0), which returns 0 for NaN (seen on an H200).
 fn tb_relu(x: f32) -> f32 {
+    if (tb_isnan(x)) { return x; }
     return select(x, 0.0, x < 0.0);
 }
 
