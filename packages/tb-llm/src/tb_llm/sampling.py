@@ -41,6 +41,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """``logits`` float32 ``[B, V]`` (penalty applied already) -> token ids ``[B]``."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)
+    return torch.multinomial(distribution(logits, params), 1, generator=generator).squeeze(-1)
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The probabilities :func:`sample` draws from at ``temperature > 0`` (``[B, V]``, rows sum to
+    1 up to rounding): temperature, then top-k, min-p and top-p."""
     logits = logits / params.temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
@@ -54,4 +60,4 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
         sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return probs
