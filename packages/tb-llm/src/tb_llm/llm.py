@@ -21,6 +21,8 @@ from tb_llm.perplexity import Score, score_tokens
 from tb_llm.quant import QUANTS
 from tb_llm.safetensors_io import CheckpointWeights
 from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
+from tb_llm.speculative import Speculative, parse_speculative
+from tb_llm.speculative import run as speculative_run
 from tb_llm.tokenizer import IncrementalDecoder, Tokenizer
 
 Message = dict[str, Any]
@@ -34,6 +36,8 @@ class Timing:
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and how many the model accepted
+    accepted_tokens: int = 0
 
     @property
     def prefill_tok_s(self) -> float:
@@ -290,6 +294,7 @@ class LLM:
         ignore_eos: bool = False,
         logprobs: int | None = None,
         n: int = 1,
+        speculative: Any = None,
     ) -> Generation | list[Generation]:
         """Generate from one prompt (-> ``Generation``) or a list of prompts as one batch
         (-> list). Greedy when ``temperature`` is 0.
@@ -300,6 +305,10 @@ class LLM:
         ``n``: samples of one prompt (-> list of ``n``), decoded together; with ``seed``, sample
         ``i`` uses seed ``seed + i``, so it is what ``n=1, seed=seed + i`` gives (the server's
         ``n`` / ``seed`` follow the same rule).
+        ``speculative``: ``"ngram"`` (prompt lookup), a draft ``LLM`` with the same tokenizer, or a
+        dict such as ``{"method": "ngram", "num_tokens": 6, "ngram": 3}`` (see
+        :mod:`tb_llm.speculative`): drafts verified several tokens per step, one prompt at a time;
+        greedy output is the plain greedy output.
         """
         check_top(logprobs)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -313,9 +322,15 @@ class LLM:
         seqs = [_Seq(self, p, stop) for p in ids]
         timing = Timing(load_seconds=self.load_seconds)
         generators = _choice_generators(seed, n) if n > 1 else None
-        for _ in self._run(
-            seqs, params, max_new_tokens, seed, ignore_eos, timing, logprobs=logprobs, generators=generators
-        ):
+        spec = self._speculative(speculative, seqs)
+        steps = (
+            speculative_run(self, seqs[0], spec, params, max_new_tokens, seed, ignore_eos, timing, logprobs)
+            if spec is not None
+            else self._run(
+                seqs, params, max_new_tokens, seed, ignore_eos, timing, logprobs=logprobs, generators=generators
+            )
+        )
+        for _ in steps:
             pass
         out = [
             Generation(
@@ -344,6 +359,7 @@ class LLM:
         ignore_eos: bool = False,
         result: list[Generation] | None = None,
         logprobs: int | None = None,
+        speculative: Any = None,
     ) -> Iterator[str]:
         """Yield text deltas as they are generated; each delta is whole UTF-8 characters.
         Pass ``result=[]`` to receive the final ``Generation`` in it. With ``logprobs=k`` the
@@ -353,7 +369,13 @@ class LLM:
         seq = _Seq(self, self.encode(prompt), stop)
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
         timing = Timing(load_seconds=self.load_seconds)
-        for _ in self._run([seq], params, max_new_tokens, seed, ignore_eos, timing, logprobs=logprobs):
+        spec = self._speculative(speculative, [seq])
+        steps = (
+            speculative_run(self, seq, spec, params, max_new_tokens, seed, ignore_eos, timing, logprobs)
+            if spec is not None
+            else self._run([seq], params, max_new_tokens, seed, ignore_eos, timing, logprobs=logprobs)
+        )
+        for _ in steps:
             delta = seq.take_delta()
             if logprobs is not None:
                 yield TextDelta(delta, seq.take_logprobs())
@@ -373,6 +395,16 @@ class LLM:
                     seq.logprobs if logprobs is not None else None,
                 )
             )
+
+    @staticmethod
+    def _speculative(speculative: Any, seqs: list[_Seq]) -> Speculative | None:
+        spec = parse_speculative(speculative)
+        if spec is not None:
+            if len(seqs) > 1:
+                raise ValueError("speculative decoding takes one prompt (n=1, not a batch)")
+            if getattr(seqs[0], "constraint", None) is not None:
+                raise ValueError("speculative decoding and json_schema cannot be combined yet")
+        return spec
 
     def score(self, text: str | list[int], ctx: int | None = None, stride: int | None = None) -> Score:
         """Log-probability of every token of ``text`` (a string, encoded with BOS as ``generate``
