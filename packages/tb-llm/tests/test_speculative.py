@@ -170,3 +170,16 @@ def test_sampled_generation_runs_and_is_seeded(llama: LLM) -> None:
     a = llama.generate(REPEATING, max_new_tokens=16, temperature=0.8, seed=5, ignore_eos=True, speculative="ngram")
     b = llama.generate(REPEATING, max_new_tokens=16, temperature=0.8, seed=5, ignore_eos=True, speculative="ngram")
     assert a.token_ids == b.token_ids and len(a.token_ids) == 16
+
+
+def test_cli_generate_speculative(llama_dir: Path, llama: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    from tb_llm.cli import main
+
+    base = ["generate", "--model", str(llama_dir), "--device", "cpu", "--tokens", "12", REPEATING]
+    assert main([*base, "--speculative", "ngram", "--draft-tokens", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == llama.generate(REPEATING, max_new_tokens=12).text.strip()
+    assert "drafts accepted" in out.err
+    assert main([*base, "--speculative", str(llama_dir)]) == 0
+    assert main([*base, "--speculative", "ngram", "--draft-tokens", "0"]) == 2
+    assert "num_tokens" in capsys.readouterr().err

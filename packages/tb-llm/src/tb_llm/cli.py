@@ -55,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("prompt", nargs="?", default=None, help="the prompt (default: read stdin)")
             p.add_argument("--stream", action="store_true", help="print tokens as they come")
             p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+            p.add_argument(
+                "--speculative",
+                default=None,
+                metavar="ngram|MODEL",
+                help="speculative decoding: 'ngram' (prompt lookup) or a draft model (folder, Hub id or .gguf "
+                "with the same tokenizer)",
+            )
+            p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per step (speculative)")
         else:
             p.add_argument("--system", default=None, help="system prompt")
             p.add_argument("--stream", action="store_true", help="(chat always streams)")
@@ -112,6 +120,22 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     message = [{"role": "user", "content": prompt}] if args.chat else prompt
     n = args.tokens or 128
+    if args.speculative is not None:
+        try:
+            draft = None
+            if args.speculative not in ("ngram", "prompt_lookup"):
+                draft = LLM.from_pretrained(args.speculative, quant=args.quant, device=args.device, engine=args.engine)
+            sampling["speculative"] = {
+                "method": "draft" if draft is not None else "ngram",
+                "num_tokens": args.draft_tokens,
+                **({"draft": draft} if draft is not None else {}),
+            }
+            from tb_llm.speculative import parse_speculative
+
+            parse_speculative(sampling["speculative"])
+        except (LLMError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.stream:
         out: list = []
         for delta in llm.stream(message, max_new_tokens=n, result=out, **sampling):
@@ -124,8 +148,9 @@ def run(args: argparse.Namespace) -> int:
         assert not isinstance(g, list)
         print(g.text)
     t = g.timing
+    accepted = f", drafts accepted {t.accepted_tokens}/{t.draft_tokens}" if t.draft_tokens else ""
     print(
-        f"[{len(g.token_ids)} tokens, {g.finish_reason}; prefill {t.prefill_tok_s:.1f} tok/s, decode {t.decode_tok_s:.1f} tok/s, engine {llm.engine}]",
+        f"[{len(g.token_ids)} tokens, {g.finish_reason}; prefill {t.prefill_tok_s:.1f} tok/s, decode {t.decode_tok_s:.1f} tok/s, engine {llm.engine}{accepted}]",
         file=sys.stderr,
     )
     return 0
