@@ -126,7 +126,9 @@ def test_grad_switch_inside_the_graph_goes_through_aot(toy: Any, direct_calls: l
     assert direct_calls == []
 
 
-def test_dynamic_shapes_and_the_option_off_go_through_aot(toy: Any, direct_calls: list[int]) -> None:
+def test_dynamic_shapes_take_the_direct_path_the_option_off_goes_through_aot(
+    toy: Any, direct_calls: list[int]
+) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) * 3 + x
 
@@ -135,10 +137,29 @@ def test_dynamic_shapes_and_the_option_off_go_through_aot(toy: Any, direct_calls
         for n in (3, 5, 9):
             x = torch.randn(n, 2)
             torch.testing.assert_close(c(x), f(x))
+        assert direct_calls == [1]  # one symbolic graph for every size, traced directly
         torch._dynamo.reset()
         x = torch.randn(4, 2)
         torch.testing.assert_close(_compile(f, direct_inference=False)(x), f(x))
+    assert direct_calls == [1]
+    assert torchburn.op_coverage()["fallback"] == {}
+
+
+def test_a_symbolic_graph_that_writes_in_place_goes_through_aot(toy: Any, direct_calls: list[int]) -> None:
+    # symbolic graphs are traced without torch.func.functionalize (it would guard the sizes), so
+    # an in-place op stays in the trace and AOTAutograd's functionalization takes the graph
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.relu_()
+        return y + x
+
+    with torch.no_grad():
+        c = _compile(f, dynamic=True)
+        for n in (3, 5, 9):
+            x = torch.randn(n, 2)
+            torch.testing.assert_close(c(x), f(x))
     assert direct_calls == []
+    assert torchburn.op_coverage()["fallback"] == {}
 
 
 def test_inference_mode_tensors(toy: Any, direct_calls: list[int]) -> None:

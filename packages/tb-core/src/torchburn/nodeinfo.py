@@ -9,7 +9,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, meta_of_value, op_name
+from torchburn.plan import Plan, PlanNode, Ref, TensorMeta, meta_of_value, op_name, size_hint
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 @dataclass
@@ -22,6 +24,10 @@ class NodeInfo:
     out: Any  # TensorMeta, tuple of them, or None
     symbolic: bool  # a size, stride or scalar argument is symbolic
     node: torch.fx.Node | None = None
+    #: Built by ``hinted``: the sizes are one concrete example of a node whose sizes are symbolic.
+    #: An engine that takes it is given the partition specialised to each concrete shape it meets
+    #: (``torchburn.specialise``), and checked again on those shapes.
+    from_hint: bool = False
 
     @staticmethod
     def of(node: torch.fx.Node) -> NodeInfo:
@@ -52,6 +58,55 @@ class NodeInfo:
             out,
             symbolic,
             node,
+        )
+
+    @staticmethod
+    def hinted(node: torch.fx.Node) -> NodeInfo | str:
+        """A node with symbolic sizes as a static node, its sizes and symbolic scalar arguments
+        replaced by their hints (the example the graph was traced with), so an engine decides on
+        it as on the static graph's node. The reason instead where that cannot be done."""
+        inputs: list[TensorMeta] = []
+        problems: list[str] = []
+
+        def visit(arg: torch.fx.Node) -> Any:
+            val = arg.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                meta = TensorMeta.hint_of(val)
+                if meta is None:
+                    problems.append(f"{arg.name} has a data-dependent size")
+                    return arg
+                inputs.append(meta)
+                return arg
+            if isinstance(val, _SYMBOLIC):
+                hint = size_hint(val)
+                if hint is None:
+                    problems.append(f"{arg.name} is a data-dependent size")
+                return hint
+            if val is None:
+                problems.append(f"{arg.name} has no recorded value")
+            return arg if val is None else val
+
+        args = torch.fx.node.map_arg(node.args, visit)
+        kwargs = torch.fx.node.map_arg(node.kwargs, visit)
+        value = node.meta.get("val")
+        leaves = value if isinstance(value, (tuple, list)) else (value,)
+        if not all(isinstance(v, torch.Tensor) or v is None for v in leaves) or value is None:
+            return "computes a size, not a tensor (size arithmetic runs in Python)"
+        out = tuple(TensorMeta.hint_of(v) if v is not None else None for v in leaves)
+        if any(m is None and v is not None for m, v in zip(out, leaves)):
+            problems.append("its result has a data-dependent size")
+        if problems:
+            return "symbolic shape without a concrete example: " + "; ".join(problems)
+        return NodeInfo(
+            op_name(node.target),
+            node.target,
+            tuple(args),
+            dict(kwargs),
+            inputs,
+            out if isinstance(value, (tuple, list)) else out[0],
+            False,
+            node,
+            from_hint=True,
         )
 
     @staticmethod

@@ -9,6 +9,8 @@ from typing import Any
 
 from torchburn.engine import Engine
 
+DEFAULT_SHAPE_CACHE_SIZE = 8
+
 
 class EngineNotFoundError(ValueError):
     """The user named an engine that no installed plugin provides."""
@@ -34,6 +36,10 @@ class Options:
     #: Inference graphs (grad mode off at compile time, no input mutation, no output aliasing an
     #: input) are traced to ATen by tb-core and called without AOTAutograd's runtime wrapper.
     direct_inference: bool = True
+    #: Partitions with symbolic sizes (Dynamo's dynamic shapes) are compiled once per concrete
+    #: shape and kept in an LRU of this many programs per partition; 0 runs them in eager PyTorch.
+    #: None: ``TORCHBURN_SHAPE_CACHE_SIZE``, else 8.
+    shape_cache_size: int | None = None
     #: Collects GraphReports (used by torchburn.explain).
     report_sink: list[Any] | None = field(default=None, repr=False)
 
@@ -54,7 +60,28 @@ class Options:
             raise ValueError(f"fallback must be 'eager' or 'error', not {opts.fallback!r}")
         if opts.min_partition_size < 0:
             raise ValueError("min_partition_size must be 0 or more")
+        if opts.shape_cache_size is not None and (
+            isinstance(opts.shape_cache_size, bool)
+            or not isinstance(opts.shape_cache_size, int)
+            or opts.shape_cache_size < 0
+        ):
+            raise ValueError(f"shape_cache_size must be an int, 0 or more, not {opts.shape_cache_size!r}")
         return opts
+
+    def shape_cache_bound(self) -> int:
+        """Programs kept per partition with symbolic sizes (0: such partitions run eagerly)."""
+        if self.shape_cache_size is not None:
+            return self.shape_cache_size
+        raw = os.environ.get("TORCHBURN_SHAPE_CACHE_SIZE", "").strip()
+        if not raw:
+            return DEFAULT_SHAPE_CACHE_SIZE
+        try:
+            bound = int(raw)
+        except ValueError:
+            bound = -1
+        if bound < 0:
+            raise ValueError(f"TORCHBURN_SHAPE_CACHE_SIZE must be an int, 0 or more, not {raw!r}")
+        return bound
 
 
 def _split(names: str) -> tuple[str, ...]:

@@ -30,22 +30,40 @@ from torchburn.engine import Engine
 from torchburn.nodeinfo import NodeInfo
 from torchburn.options import Options, TorchburnFallbackWarning
 from torchburn.plan import GETITEM, Plan, op_name, plan_from_graph_module
+from torchburn.specialise import ShapeStats, SpecialisedPartition
 
 log = logging.getLogger("torchburn")
 
 HEAVY_CATEGORIES = frozenset({"gemm", "conv_pool", "attention", "normalization", "reduction", "loss", "backward"})
 FREE_CATEGORIES = frozenset({"view"})
+#: Size arithmetic and shape assertions in graphs with symbolic sizes: they read a tensor's metadata
+#: or check a size, compute nothing, run in Python, and are not counted as fallback ops.
+SIZE_OPS = frozenset(
+    {
+        "aten.sym_size.int",
+        "aten.sym_stride.int",
+        "aten.sym_numel.default",
+        "aten.sym_storage_offset.default",
+        "aten._assert_scalar.default",
+        "aten.sym_constrain_range.default",
+        "aten.sym_constrain_range_for_size.default",
+    }
+)
 
 
 @dataclass
 class PartitionReport:
     engine: str
     ops: list[str]
-    status: str  # "compiled", "cache hit", "below cost threshold", "compile failed: ..."
+    # "compiled", "cache hit", "specialised per shape", "below cost threshold", "compile failed: ..."
+    status: str
     delegated: frozenset[str] = frozenset()  # ops the engine hands to PyTorch's kernels (Engine.delegated_ops)
+    shapes: ShapeStats | None = None  # a partition with symbolic sizes: what its shape cache holds (live)
 
     @property
     def ran(self) -> bool:
+        if self.shapes is not None:
+            return self.shapes.compiled > 0
         return self.status in ("compiled", "cache hit")
 
 
@@ -88,11 +106,24 @@ def worth_a_partition(ops: list[str], min_size: int) -> bool:
 
 
 class _EngineSupport(OperatorSupportBase):
-    def __init__(self, engine: Engine, infos: dict[torch.fx.Node, NodeInfo], reasons: dict[str, list[str]]) -> None:
+    """Asks the engine about each node. A node with symbolic sizes the engine does not take as it
+    is (few engines do) is asked again as its hint, the static node of the example Dynamo traced
+    with, when shape specialisation is on; its name then goes into ``hinted``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        infos: dict[torch.fx.Node, NodeInfo],
+        reasons: dict[str, list[str]],
+        specialise: bool = True,
+        hinted: set[str] | None = None,
+    ) -> None:
         self.engine = engine
         self.infos = infos
         self.reasons = reasons
         self.memo: dict[torch.fx.Node, bool] = {}
+        self.specialise = specialise
+        self.hinted = hinted if hinted is not None else set()
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
         if node.op != "call_function":
@@ -105,17 +136,27 @@ class _EngineSupport(OperatorSupportBase):
         elif not isinstance(node.target, torch._ops.OpOverload):
             ok = False
             self.reasons.setdefault(node.name, []).append(f"{self.engine.name}: not an ATen op")
+        elif str(node.target) in SIZE_OPS:
+            ok = False
         else:
             info = self.infos.get(node) or self.infos.setdefault(node, NodeInfo.of(node))
-            try:
-                reason = self.engine.check(info)
-            except Exception as exc:  # a buggy checker means "no", not a crash
-                reason = f"checker raised {type(exc).__name__}: {exc}"
+            reason = self._ask(info)
+            if reason is not None and info.symbolic and self.specialise:
+                hint = NodeInfo.hinted(node)
+                reason = hint if isinstance(hint, str) else self._ask(hint)
+                if reason is None:
+                    self.hinted.add(node.name)
             ok = reason is None
             if not ok:
                 self.reasons.setdefault(node.name, []).append(f"{self.engine.name}: {reason}")
         self.memo[node] = ok
         return ok
+
+    def _ask(self, info: NodeInfo) -> str | None:
+        try:
+            return self.engine.check(info)
+        except Exception as exc:  # a buggy checker means "no", not a crash
+            return f"checker raised {type(exc).__name__}: {exc}"
 
 
 def compile_graph(
@@ -149,8 +190,10 @@ def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts
     reasons: dict[str, list[str]] = {}
     small: dict[str, str] = {}
     cache = graph_cache()
+    specialise = opts.shape_cache_bound() > 0
     for index, engine in enumerate(engines):
-        support = _EngineSupport(engine, {}, reasons)
+        hinted: set[str] = set()
+        support = _EngineSupport(engine, {}, reasons, specialise, hinted)
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         proposed = partitioner.propose_partitions()
         kept = []
@@ -172,12 +215,16 @@ def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts
         partitioner.fuse_partitions(kept, prefix=prefix)
         for node in list(gm.graph.nodes):
             if node.op == "call_module" and str(node.target).startswith(prefix):
-                _compile_partition(gm, node, engine, opts, cache, report)
+                sub = getattr(gm, str(node.target))
+                if any(n.name in hinted for n in sub.graph.nodes):
+                    _specialise_partition(gm, node, engine, opts, cache, report)
+                else:
+                    _compile_partition(gm, node, engine, opts, cache, report)
     gm.graph.lint()
     gm.recompile()
     for node, reason in small.items():
         reasons[node] = [reason]
-    _record_fallbacks(gm, report, reasons, "no engine accepts it", engines)
+    _record_fallbacks(gm, report, reasons, "no engine accepts it", engines, specialise)
 
 
 def _compile_partition(
@@ -186,15 +233,8 @@ def _compile_partition(
     sub = getattr(gm, str(node.target))
     plan = plan_from_graph_module(sub)
     ops = list(plan.ops())
-    key = plan.key(engine.name, engine.version(), torch.__version__, str(PLUGIN_API_VERSION))
     try:
-        if opts.cache:
-            hits_before = cache.stats.hits + cache.stats.disk_hits
-            compiled = cache.get_or_compile(key, engine, plan)
-            status = "cache hit" if cache.stats.hits + cache.stats.disk_hits > hits_before else "compiled"
-        else:
-            compiled = engine.compile(plan)
-            status = "compiled"
+        compiled, status = _compile_plan(plan, engine, opts, cache)
     except Exception as exc:
         if opts.fallback == "error":
             raise
@@ -209,6 +249,52 @@ def _compile_partition(
         return  # the fused sub-module stays in the graph and runs eagerly
     report.partitions.append(PartitionReport(engine.name, ops, status, _delegated(engine, plan)))
     runner = _runner(compiled, sub, engine.name, len(report.partitions), opts)
+    _replace(gm, node, runner)
+
+
+def _compile_plan(plan: Plan, engine: Engine, opts: Options, cache: Any) -> tuple[Callable[..., Any], str]:
+    """The engine's callable for ``plan`` (through the structural cache) and "compiled" / "cache hit"."""
+    if not opts.cache:
+        return engine.compile(plan), "compiled"
+    key = plan.key(engine.name, engine.version(), torch.__version__, str(PLUGIN_API_VERSION))
+    hits_before = cache.stats.hits + cache.stats.disk_hits
+    compiled = cache.get_or_compile(key, engine, plan)
+    return compiled, "cache hit" if cache.stats.hits + cache.stats.disk_hits > hits_before else "compiled"
+
+
+def _specialise_partition(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, engine: Engine, opts: Options, cache: Any, report: GraphReport
+) -> None:
+    """A partition the engine took on its nodes' hints: compiled per concrete signature at call time."""
+    sub = getattr(gm, str(node.target))
+    part = PartitionReport(engine.name, [op_name(n.target) for n in sub.graph.nodes if n.op == "call_function"], "")
+
+    def compile_plan(plan: Plan) -> tuple[Callable[..., Any], frozenset[str]]:
+        return _compile_plan(plan, engine, opts, cache)[0], _delegated(engine, plan)
+
+    def on_compiled(delegated: frozenset[str]) -> None:
+        part.delegated = part.delegated | delegated
+
+    def check(info: NodeInfo) -> str | None:
+        return engine.check(info)
+
+    specialised = SpecialisedPartition(
+        sub,
+        engine=engine.name,
+        check=check,
+        compile_plan=compile_plan,
+        bound=opts.shape_cache_bound(),
+        strict=opts.fallback == "error",
+        warn=opts.warn,
+        on_compiled=on_compiled,
+    )
+    part.status = "specialised per shape"
+    part.shapes = specialised.stats
+    report.partitions.append(part)
+    _replace(gm, node, _runner(specialised, sub, engine.name, len(report.partitions), opts))
+
+
+def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, runner: Callable[..., Any]) -> None:
     with gm.graph.inserting_before(node):
         call = gm.graph.call_function(runner, tuple(node.args), dict(node.kwargs))
     call.meta = dict(node.meta)
@@ -266,15 +352,18 @@ def _record_fallbacks(
     reasons: dict[str, list[str]],
     default: str,
     engines: list[Engine] = (),  # type: ignore[assignment]
+    specialise: bool = True,
 ) -> None:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if str(node.target) in SIZE_OPS:
             continue
         why = reasons.get(node.name)
         if not why and engines:
             # The partitioner may not have asked about this node (it was never a candidate):
             # ask each engine now so the user sees a real reason.
-            support = _EngineSupport(engines[0], {}, {})
+            support = _EngineSupport(engines[0], {}, {}, specialise)
             why = []
             for engine in engines:
                 support.engine, support.memo = engine, {}
@@ -305,7 +394,8 @@ def make_record(report: GraphReport) -> telemetry.GraphRecord:
     native: Counter[str] = Counter()
     delegated: Counter[str] = Counter()
     for p in report.partitions:
-        if p.ran:
+        # a specialised partition counts each call itself, as native or fallback by its shapes
+        if p.ran and p.shapes is None:
             for op in p.ops:
                 if op != GETITEM:
                     (delegated if op in p.delegated else native)[f"{p.engine}:{op}"] += 1

@@ -43,6 +43,17 @@ class TensorMeta:
             stride = tuple(s if isinstance(s, int) else -1 for s in stride)
         return TensorMeta(shape, stride, value.dtype, value.device.type, symbolic)
 
+    @staticmethod
+    def hint_of(value: Any) -> TensorMeta | None:
+        """The static meta of a tensor whose sizes may be symbolic, from its sizes' hints (the
+        concrete values of the example the graph was traced with); None if a size has no hint
+        (a data-dependent size)."""
+        shape = tuple(size_hint(s) for s in value.shape)
+        stride = tuple(size_hint(s) for s in value.stride()) if value.layout == torch.strided else ()
+        if any(not isinstance(s, int) for s in (*shape, *stride)):
+            return None
+        return TensorMeta(shape, stride, value.dtype, value.device.type)  # type: ignore[arg-type]
+
     @property
     def numel(self) -> int:
         n = 1
@@ -229,6 +240,25 @@ def _tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().contiguous().cpu()
     header = f"{t.dtype}:{tuple(t.shape)}:".encode()
     return blake3.blake3(header + t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def size_hint(value: Any) -> Any:
+    """The concrete value behind a symbolic int/float/bool (its hint), the value itself if it is
+    not symbolic, or None for a symbol without a hint (an unbacked, data-dependent size)."""
+    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return value
+    node = value.node
+    try:
+        if not node.has_hint():
+            return None
+        hint: Any = node.hint
+    except Exception:  # a shape environment that cannot evaluate the expression
+        return None
+    if hint is None:
+        return None
+    if isinstance(value, torch.SymBool):
+        return bool(hint)
+    return int(hint) if isinstance(value, torch.SymInt) else float(hint)
 
 
 def meta_of_value(value: Any) -> Any:
