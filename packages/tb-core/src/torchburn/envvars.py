@@ -30,6 +30,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("TORCHBURN_CACHE_SIZE", "512", "tb-core", "Entries of the in-memory structural graph cache (LRU)."),
     EnvVar(
+        "TORCHBURN_SHAPE_CACHE_SIZE",
+        "8",
+        "tb-core",
+        "Programs kept per partition with symbolic sizes (dynamic shapes), one per concrete shape (LRU); `0` runs such partitions in eager PyTorch. `options={'shape_cache_size': n}` overrides it.",
+    ),
+    EnvVar(
         "TORCHBURN_LOAD_PLUGINS",
         "(unset: all)",
         "tb-core",
