@@ -24,6 +24,8 @@ def test_lookup_draft_takes_the_latest_longest_match() -> None:
     assert lookup_draft([7], k=4, max_ngram=3) == []
     assert lookup_draft([4, 4, 4], k=5, max_ngram=2) == [4]  # the match must end before the suffix
     assert lookup_draft([1, 2, 3, 1, 2, 3, 1], k=10, max_ngram=1) == [2, 3, 1]
+    assert lookup_draft([1, 2, 8, 8, 5, 1, 2], k=3, max_ngram=3, min_ngram=3) == []  # only [1, 2] recurs
+    assert lookup_draft([3, 9, 4, 3], k=2, max_ngram=3, min_ngram=2) == []  # a lone token is not enough
 
 
 def test_parse_speculative(llama: LLM) -> None:

@@ -9,10 +9,16 @@ position gives one token more. The KV cache is then cut back to the accepted tok
 Two kinds of draft:
 
 * **prompt lookup** (``"ngram"``): the longest suffix of the sequence (``ngram`` tokens down to
-  1) that occurred earlier in it, and the tokens that followed it there. Costs nothing, and pays
-  where the output repeats its input (summaries, code edits, extraction, chat that quotes).
+  ``min_ngram``, default 2) that occurred earlier in it, and the tokens that followed it there.
+  Costs nothing to draft, and pays where the output repeats its input (summaries, code edits,
+  extraction, chat that quotes).
 * **a draft model** (``draft=LLM``): a smaller checkpoint with the same tokenizer runs ``k``
   steps of its own (with its own KV cache, kept across rounds).
+
+A draft that misses still widens the verify step, so the draft length adapts per sequence
+(doubled after a round that accepted every draft, halved after one that accepted none, with
+plain steps and an occasional one-token probe once it reaches 0): text that never repeats decodes
+at close to the plain rate.
 
 Acceptance is the standard rule (Leviathan et al. 2023; Chen et al. 2023), so the output has the
 model's own distribution: greedy (temperature 0) accepts a draft iff it is the model's argmax, so
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Speculative", "lookup_draft", "parse_speculative"]
 
+#: Plain decode steps taken after the draft length fell to 0, before one draft is tried again.
+PAUSE = 4
+
 
 @dataclass(frozen=True)
 class Speculative:
@@ -48,6 +57,7 @@ class Speculative:
     num_tokens: int = 4
     ngram: int = 3
     draft: Any = None  # an LLM, for method "draft"
+    min_ngram: int = 2
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft"):
@@ -56,6 +66,8 @@ class Speculative:
             raise ValueError(f"speculative num_tokens must be an integer in 1..32, got {self.num_tokens!r}")
         if isinstance(self.ngram, bool) or not isinstance(self.ngram, int) or not 1 <= self.ngram <= 16:
             raise ValueError(f"speculative ngram must be an integer in 1..16, got {self.ngram!r}")
+        if isinstance(self.min_ngram, bool) or not isinstance(self.min_ngram, int) or self.min_ngram < 1:
+            raise ValueError(f"speculative min_ngram must be an integer >= 1, got {self.min_ngram!r}")
         if (self.method == "draft") != (self.draft is not None):
             raise ValueError("a draft model is given with method 'draft', and only then")
 
@@ -80,18 +92,18 @@ def parse_speculative(spec: Any) -> Speculative | None:
             fields["method"] = "ngram"
         if "draft" in fields and "method" not in fields:
             fields["method"] = "draft"
-        unknown = set(fields) - {"method", "num_tokens", "ngram", "draft"}
+        unknown = set(fields) - {"method", "num_tokens", "ngram", "min_ngram", "draft"}
         if unknown:
             raise ValueError(f"unknown speculative option(s): {', '.join(sorted(unknown))}")
         return Speculative(**fields)
     raise ValueError(f"speculative must be 'ngram', a draft LLM, a dict or None, got {type(spec).__name__}")
 
 
-def lookup_draft(tokens: list[int], k: int, max_ngram: int) -> list[int]:
-    """Prompt lookup: for n = ``max_ngram`` .. 1, the latest earlier occurrence of the last ``n``
-    tokens and up to ``k`` tokens that followed it; ``[]`` when no suffix recurs."""
+def lookup_draft(tokens: list[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
+    """Prompt lookup: for n = ``max_ngram`` .. ``min_ngram``, the latest earlier occurrence of the
+    last ``n`` tokens and up to ``k`` tokens that followed it; ``[]`` when no such suffix recurs."""
     length = len(tokens)
-    for n in range(min(max_ngram, length - 1), 0, -1):
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = tokens[length - n :]
         # latest start first: recent context predicts best; the match must end before the suffix
         for start in range(length - n - 1, -1, -1):
@@ -263,17 +275,25 @@ def run(
     timing.prefill_seconds += time.perf_counter() - t0
     emit(first, log_softmax(logits) if logprobs is not None else None)
     yield None
+    # Drafts that miss cost a wider verify step each round, so the draft length adapts: doubled
+    # after a round that accepted every draft, halved after one that accepted none; at 0 the next
+    # rounds are plain steps, and one draft is tried again after PAUSE of them.
+    width, plain_rounds = spec.num_tokens, 0
     while seq.finish_reason is None:
         t0 = time.perf_counter()
         room = max_new_tokens - len(seq.ids)  # tokens still allowed; the bonus token is one of them
-        k = min(spec.num_tokens, room - 1)
+        if width == 0:
+            plain_rounds += 1
+            if plain_rounds > PAUSE:
+                width, plain_rounds = 1, 0
+        k = min(width, room - 1)
         draft: list[int] = []
         dists: list[torch.Tensor | None] = []
         if k > 0:
             if drafter is not None:
                 draft, dists = drafter.propose(tokens, k, params, gen)
             else:
-                draft = lookup_draft(tokens, k, spec.ngram)
+                draft = lookup_draft(tokens, k, spec.ngram, spec.min_ngram)
                 dists = [None] * len(draft)
         held = cache.length  # the cache holds every token but the last emitted one
         feed = [tokens[-1], *draft]
@@ -284,6 +304,10 @@ def run(
         cache.truncate(held + 1 + accepted)  # the last emitted token is fed next round
         timing.draft_tokens += len(draft)
         timing.accepted_tokens += accepted
+        if draft and accepted == len(draft):
+            width = min(spec.num_tokens, 2 * width)
+        elif draft and accepted == 0:
+            width //= 2
         before = len(seq.ids)
         emit(emitted, log_softmax(logits[: len(emitted)]) if logprobs is not None else None)
         timing.decode_tokens += len(seq.ids) - before
