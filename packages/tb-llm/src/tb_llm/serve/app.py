@@ -65,7 +65,15 @@ class OpenAIServer:
         self.llm = llm
         self.settings = settings
         self.metrics = scheduler.metrics if scheduler is not None else ServerMetrics()
-        self.scheduler = scheduler or Scheduler(llm, settings.max_batch, settings.max_queue, metrics=self.metrics)
+        self.scheduler = scheduler or Scheduler(
+            llm,
+            settings.max_batch,
+            settings.max_queue,
+            metrics=self.metrics,
+            prefix_cache_mb=settings.prefix_cache_mb,
+            prefix_block_tokens=settings.prefix_block_tokens,
+        )
+        self.draining = False  # set on SIGTERM (http_server): new requests get 503, running ones finish
         self._add_gauges()
         self.context_length = settings.max_model_len or llm.config.max_position
         self.created = int(time.time())
@@ -119,6 +127,7 @@ class OpenAIServer:
             ),
             Gauge("kv_cache_usage_ratio", "kv_cache_tokens / kv_cache_capacity_tokens.", self._kv_usage),
             Gauge("kv_cache_bytes", "Memory the KV cache takes.", lambda: sched.engine.cache.nbytes()),
+            *self._prefix_cache_metrics(),
             Gauge(
                 "model_info",
                 "The model served (labels); always 1.",
@@ -126,6 +135,46 @@ class OpenAIServer:
                 {"model": self.settings.model_name, "engine": self.llm.engine, "quant": self.llm.quant},
             ),
         ]
+
+    def _prefix_cache_metrics(self) -> list[Gauge]:
+        pc = self.scheduler.prefix_cache  # read here, written only by the scheduler thread
+        return [
+            Gauge(
+                "prefix_cache_hits_total", "Prompts that reused cached prefix blocks.", lambda: pc.hits, kind="counter"
+            ),
+            Gauge(
+                "prefix_cache_misses_total",
+                "Prompts looked up in the prefix cache that reused nothing.",
+                lambda: pc.misses,
+                kind="counter",
+            ),
+            Gauge(
+                "prefix_cache_reused_tokens_total",
+                "Prompt tokens whose keys and values came from the prefix cache (not prefilled).",
+                lambda: pc.tokens_reused,
+                kind="counter",
+            ),
+            Gauge(
+                "prefix_cache_evictions_total",
+                "Prefix-cache blocks evicted (least recently used) to stay within the budget.",
+                lambda: pc.evictions,
+                kind="counter",
+            ),
+            Gauge("prefix_cache_bytes", "Memory the prefix cache's blocks take.", lambda: pc.bytes_held),
+            Gauge("prefix_cache_blocks", "Blocks the prefix cache holds.", lambda: len(pc)),
+            Gauge(
+                "prefix_cache_budget_bytes",
+                "The prefix cache's memory budget (--prefix-cache-mb; 0: off).",
+                lambda: pc.budget_bytes,
+            ),
+        ]
+
+    def info(self) -> dict[str, Any]:
+        """The model's ``LLM.info()`` plus the prefix cache's state and counters."""
+        pc = self.scheduler.prefix_cache.stats()
+        if self.scheduler.prefix_cache_blocker is not None:
+            pc["off_because"] = self.scheduler.prefix_cache_blocker
+        return {**self.llm.info(), "prefix_cache": pc}
 
     def _kv_usage(self) -> float:
         cap = self.scheduler.engine.token_capacity
@@ -201,10 +250,12 @@ class OpenAIServer:
 
     # -- routes ---------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
-        self.scheduler.start()  # no-op when running; hosts that skip lifespan events start it here
+        if not self.draining:  # a drained scheduler stays stopped
+            self.scheduler.start()  # no-op when running; hosts that skip lifespan events start it here
         running, waiting = self.scheduler.load
-        ok = self.scheduler.alive
-        body = {"status": "ok" if ok else "unavailable", "running": running, "waiting": waiting}
+        ok = self.scheduler.alive and not self.draining
+        status = "draining" if self.draining else "ok" if ok else "unavailable"
+        body = {"status": status, "running": running, "waiting": waiting, "prefix_cache": self.info()["prefix_cache"]}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     def _model_card(self) -> dict[str, Any]:
@@ -240,6 +291,8 @@ class OpenAIServer:
     async def _generate(self, request: Request, chat: bool) -> Response:
         self.metrics.requests.inc()
         try:
+            if self.draining:
+                raise server_error("the server is shutting down; retry on another instance", 503)
             self._authorize(request)
             req = parse(await self._read_json(request), chat, self.settings.max_stop, self.settings.max_n)
             self._check_model(req.model)

@@ -10,14 +10,18 @@ from __future__ import annotations
 import torch
 
 from tb_llm.llm import LLM
+from tb_llm.serve.prefix_cache import PrefixCache
 from tb_llm.serve.slot_cache import SlotCache
 
 
 class BatchEngine:
-    def __init__(self, llm: LLM, max_batch: int, initial_capacity: int = 256) -> None:
+    def __init__(
+        self, llm: LLM, max_batch: int, initial_capacity: int = 256, prefix_cache: PrefixCache | None = None
+    ) -> None:
         self.llm = llm
         self.model = llm.model
         self.max_batch = max_batch
+        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.enabled else None
         cfg = self.model.cfg
         self.cache = SlotCache(
             cfg.num_layers,
@@ -36,14 +40,33 @@ class BatchEngine:
     @torch.inference_mode()
     def prefill(self, row: int, ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """Run a whole prompt into the (free) row ``row``; return float32 logits ``[V]`` on CPU
-        (of the last position; with ``all_logits``, ``[T, V]``: every position's)."""
+        (of the last position; with ``all_logits``, ``[T, V]``: every position's).
+
+        With a prefix cache (and not ``all_logits``, which needs every position run), the
+        longest cached block prefix of ``ids`` is copied into the row and only the rest is run."""
         self.cache.clear(row)
         dev = self.device
         t = len(ids)
-        x = torch.tensor([ids], dtype=torch.long, device=dev)
-        pos = torch.arange(t, dtype=torch.long, device=dev)[None]
+        start = 0
+        if self.prefix_cache is not None and not all_logits:
+            blocks = self.prefix_cache.lookup(ids)
+            if blocks:
+                start = self.cache.load(row, [b.k for b in blocks], [b.v for b in blocks])
+        x = torch.tensor([ids[start:]], dtype=torch.long, device=dev)
+        pos = torch.arange(start, t, dtype=torch.long, device=dev)[None]
         logits = self.model.forward(x, pos, self.cache.prefill_view(row), last_only=not all_logits)  # type: ignore[arg-type]
         return logits[0].float().cpu()
+
+    @torch.inference_mode()
+    def remember(self, row: int, tokens: list[int]) -> int:
+        """Offer the sequence in ``row`` (whose tokens are ``tokens``, at least as many as the
+        row holds) to the prefix cache; return the blocks it added."""
+        if self.prefix_cache is None:
+            return 0
+        held = self.cache.lens[row]
+        if len(tokens) < held:
+            raise ValueError(f"row {row} holds {held} tokens but only {len(tokens)} were given")
+        return self.prefix_cache.insert(tokens[:held], lambda a, b: self.cache.read(row, a, b))
 
     @torch.inference_mode()
     def decode(self, tokens: list[int]) -> torch.Tensor:

@@ -26,6 +26,18 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a batch row (then 429)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (then 413)")
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + completion tokens per request")
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=512.0,
+        help="memory for reusing the KV of shared prompt prefixes (system prompts, chat turns); 0 turns it off",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM: seconds running requests may take to finish before they are ended",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(llm_command="serve")
     return p
@@ -49,6 +61,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.max_batch < 1:
         print("error: --max-batch must be >= 1", file=sys.stderr)
         return 2
+    if args.prefix_cache_mb < 0:
+        print("error: --prefix-cache-mb must be >= 0 (0 turns the prefix cache off)", file=sys.stderr)
+        return 2
+    if args.drain_timeout < 0:
+        print("error: --drain-timeout must be >= 0", file=sys.stderr)
+        return 2
     try:
         llm = LLM.from_pretrained(
             args.model,
@@ -71,6 +89,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         max_model_len=args.max_model_len,
+        prefix_cache_mb=args.prefix_cache_mb,
+        drain_timeout=args.drain_timeout,
     )
     print(
         f"serving {name!r} ({llm!r}) on http://{args.host}:{args.port}/v1"

@@ -60,14 +60,24 @@ class Counter:
 
 
 class Gauge:
-    """A value read at scrape time from ``read``."""
+    """A value read at scrape time from ``read``. ``kind="counter"`` exposes a count that another
+    object keeps (e.g. the prefix cache's hits) as a Prometheus counter."""
 
-    def __init__(self, name: str, help: str, read: Callable[[], float], labels: dict[str, str] | None = None) -> None:
-        self.name, self.help, self.read, self.labels = PREFIX + name, help, read, labels or {}
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        read: Callable[[], float],
+        labels: dict[str, str] | None = None,
+        kind: str = "gauge",
+    ) -> None:
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"kind must be 'gauge' or 'counter', got {kind!r}")
+        self.name, self.help, self.read, self.labels, self.kind = PREFIX + name, help, read, labels or {}, kind
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
+        yield f"# TYPE {self.name} {self.kind}"
         yield f"{self.name}{_labels(self.labels)} {_number(self.read())}"
 
 

@@ -23,6 +23,7 @@ from tb_llm.logprobs import TokenLogprob, TokenPieces, log_softmax, token_logpro
 from tb_llm.serve.batch_engine import BatchEngine
 from tb_llm.serve.completion_text import CompletionText
 from tb_llm.serve.metrics import ServerMetrics
+from tb_llm.serve.prefix_cache import PrefixCache, reuse_blocker
 from tb_llm.serve.row_sampler import RequestSampling, RowSampler
 
 log = logging.getLogger("tb_llm.serve")
@@ -102,11 +103,21 @@ class Scheduler:
         max_queue: int = 256,
         prefill_tokens_per_step: int = 4096,
         metrics: ServerMetrics | None = None,
+        prefix_cache_mb: float = 0.0,
+        prefix_block_tokens: int = 32,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {prefix_cache_mb}")
         self.llm = llm
-        self.engine = BatchEngine(llm, max_batch)
+        # Why this model cannot reuse a prefix's keys (then the cache stays off), or None.
+        self.prefix_cache_blocker = reuse_blocker(llm.config.rope.rope_type)
+        if self.prefix_cache_blocker is not None and prefix_cache_mb > 0:
+            log.warning("prefix cache off: %s", self.prefix_cache_blocker)
+        budget = 0 if self.prefix_cache_blocker is not None else int(prefix_cache_mb * (1 << 20))
+        self.prefix_cache = PrefixCache(budget, prefix_block_tokens)
+        self.engine = BatchEngine(llm, max_batch, prefix_cache=self.prefix_cache)
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -198,7 +209,8 @@ class Scheduler:
                         self._send(job, Failed(f"generation failed: {type(exc).__name__}: {exc}"))
                         self._close(job, "error")
                 self._active.clear()
-                self.engine = BatchEngine(self.llm, self.max_batch)  # a fresh cache, whatever state it was in
+                # a fresh cache, whatever state it was in (the prefix cache holds copies: it stays)
+                self.engine = BatchEngine(self.llm, self.max_batch, prefix_cache=self.prefix_cache)
         for job in list(self._active) + list(self._pending):
             if not job.done:
                 job.done = True
@@ -246,8 +258,19 @@ class Scheduler:
             job.done = True
             self._send(job, Finished("length", len(job.prompt_ids), 0, (), job.prompt_entries))
             self._close(job, "length")
+            self._remember(row, job)
             return
         self._accept(job, job.sampler.pick(logits), logits)
+        # After the first token went out (not on its critical path): requests arriving while
+        # this one decodes already find its prompt.
+        self._remember(row, job)
+
+    def _remember(self, row: int, job: Job) -> None:
+        """Offer what row ``row`` holds (the job's prompt, then what it generated) to the prefix cache."""
+        try:
+            self.engine.remember(row, job.prompt_ids + job.ids)
+        except Exception:  # the cache is an optimisation: a failure to fill it fails no request
+            log.exception("prefix cache insert failed")
 
     def _decode(self) -> None:
         jobs = self._active
@@ -319,6 +342,8 @@ class Scheduler:
                 jobs[i].done = True
             if jobs[i].done:
                 self._close(jobs[i], "cancelled")  # a no-op for jobs that finished
+                if jobs[i].finish_reason is not None:  # prompt + completion: the next chat turn's prefix
+                    self._remember(i, jobs[i])
                 last = len(jobs) - 1
                 self.engine.release(i, last)
                 jobs[i] = jobs[last]

@@ -28,6 +28,13 @@ class ServeSettings:
     """Most stop strings per request."""
     max_n: int = 16
     """Most choices (``n``) per request; each takes a batch row."""
+    prefix_cache_mb: float = 512.0
+    """Memory for the prefix cache (keys and values of recent prompts and chat turns, reused by
+    requests that start with the same tokens), in MiB; 0 turns it off."""
+    prefix_block_tokens: int = 32
+    """Tokens per prefix-cache block: a prefix is reused in whole blocks."""
+    drain_timeout: float = 30.0
+    """On SIGTERM, seconds the server lets running requests finish before it ends them."""
 
     @staticmethod
     def api_key_from_env(value: str | None) -> str | None:

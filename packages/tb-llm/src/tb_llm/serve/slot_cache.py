@@ -11,6 +11,10 @@ rows grow independently. ``Decoder.forward`` only needs the duck-typed surface `
 
 Live rows are kept packed at the front (a finishing row is replaced by the last one), so the
 decode view is a plain slice of the buffers rather than a gather.
+
+Keys and values live in one ``[layers, rows, kv_heads, capacity, head_dim]`` buffer each
+(``k[i]`` / ``v[i]`` are views of layer ``i``), so the prefix cache copies a run of slots of
+every layer in one operation (:meth:`read` / :meth:`load`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ class SlotCache:
         self.num_layers, self.rows, self.kv_heads, self.head_dim = num_layers, rows, kv_heads, head_dim
         self.dtype, self.device = dtype, device
         self.capacity = 0
-        self.k: list[torch.Tensor] = []
+        self.kbuf = torch.empty(0, dtype=dtype, device=device)
+        self.vbuf = torch.empty(0, dtype=dtype, device=device)
+        self.k: list[torch.Tensor] = []  # layer views of kbuf
         self.v: list[torch.Tensor] = []
         self.pos = torch.empty(rows, 0, dtype=torch.long, device=device)
         self.lens = [0] * rows  # tokens held by each row
@@ -43,21 +49,17 @@ class SlotCache:
         if capacity <= self.capacity:
             return
         new = max(capacity, 2 * self.capacity)
-        shape = (self.rows, self.kv_heads, new, self.head_dim)
+        shape = (self.num_layers, self.rows, self.kv_heads, new, self.head_dim)
         keep = max(self.lens) if self.capacity else 0
-        ks, vs = [], []
-        for i in range(self.num_layers):
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            if keep:
-                k[:, :, :keep] = self.k[i][:, :, :keep]
-                v[:, :, :keep] = self.v[i][:, :, :keep]
-            ks.append(k)
-            vs.append(v)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         pos = torch.full((self.rows, new), -1, dtype=torch.long, device=self.device)
         if keep:
+            k[:, :, :, :keep] = self.kbuf[:, :, :, :keep]
+            v[:, :, :, :keep] = self.vbuf[:, :, :, :keep]
             pos[:, :keep] = self.pos[:, :keep]
-        self.k, self.v, self.pos, self.capacity = ks, vs, pos, new
+        self.kbuf, self.vbuf, self.pos, self.capacity = k, v, pos, new
+        self.k, self.v = list(k.unbind(0)), list(v.unbind(0))
 
     def clear(self, row: int) -> None:
         self.pos[row] = -1
@@ -68,15 +70,38 @@ class SlotCache:
         if src == dst:
             return
         n = self.lens[src]
-        for i in range(self.num_layers):
-            self.k[i][dst, :, :n] = self.k[i][src, :, :n]
-            self.v[i][dst, :, :n] = self.v[i][src, :, :n]
+        self.kbuf[:, dst, :, :n] = self.kbuf[:, src, :, :n]
+        self.vbuf[:, dst, :, :n] = self.vbuf[:, src, :, :n]
         self.pos[dst] = self.pos[src]
         self.lens[dst] = n
         self.clear(src)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in (self.kbuf, self.vbuf))
+
+    def read(self, row: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of row ``row``'s keys and values in slots ``start..end``, every layer:
+        ``[layers, kv_heads, end - start, head_dim]`` each."""
+        if not 0 <= start <= end <= self.lens[row]:
+            raise ValueError(f"slots {start}..{end} are not all filled in row {row} ({self.lens[row]} are)")
+        return self.kbuf[:, row, :, start:end].clone(), self.vbuf[:, row, :, start:end].clone()
+
+    def load(self, row: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> int:
+        """Fill the empty row ``row`` with the consecutive runs ``ks`` / ``vs`` (each
+        ``[layers, kv_heads, n, head_dim]``) at positions 0.. on; return the tokens it now holds."""
+        if self.lens[row]:
+            raise ValueError(f"row {row} is not empty")
+        total = sum(k.shape[2] for k in ks)
+        self.reserve(total)
+        at = 0
+        for k, v in zip(ks, vs):
+            n = k.shape[2]
+            self.kbuf[:, row, :, at : at + n] = k
+            self.vbuf[:, row, :, at : at + n] = v
+            at += n
+        self.pos[row, :total] = torch.arange(total, dtype=torch.long, device=self.device)
+        self.lens[row] = total
+        return total
 
     def prefill_view(self, row: int) -> PrefillView:
         return PrefillView(self, row)
