@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
 from tb_llm.speculative import Speculative, parse_speculative
 from tb_llm.speculative import run as speculative_run
 from tb_llm.tokenizer import IncrementalDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from tb_llm.structured import Constraint, JsonSchemaSpec, Schema
 
 Message = dict[str, Any]
 Prompt = str | list[Message] | list[int]
@@ -82,8 +85,11 @@ class TextDelta(str):
 
 
 class _Seq:
-    def __init__(self, llm: LLM, prompt_ids: list[int], stop: Sequence[str]) -> None:
+    def __init__(
+        self, llm: LLM, prompt_ids: list[int], stop: Sequence[str], constraint: Constraint | None = None
+    ) -> None:
         self.prompt_ids = prompt_ids
+        self.constraint = constraint  # structured output: the grammar this sequence must follow
         self.ids: list[int] = []
         self.decoder = IncrementalDecoder(llm.tokenizer) if llm.tokenizer is not None else None
         self.text = ""
@@ -295,6 +301,7 @@ class LLM:
         logprobs: int | None = None,
         n: int = 1,
         speculative: Any = None,
+        json_schema: JsonSchemaSpec | None = None,
     ) -> Generation | list[Generation]:
         """Generate from one prompt (-> ``Generation``) or a list of prompts as one batch
         (-> list). Greedy when ``temperature`` is 0.
@@ -309,6 +316,12 @@ class LLM:
         dict such as ``{"method": "ngram", "num_tokens": 6, "ngram": 3}`` (see
         :mod:`tb_llm.speculative`): drafts verified several tokens per step, one prompt at a time;
         greedy output is the plain greedy output.
+        ``json_schema``: structured output (needs the ``structured`` extra): ``True`` or
+        ``"json_object"`` for any JSON object, or a JSON schema (``dict`` or its JSON text); every
+        step samples only tokens the schema allows (greedy or sampled) and generation stops once
+        the JSON value is complete (``finish_reason`` ``"stop"``; ``"length"`` if
+        ``max_new_tokens`` cut it short). A bad schema raises
+        :class:`~tb_llm.structured.StructuredOutputError` (a ``ValueError``).
         """
         check_top(logprobs)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -319,7 +332,8 @@ class LLM:
         prompts = list(prompt) if batch else [prompt] * n  # type: ignore[list-item, arg-type]
         ids = [self.encode(p) for p in prompts]  # type: ignore[arg-type]
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
-        seqs = [_Seq(self, p, stop) for p in ids]
+        schema = self._schema(json_schema)
+        seqs = [_Seq(self, p, stop, self._constraint(schema)) for p in ids]
         timing = Timing(load_seconds=self.load_seconds)
         generators = _choice_generators(seed, n) if n > 1 else None
         spec = self._speculative(speculative, seqs)
@@ -360,13 +374,15 @@ class LLM:
         result: list[Generation] | None = None,
         logprobs: int | None = None,
         speculative: Any = None,
+        json_schema: JsonSchemaSpec | None = None,
     ) -> Iterator[str]:
         """Yield text deltas as they are generated; each delta is whole UTF-8 characters.
         Pass ``result=[]`` to receive the final ``Generation`` in it. With ``logprobs=k`` the
         deltas are :class:`TextDelta` strings carrying the entries of their tokens (see
-        :meth:`generate`); every generated token's entry comes out in exactly one delta."""
+        :meth:`generate`); every generated token's entry comes out in exactly one delta.
+        ``json_schema``: structured output, as in :meth:`generate`."""
         check_top(logprobs)
-        seq = _Seq(self, self.encode(prompt), stop)
+        seq = _Seq(self, self.encode(prompt), stop, self._constraint(self._schema(json_schema)))
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty)
         timing = Timing(load_seconds=self.load_seconds)
         spec = self._speculative(speculative, [seq])
@@ -395,6 +411,22 @@ class LLM:
                     seq.logprobs if logprobs is not None else None,
                 )
             )
+
+    @staticmethod
+    def _schema(spec: JsonSchemaSpec | None) -> Schema | None:
+        if spec is None or spec is False:
+            return None
+        from tb_llm.structured import compile_schema
+
+        return compile_schema(spec)
+
+    def _constraint(self, schema: Schema | None) -> Constraint | None:
+        """A fresh grammar state for one sequence (None without a schema)."""
+        if schema is None:
+            return None
+        from tb_llm.structured import constraint_for
+
+        return constraint_for(self.tokenizer, self.config.vocab_size, self.eos_token_ids, schema)
 
     @staticmethod
     def _speculative(speculative: Any, seqs: list[_Seq]) -> Speculative | None:
@@ -481,11 +513,16 @@ class LLM:
             raw = log_softmax(logits).cpu() if logprobs is not None else None
             if seen is not None:
                 logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
+            cpu = logits.float().cpu()
+            if any(s.constraint is not None for s in seqs):
+                cpu = cpu.clone()  # the model's logits may be inference tensors (no in-place writes)
+            for i, s in enumerate(seqs):
+                if s.constraint is not None and s.finish_reason is None:
+                    s.constraint.mask(cpu[i])  # only what the grammar allows next (raw log-probs unaffected)
             if generators is not None:
-                cpu = logits.float().cpu()
                 nxt = torch.cat([sample(cpu[i : i + 1], params, g) for i, g in enumerate(generators)])
             else:
-                nxt = sample(logits.float().cpu(), params, gen)
+                nxt = sample(cpu, params, gen)
             now = time.perf_counter()
             if step == 0:
                 timing.prefill_tokens += sum(len(r) for r in rows)
@@ -499,6 +536,10 @@ class LLM:
                     if raw is not None and pieces is not None and logprobs is not None:
                         s.logprobs.append(token_logprob(raw[i], tok, logprobs, pieces))
                     s.add(tok, tok in eos)
+                    if s.constraint is not None and s.finish_reason is None:
+                        s.constraint.advance(tok)
+                        if s.constraint.done:  # the JSON value is complete: only EOS could follow
+                            s.finish("stop")
             if seen is not None:
                 seen[torch.arange(b), nxt.clamp(0, vocab - 1)] = True
             if step == max_new_tokens - 1:

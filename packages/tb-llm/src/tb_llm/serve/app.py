@@ -296,6 +296,7 @@ class OpenAIServer:
             self._authorize(request)
             req = parse(await self._read_json(request), chat, self.settings.max_stop, self.settings.max_n)
             self._check_model(req.model)
+            self._bind_grammar(req)
             prompt_ids = await self._encode(req)
             max_tokens = self._max_tokens(req, len(prompt_ids))
             loop = asyncio.get_running_loop()
@@ -327,6 +328,18 @@ class OpenAIServer:
                 self._stream(req, out, queue, rid), media_type="text/event-stream", headers=SSE_HEADERS
             )
         return await self._complete(request, req, out, queue, rid)
+
+    def _bind_grammar(self, req: GenerationRequest) -> None:
+        """``response_format``'s schema -> the sampling's grammar for this model's tokenizer."""
+        if req.response_format is None:
+            return
+        from tb_llm.structured import Grammar, StructuredOutputError, grammar_tokenizer
+
+        try:
+            gt = grammar_tokenizer(self.llm.tokenizer, self.llm.config.vocab_size, self.llm.eos_token_ids)
+        except StructuredOutputError as exc:
+            raise bad_request(str(exc), "response_format") from None
+        req.sampling = dataclasses.replace(req.sampling, grammar=Grammar(gt, req.response_format))
 
     # -- responses ------------------------------------------------------------------------
     def _usage(self, done: list[Finished]) -> dict[str, int]:

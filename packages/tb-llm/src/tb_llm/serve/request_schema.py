@@ -2,8 +2,9 @@
 
 Each field is checked by hand so that every rejection names the offending ``param`` the way
 OpenAI's API does. Parameters OpenAI defines but this server does not implement (tools,
-``suffix``, ``best_of`` other than ``n``, ``response_format`` other than text) are refused with a
-400, never silently ignored.
+``suffix``, ``best_of`` other than ``n``) are refused with a 400, never silently ignored.
+``response_format`` takes OpenAI's ``text``, ``json_object`` and ``json_schema`` shapes; a schema
+the grammar engine cannot use is a 400 naming the problem.
 Extensions other OpenAI-compatible servers accept are honoured: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``.
 """
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tb_llm.logprobs import MAX_TOP_LOGPROBS
 from tb_llm.serve.api_error import bad_request
 from tb_llm.serve.row_sampler import RequestSampling
+
+if TYPE_CHECKING:
+    from tb_llm.structured import Schema
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -36,6 +40,7 @@ class GenerationRequest:
     n: int = 1
     logprobs: int | None = None  # None: off; k: each token's log-prob and its k likeliest alternatives
     echo: bool = False  # /v1/completions: the prompt (and its log-probs) before the completion
+    response_format: Schema | None = None  # json_object / json_schema: the output must match it
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -136,11 +141,47 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
 def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
     if chat and body.get("tools"):
         raise bad_request("tools / function calling are not supported by this server", "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
     if not chat and body.get("suffix"):
         raise bad_request("suffix is not supported by this server", "suffix")
+
+
+def _response_format(body: dict[str, Any]) -> Schema | None:
+    """OpenAI's ``response_format``: ``{"type": "text"}`` (plain), ``{"type": "json_object"}`` (any
+    JSON object) or ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kinds = "'text', 'json_object' or 'json_schema'"
+    if not isinstance(fmt, dict):
+        raise bad_request(f"'response_format' must be an object with 'type' {kinds}", "response_format")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        spec: Any = True
+    elif kind == "json_schema":
+        js = fmt.get("json_schema")
+        where = "response_format.json_schema"
+        if not isinstance(js, dict):
+            raise bad_request("'response_format.json_schema' must be an object with 'name' and 'schema'", where)
+        name = js.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request("'response_format.json_schema.name' must be a non-empty string", f"{where}.name")
+        strict = js.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad_request("'response_format.json_schema.strict' must be a boolean", f"{where}.strict")
+        spec = js.get("schema", {})  # OpenAI: a missing schema means any JSON value's schema {}
+        if not isinstance(spec, dict):
+            raise bad_request("'response_format.json_schema.schema' must be a JSON schema object", f"{where}.schema")
+    else:
+        raise bad_request(f"'response_format.type' must be {kinds}, got {kind!r}", "response_format.type")
+    try:
+        from tb_llm.structured import compile_schema
+
+        return compile_schema(spec)
+    except (ValueError, ImportError) as exc:  # StructuredOutputError is a ValueError
+        param = "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
+        raise bad_request(str(exc), param) from None
 
 
 def _content(message: dict[str, Any], i: int) -> str:
@@ -235,4 +276,5 @@ def parse(body: Any, chat: bool, max_stop: int = 16, max_n: int = 16) -> Generat
         n=_n(body, max_n),
         logprobs=_logprobs(body, chat),
         echo=echo,
+        response_format=_response_format(body),
     )

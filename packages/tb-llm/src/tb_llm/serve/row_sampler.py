@@ -4,16 +4,21 @@ Each request keeps its own settings and its own seeded generator, so its tokens 
 on which other requests share the step: with the same seed, a request samples exactly what
 ``LLM.generate(..., seed=...)`` samples. On top of tb-llm's sampler (temperature, top-k, top-p,
 min-p, repetition penalty) it applies OpenAI's additive ``frequency_penalty`` /
-``presence_penalty`` and ``logit_bias``.
+``presence_penalty`` and ``logit_bias``, and last, with a ``response_format`` schema, the
+grammar's mask (:mod:`tb_llm.structured`: only tokens the JSON schema allows next).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
+
+if TYPE_CHECKING:
+    from tb_llm.structured import Grammar
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class RequestSampling:
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
+    grammar: Grammar | None = None  # structured output: each row gets its own Constraint from it
 
     @property
     def params(self) -> SamplingParams:
@@ -41,6 +47,7 @@ class RequestSampling:
             and self.frequency_penalty == 0.0
             and self.presence_penalty == 0.0
             and not self.logit_bias
+            and self.grammar is None
         )
 
 
@@ -65,6 +72,12 @@ class RowSampler:
             for tok, b in s.logit_bias.items():
                 if 0 <= tok < vocab:
                     self.bias[0, tok] = b
+        self.constraint = s.grammar.constraint() if s.grammar is not None else None
+
+    @property
+    def complete(self) -> bool:
+        """With a grammar: the JSON value is complete (nothing but end-of-sequence may follow)."""
+        return self.constraint is not None and self.constraint.done
 
     def pick(self, logits: torch.Tensor) -> int:
         """``logits`` float32 ``[V]`` (CPU) -> the next token."""
@@ -75,11 +88,17 @@ class RowSampler:
             x = x - self.s.frequency_penalty * self.counts - self.s.presence_penalty * (self.counts > 0).float()
         if self.bias is not None:
             x = x + self.bias
+        if self.constraint is not None:
+            if x.data_ptr() == logits.data_ptr():
+                x = x.clone()  # the caller's logits stay the model's (log-probs are not of the mask)
+            self.constraint.mask(x[0])
         tok = int(sample(x, self.params, self.generator)[0])
         self.observe(tok)
         return tok
 
     def observe(self, tok: int) -> None:
+        if self.constraint is not None and not self.constraint.done:
+            self.constraint.advance(tok)
         t = min(max(tok, 0), self.vocab - 1)
         if self.seen is not None:
             self.seen[0, t] = True

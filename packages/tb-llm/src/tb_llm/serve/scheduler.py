@@ -308,8 +308,8 @@ class Scheduler:
         eos = tok in self.eos and not job.ignore_eos
         if job.logprobs is not None and not eos:  # the EOS token is not part of the text
             job.pending_entries.append(token_logprob(log_softmax(logits), tok, job.logprobs, self.pieces))
-        if eos or job.text.push(tok):
-            job.finish_reason = "stop"
+        if eos or job.text.push(tok) or (job.sampler is not None and job.sampler.complete):
+            job.finish_reason = "stop"  # EOS, a stop string, or a complete response_format JSON value
         elif len(job.ids) >= job.max_tokens:
             job.finish_reason = "length"
         if job.finish_reason is not None:
