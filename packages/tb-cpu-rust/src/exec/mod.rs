@@ -6,18 +6,13 @@
 //! (allocated by Python with torch.empty and filled here) and temporaries (owned by the
 //! executor, reused across calls; several values may share one by liveness).
 
-mod dispatch;
-pub mod kernel;
 pub mod step;
 
-use crate::core::math::unary::Un;
 pub use crate::core::mem::{Mem, SPtr};
-use crate::kernels::elementwise::{Compute, EwStep};
-use crate::kernels::gemm::EpiSpec;
 use crate::core::host_tensor::HostTensor;
 use crate::core::tensor::{extent, ranges_overlap, to_usize, DType, Result, View};
-use kernel::Kernel;
-use step::{StepKind, StepSpec};
+use crate::kernels::registry::StepKernel;
+use step::StepSpec;
 use serde::Deserialize;
 use std::sync::Mutex;
 
@@ -63,15 +58,10 @@ pub struct Buffer {
     pub strides: Vec<usize>,
 }
 
-#[allow(clippy::large_enum_variant)] // a handful per plan; boxing buys nothing
-pub enum Step {
-    Ew(EwStep),
-    Op(Kernel),
-}
-
 pub struct Executor {
     pub buffers: Vec<Buffer>,
-    pub steps: Vec<Step>,
+    /// the built steps, in order (each a kernel family's closure over validated views)
+    pub steps: Vec<Box<dyn StepKernel>>,
     pub n_inputs: usize,
     pub n_outputs: usize,
     workspace: Mutex<Option<Vec<Vec<u64>>>>,
@@ -121,7 +111,7 @@ impl Executor {
         for s in &spec.steps {
             let ins: Vec<Option<View>> = s.ins.iter().map(|i| i.map(get).transpose()).collect::<Result<_>>()?;
             let outs: Vec<View> = s.outs.iter().map(|&i| get(i)).collect::<Result<_>>()?;
-            let op = s.kind.tag();
+            let op = s.op.as_str();
             for o in &outs {
                 if buffers[o.buf].kind == BufKind::Input {
                     return Err(format!("step {op} would write into an input"));
@@ -130,31 +120,7 @@ impl Executor {
                     return Err(format!("step {op} reads and writes the same buffer"));
                 }
             }
-            let step = if let StepKind::Ew { compute, prog } = &s.kind {
-                let compute = match compute.as_str() {
-                    "f32" | "" => Compute::F32,
-                    "i64" => Compute::I64,
-                    c => return Err(format!("unknown compute type {c:?}")),
-                };
-                let ins: Vec<View> = ins.into_iter().collect::<Option<_>>().ok_or("elementwise input missing")?;
-                Step::Ew(EwStep::new(compute, prog, ins, outs)?)
-            } else {
-                let names: &[String] = if let StepKind::Gemm { epilogue, .. } = &s.kind { epilogue } else { &[] };
-                let epilogue = names
-                    .iter()
-                    .map(|e| match e.as_str() {
-                        "relu" => Ok(EpiSpec::Un(Un::Relu)),
-                        "gelu" => Ok(EpiSpec::Un(Un::GeluErf)),
-                        "gelu_tanh" => Ok(EpiSpec::Un(Un::GeluTanh)),
-                        "silu" => Ok(EpiSpec::Un(Un::Silu)),
-                        "sigmoid" => Ok(EpiSpec::Un(Un::Sigmoid)),
-                        "tanh" => Ok(EpiSpec::Un(Un::Tanh)),
-                        "add" => Ok(EpiSpec::Residual),
-                        other => Err(format!("unknown epilogue {other:?}")),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Step::Op(Kernel::new(&s.kind, ins, outs, epilogue)?)
-            };
+            let step = step::build(s, ins, outs)?;
             steps.push(step);
         }
         Ok(Executor { buffers, steps, n_inputs, n_outputs, workspace: Mutex::new(None) })
@@ -233,13 +199,7 @@ impl Executor {
         let mem = Mem { ptrs };
         let mut result = Ok(());
         for step in &self.steps {
-            let r = match step {
-                Step::Ew(s) => {
-                    s.run(&mem);
-                    Ok(())
-                }
-                Step::Op(k) => k.run(&mem),
-            };
+            let r = step.run(&mem);
             if r.is_err() {
                 result = r;
                 break;

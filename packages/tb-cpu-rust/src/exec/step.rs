@@ -1,171 +1,56 @@
-//! The step schema: the steps Python's lowering writes (`tb_cpu_rust/lowering/steps.py`), one
-//! tagged variant per step kind with named fields. A plan is parsed into these once, at the
-//! boundary: an unknown kind, a missing field or a field of the wrong type is an error naming it,
-//! and a plan written for another `SCHEMA_VERSION` is refused before any field is read.
-//!
-//! `steps!` declares each kind once: its tag, its named fields and their kinds. From that one
-//! list come the serde enum, the tag of a parsed step, the list of every tag (`STEP_KINDS`, which
-//! Python's schema is tested against) and the parameter lists the kernel constructors read.
+//! The step schema: the steps Python's lowering writes (`tb_cpu_rust/lowering/steps.py`). A step
+//! is an envelope (`op`, `ins`, `outs`) around named parameters; the kernel family that handles
+//! `op` declares the kind (`kernels::registry::StepDef`, listed in `kernels::FAMILIES`) and reads
+//! its parameters by name when it builds the step, once, when a plan is prepared: an unknown
+//! kind, a missing field, a field of the wrong type or an unknown one is an error naming it, and
+//! a plan written for another `SCHEMA_VERSION` is refused before any step is read.
 
-use crate::core::tensor::Result;
-use crate::kernels::elementwise::InstrSpec;
+use crate::core::tensor::{Result, View};
+use crate::kernels::registry::{Args, StepDef, StepKernel};
 use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// Bumped whenever a step kind gains, loses or renames a field (Python's `steps.SCHEMA_VERSION`
 /// is this value, read from the native module).
 pub const SCHEMA_VERSION: u32 = 2;
 
-/// One step of a plan: its operands and results (value ids) and what it computes.
+/// One step of a plan: its operands and results (value ids), what it computes (`op`) and the
+/// named parameters of that kind.
 #[derive(Deserialize)]
 pub struct StepSpec {
     #[serde(default)]
     pub ins: Vec<Option<usize>>,
     #[serde(default)]
     pub outs: Vec<usize>,
+    pub op: String,
     #[serde(flatten)]
-    pub kind: StepKind,
+    pub params: Map<String, Value>,
 }
 
-macro_rules! field_type {
-    (int) => { i64 };
-    (bool) => { bool };
-    (float) => { f64 };
-    (ints) => { Vec<i64> };
-    (floats) => { Vec<f64> };
-    (strs) => { Vec<String> };
-    (str) => { String };
-    (prog) => { Vec<InstrSpec> };
+/// Every step kind by tag, from the families' declarations (built once).
+fn registry() -> &'static HashMap<&'static str, &'static StepDef> {
+    static REGISTRY: OnceLock<HashMap<&'static str, &'static StepDef>> = OnceLock::new();
+    REGISTRY.get_or_init(|| crate::kernels::FAMILIES.iter().flat_map(|f| f.iter()).map(|d| (d.tag, d)).collect())
 }
 
-macro_rules! push_param {
-    (int, $v:ident, $ints:ident, $floats:ident) => { $ints.push(*$v) };
-    (bool, $v:ident, $ints:ident, $floats:ident) => { $ints.push(i64::from(*$v)) };
-    (float, $v:ident, $ints:ident, $floats:ident) => { $floats.push(*$v) };
-    (ints, $v:ident, $ints:ident, $floats:ident) => { $ints.extend_from_slice($v) };
-    (floats, $v:ident, $ints:ident, $floats:ident) => { $floats.extend_from_slice($v) };
-    ($other:ident, $v:ident, $ints:ident, $floats:ident) => { let _ = $v; };
+/// Every step kind's tag, sorted.
+pub fn step_kinds() -> Vec<&'static str> {
+    let mut tags: Vec<&'static str> = registry().keys().copied().collect();
+    tags.sort_unstable();
+    tags
 }
 
-macro_rules! steps {
-    ($($variant:ident $tag:literal { $($field:ident : $kind:ident),* $(,)? })*) => {
-        /// What a step computes, by kind (the `op` tag), with its parameters by name.
-        #[derive(Deserialize)]
-        #[serde(tag = "op")]
-        pub enum StepKind {
-            $(#[serde(rename = $tag)] $variant { $($field: field_type!($kind)),* },)*
-        }
-
-        /// Every step kind's tag.
-        pub const STEP_KINDS: &[&str] = &[$($tag),*];
-
-        impl StepKind {
-            pub fn tag(&self) -> &'static str {
-                match self {
-                    $(StepKind::$variant { .. } => $tag,)*
-                }
-            }
-
-            /// The integer and float parameters in declaration order: the layout the kernel
-            /// constructors read (booleans as 0 / 1).
-            pub fn params(&self) -> (Vec<i64>, Vec<f64>) {
-                let (mut ints, mut floats): (Vec<i64>, Vec<f64>) = (Vec::new(), Vec::new());
-                match self {
-                    $(StepKind::$variant { $($field),* } => { $(push_param!($kind, $field, ints, floats);)* })*
-                }
-                (ints, floats)
-            }
-        }
-    };
-}
-
-steps! {
-    Ew "ew" { compute: str, prog: prog }
-    Cast "cast" {}
-    // mode 0: value, 1: integer (exact for any int64), 2..4: NaN, +inf, -inf
-    Fill "fill" { mode: int, integer: int, value: float }
-    Arange "arange" { start: float, step: float }
-    Gemm "gemm" { alpha: float, beta: float, epilogue: strs }
-    Reduce "reduce" { kind: int, mask: ints, correction: float }
-    Cumsum "cumsum" { dim: int }
-    Scan "scan" { dim: int, mode: int }
-    Cummax "cummax" { dim: int }
-    Cummin "cummin" { dim: int }
-    Sort "sort" { dim: int, descending: bool }
-    MedianDim "median_dim" { dim: int }
-    NanmedianDim "nanmedian_dim" { dim: int }
-    Mode "mode" { dim: int }
-    Softmax "softmax" { dim: int }
-    LogSoftmax "log_softmax" { dim: int }
-    SoftmaxBwd "softmax_bwd" { dim: int }
-    LogSoftmaxBwd "log_softmax_bwd" { dim: int }
-    LayerNorm "layer_norm" { n: int, eps: float }
-    RmsNorm "rms_norm" { n: int, eps: float }
-    Sdpa "sdpa" { causal: bool, scale: float }
-    NllLoss "nll_loss" { reduction: int, ignore_index: int }
-    NllLossBwd "nll_loss_bwd" { reduction: int, ignore_index: int }
-    Embedding "embedding" {}
-    Index "index" {}
-    Gather "gather" { dim: int }
-    IndexSelect "index_select" { dim: int }
-    Scatter "scatter" { dim: int, how: int, include_self: bool }
-    IndexPut "index_put" { accumulate: bool }
-    MaskedScatter "masked_scatter" {}
-    NonzeroStatic "nonzero_static" { fill_value: int }
-    EmbeddingBag "embedding_bag" { mode: int, include_last_offset: bool, padding_idx: int }
-    SegmentReduce "segment_reduce" { reduction: int, offsets: bool, has_initial: bool, initial: float }
-    Searchsorted "searchsorted" { right: bool }
-    Histc "histc" { min: float, max: float }
-    Frexp "frexp" {}
-    Cdist "cdist" { p: float }
-    Pdist "pdist" { p: float }
-    Dist "dist" { p: float }
-    Conv2d "conv2d" { stride: ints, padding: ints, dilation: ints, groups: int }
-    ConvTranspose2d "conv_transpose2d" { stride: ints, padding: ints, dilation: ints, groups: int, output_padding: ints }
-    Conv3d "conv3d" { stride: ints, padding: ints, dilation: ints, groups: int }
-    MaxPool2d "max_pool2d" { kernel: ints, stride: ints, padding: ints, dilation: ints }
-    MaxPool3d "max_pool3d" { kernel: ints, stride: ints, padding: ints, dilation: ints }
-    AvgPool2d "avg_pool2d" { kernel: ints, stride: ints, padding: ints, count_include_pad: bool, divisor: int }
-    AvgPool3d "avg_pool3d" { kernel: ints, stride: ints, padding: ints, count_include_pad: bool, divisor: int }
-    AdaptiveAvgPool2d "adaptive_avg_pool2d" {}
-    AdaptiveMaxPool2d "adaptive_max_pool2d" {}
-    AdaptiveAvgPool3d "adaptive_avg_pool3d" {}
-    AdaptiveMaxPool3d "adaptive_max_pool3d" {}
-    MaxPool2dBwd "max_pool2d_bwd" {}
-    UpsampleLinear "upsample_linear" { align_corners: bool, scales: floats }
-    UpsampleCubic "upsample_cubic" { align_corners: bool, scales: floats }
-    GridSampler2d "grid_sampler_2d" { align_corners: bool, interpolation: int, padding: int }
-    GridSampler3d "grid_sampler_3d" { align_corners: bool, interpolation: int, padding: int }
-    LuFactor "lu_factor" { check: bool }
-    Lu "lu" {}
-    LuUnpack "lu_unpack" { unpack_data: bool, unpack_pivots: bool }
-    LuSolve "lu_solve" { adjoint: bool }
-    Det "det" {}
-    Slogdet "slogdet" {}
-    Cholesky "cholesky" { check: bool }
-    TriSolve "tri_solve" { upper: bool, unitriangular: bool }
-    CheckInfo "check_info" {}
-    Geqrf "geqrf" {}
-    Orgqr "orgqr" {}
-    Ormqr "ormqr" { left: bool, transpose: bool }
-    Qr "qr" { mode: int }
-    Svd "svd" { full_matrices: bool, compute_uv: bool }
-    Eigh "eigh" { upper: bool, compute_v: bool }
-    Pinv "pinv" { hermitian: bool }
-    LinalgPolar "linalg_polar" {}
-    Sqrth "sqrth" {}
-    MatrixExp "matrix_exp" {}
-    Complex "complex" {}
-    Polar "polar" {}
-    Conj "conj" {}
-    Angle "angle" {}
-    Imag "imag" {}
-    FftR2c "fft_r2c" { norm: int, flag: int, dims: ints }
-    FftC2c "fft_c2c" { norm: int, flag: int, dims: ints }
-    FftC2r "fft_c2r" { norm: int, flag: int, dims: ints }
-    Softmax64 "softmax64" { dim: int }
-    LogSoftmax64 "log_softmax64" { dim: int }
-    Ew64 "ew64" { code: int, kinds: ints, scalars: floats }
-    Ireduce "ireduce" { kind: int }
+/// Builds the kernel of one step over its (already resolved) operand and result views.
+pub fn build(spec: &StepSpec, ins: Vec<Option<View>>, outs: Vec<View>) -> Result<Box<dyn StepKernel>> {
+    let def = registry().get(spec.op.as_str()).ok_or_else(|| format!("bad plan spec: unknown step kind {:?}", spec.op))?;
+    let op = def.tag;
+    // only the kernels declared `any` read or write the storage-only dtypes (float64, int32, ...)
+    if !def.any_dtype && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
+        return Err(format!("kernel {op} takes float32, int64 and bool only"));
+    }
+    (def.build)(&Args::new(op, ins, outs, &spec.params))
 }
 
 fn current() -> u32 {
@@ -200,24 +85,40 @@ mod tests {
         serde_json::from_str(text).map_err(|e| e.to_string())
     }
 
-    #[test]
-    fn named_fields_become_the_constructor_parameters() {
-        let s = parse(r#"{"op": "conv2d", "ins": [0, 1, null], "outs": [2], "stride": [1, 2], "padding": [0, 1], "dilation": [1, 1], "groups": 3}"#).unwrap();
-        assert_eq!(s.kind.tag(), "conv2d");
-        assert_eq!(s.ins, vec![Some(0), Some(1), None]);
-        assert_eq!(s.kind.params(), (vec![1, 2, 0, 1, 1, 1, 3], vec![]));
-        let s = parse(r#"{"op": "sdpa", "ins": [0, 1, 2, null], "outs": [3, 4], "causal": true, "scale": 0.5}"#).unwrap();
-        assert_eq!(s.kind.params(), (vec![1], vec![0.5]));
+    /// Builds a parsed step over float32 vectors of 4 (enough to reach the parameter checks).
+    fn build_text(text: &str) -> std::result::Result<(), String> {
+        let s = parse(text)?;
+        let v = |i: usize| View::contiguous(i, &[4], crate::core::tensor::DType::F32);
+        let ins = s.ins.iter().map(|i| i.map(v)).collect();
+        let outs = s.outs.iter().map(|&i| v(i)).collect();
+        build(&s, ins, outs).map(|_| ())
     }
 
     #[test]
-    fn a_missing_or_mistyped_field_or_an_unknown_kind_is_an_error() {
-        let missing = parse(r#"{"op": "gather", "ins": [0, 1], "outs": [2]}"#).err().unwrap();
-        assert!(missing.contains("dim"), "{missing}");
-        let mistyped = parse(r#"{"op": "gather", "ins": [0, 1], "outs": [2], "dim": "one"}"#).err().unwrap();
+    fn the_envelope_keeps_the_named_parameters_for_the_family() {
+        let s = parse(r#"{"op": "conv2d", "ins": [0, 1, null], "outs": [2], "stride": [1, 2], "padding": [0, 1], "dilation": [1, 1], "groups": 3}"#).unwrap();
+        assert_eq!(s.op, "conv2d");
+        assert_eq!(s.ins, vec![Some(0), Some(1), None]);
+        assert_eq!(s.params.len(), 4);
+        assert_eq!(s.params["groups"], 3);
+    }
+
+    #[test]
+    fn a_missing_mistyped_or_unknown_field_or_an_unknown_kind_is_an_error() {
+        let missing = build_text(r#"{"op": "gather", "ins": [0, 1], "outs": [2]}"#).err().unwrap();
+        assert!(missing.contains("gather") && missing.contains("missing field `dim`"), "{missing}");
+        let mistyped = build_text(r#"{"op": "gather", "ins": [0, 1], "outs": [2], "dim": "one"}"#).err().unwrap();
         assert!(mistyped.contains("invalid type"), "{mistyped}");
-        let unknown = parse(r#"{"op": "launch_rockets", "ins": [], "outs": []}"#).err().unwrap();
-        assert!(unknown.contains("launch_rockets"), "{unknown}");
+        let unknown = build_text(r#"{"op": "softmax", "ins": [0], "outs": [1], "dim": 0, "dims": 1}"#).err().unwrap();
+        assert!(unknown.contains("unknown field `dims`"), "{unknown}");
+        let unknown = build_text(r#"{"op": "qr", "ins": [0], "outs": [1, 2], "mode": 0, "pivot": true}"#).err().unwrap();
+        assert!(unknown.contains("unknown field `pivot`"), "{unknown}");
+        let missing = build_text(r#"{"op": "svd", "ins": [0], "outs": [1, 2, 3], "compute_uv": true}"#).err().unwrap();
+        assert!(missing.contains("missing field `full_matrices`"), "{missing}");
+        let none = build_text(r#"{"op": "cast", "ins": [0], "outs": [1], "dim": 0}"#).err().unwrap();
+        assert!(none.contains("unknown field `dim`"), "{none}");
+        let kind = build_text(r#"{"op": "launch_rockets", "ins": [], "outs": []}"#).err().unwrap();
+        assert!(kind.contains("launch_rockets"), "{kind}");
     }
 
     #[test]
@@ -228,10 +129,9 @@ mod tests {
     }
 
     #[test]
-    fn every_kind_has_one_tag() {
-        let mut tags = STEP_KINDS.to_vec();
-        tags.sort_unstable();
-        tags.dedup();
-        assert_eq!(tags.len(), STEP_KINDS.len());
+    fn every_kind_is_declared_by_one_family() {
+        let declared: usize = crate::kernels::FAMILIES.iter().map(|f| f.len()).sum();
+        assert_eq!(step_kinds().len(), declared, "a tag is declared twice");
+        assert!(step_kinds().contains(&"ew") && step_kinds().contains(&"gemm"));
     }
 }

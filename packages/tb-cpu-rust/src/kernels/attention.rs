@@ -16,7 +16,7 @@ use crate::core::tensor::{DType, View};
 const BQ: usize = 128;
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
+/// Every view must have been validated by its step builder against the buffers of `mem`.
 pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32) {
     let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
     let (s, ev) = (k.sizes[2], v.sizes[3]);
@@ -148,4 +148,35 @@ fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
         sum += *x;
     }
     sum
+}
+
+pub use steps::STEPS;
+
+/// The step kinds of this family: sdpa.
+mod steps {
+    use super::*;
+    use crate::core::tensor::need;
+    use crate::kernels::registry::{f32s, infallible, Args, Built, StepDef};
+
+    pub const STEPS: &[StepDef] = &[StepDef::core("sdpa", sdpa_step)];
+
+    crate::step_params!(struct SdpaParams { causal: bool, scale: f64 });
+
+    /// q, k, v, mask? -> out, lse (the logsumexp of each query row)
+    fn sdpa_step(a: &Args) -> Built {
+        let p: SdpaParams = a.params()?;
+        let (q, k, v, o, lse) = (a.take(0)?, a.take(1)?, a.take(2)?, a.out(0)?, a.out(1)?);
+        f32s(&[&q, &k, &v, &o, &lse])?;
+        need(q.rank() == 4 && k.rank() == 4 && v.rank() == 4 && o.rank() == 4 && lse.rank() == 3, "sdpa needs 4-d q/k/v")?;
+        let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
+        let s = k.sizes[2];
+        need(k.sizes == [b, h, s, e] && v.sizes[..3] == [b, h, s] && o.sizes == [b, h, l, v.sizes[3]], "sdpa shapes")?;
+        need(lse.sizes == [b, h, l], "sdpa logsumexp shape")?;
+        let mask = a.opt(3);
+        if let Some(m) = &mask {
+            need(m.sizes == [b, h, l, s], "sdpa mask must be broadcast to (B, H, L, S)")?;
+        }
+        let (causal, scale) = (p.causal, p.scale as f32);
+        infallible(move |mem| unsafe { sdpa(mem, &q, &k, &v, mask.as_ref(), &o, &lse, causal, scale) })
+    }
 }

@@ -44,3 +44,58 @@ pub fn check_cast(x: &View, y: &View) -> Result<()> {
     }
     Ok(())
 }
+
+// -- steps: cast, fill, arange --------------------------------------------------------------------
+
+use crate::core::tensor::{need, DType};
+use crate::kernels::registry::{infallible, kernel, Args, Built, StepDef};
+
+pub const STEPS: &[StepDef] = &[StepDef::any("cast", cast_step), StepDef::any("fill", fill_step), StepDef::any("arange", arange_step)];
+
+fn cast_step(a: &Args) -> Built {
+    a.no_params()?;
+    let (x, y) = (a.take(0)?, a.out(0)?);
+    check_cast(&x, &y)?;
+    infallible(move |mem| unsafe { cast(mem, &x, &y) })
+}
+
+crate::step_params!(
+    /// mode 0: `value`, 1: `integer` (exact for any int64), 2..4: NaN, +inf, -inf
+    struct Fill { mode: i64, integer: i64, value: f64 }
+);
+
+fn fill_step(a: &Args) -> Built {
+    let p: Fill = a.params()?;
+    let y = a.out(0)?;
+    let (value, int) = match p.mode {
+        0 => (p.value, None),
+        1 => (0.0, Some(p.integer)),
+        2 => (f64::NAN, None),
+        3 => (f64::INFINITY, None),
+        4 => (f64::NEG_INFINITY, None),
+        m => return Err(format!("unknown fill mode {m}")),
+    };
+    infallible(move |mem| unsafe { fill(mem, &y, value, int) })
+}
+
+crate::step_params!(struct Arange { start: f64, step: f64 });
+
+fn arange_step(a: &Args) -> Built {
+    let Arange { start, step } = a.params()?;
+    let y = a.out(0)?;
+    need(y.rank() == 1 && y.dtype != DType::Bool, "arange output")?;
+    kernel(move |mem| {
+        let p = unsafe { mem.byte_ptr(&y) };
+        for i in 0..y.sizes[0] {
+            let v = start + step * i as f64;
+            unsafe {
+                if y.dtype.is_float() {
+                    crate::core::element::store_f64(p, y.dtype, i * y.strides[0], v);
+                } else {
+                    crate::core::element::store_i64(p, y.dtype, i * y.strides[0], v as i64);
+                }
+            }
+        }
+        Ok(())
+    })
+}

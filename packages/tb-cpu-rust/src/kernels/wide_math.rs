@@ -9,6 +9,8 @@ use crate::core::element::{load_f64, load_i64, store_f64, store_i64};
 use crate::core::mem::Mem;
 use crate::core::strided::{drop_dim, for_each};
 use crate::core::tensor::{need, DType, Result, View};
+use crate::kernels::registry::{infallible, Args, Built, StepDef};
+use serde::Deserialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IRed {
@@ -57,24 +59,42 @@ fn is_int(dt: DType) -> bool {
     matches!(dt, DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U8 | DType::Bool)
 }
 
+/// The parameters of each step kind of this family, by name: ireduce's kind 0 sum, 1 amax,
+/// 2 amin; ew64's code (see `Wide::new`), per operand 0 (the next input) or 1 (the next scalar).
+#[derive(Deserialize)]
+#[serde(tag = "op", deny_unknown_fields)]
+pub enum Params {
+    #[serde(rename = "softmax64", alias = "log_softmax64")]
+    Softmax { dim: i64 },
+    #[serde(rename = "ireduce")]
+    IReduce { kind: i64 },
+    #[serde(rename = "ew64")]
+    Ew { code: i64, kinds: Vec<i64>, scalars: Vec<f64> },
+}
+
+pub const STEPS: &[StepDef] = &[StepDef::any("softmax64", build), StepDef::any("log_softmax64", build), StepDef::any("ireduce", build),
+    StepDef::any("ew64", build)];
+
+fn build(a: &Args) -> Built {
+    let k = Wide::new(a.op, &a.ins, &a.outs, a.tagged()?)?;
+    infallible(move |mem| unsafe { k.run(mem) })
+}
+
 impl Wide {
-    /// "softmax64" / "log_softmax64": ints = [dim]; "ireduce": ints = [kind (0 sum, 1 amax, 2 amin)].
-    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], ints: &[i64], floats: &[f64]) -> Result<Wide> {
+    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], p: Params) -> Result<Wide> {
         let x = ins.first().cloned().flatten().ok_or("missing operand 0")?;
         let y = outs.first().cloned().ok_or("missing output 0")?;
-        let p = |i: usize| ints.get(i).copied().ok_or_else(|| format!("{op}: missing integer parameter {i}"));
-        match op {
-            "softmax64" | "log_softmax64" => {
+        match p {
+            Params::Softmax { dim: d } => {
                 need(x.dtype == DType::F64 && y.dtype == DType::F64, "float64 softmax takes and gives float64")?;
                 need(x.sizes == y.sizes, "softmax input and output differ in shape")?;
                 let r = x.rank() as i64;
-                let d = p(0)?;
                 let d = if d < 0 { d + r } else { d };
                 need(d >= 0 && d < r.max(1), "softmax dim out of range")?;
                 Ok(Wide::Softmax64 { x, y, dim: d as usize, log: op == "log_softmax64" })
             }
-            "ireduce" => {
-                let kind = match p(0)? {
+            Params::IReduce { kind } => {
+                let kind = match kind {
                     0 => IRed::Sum,
                     1 => IRed::Amax,
                     2 => IRed::Amin,
@@ -87,9 +107,7 @@ impl Wide {
                 }
                 Ok(Wide::IReduce { kind, x, out: y })
             }
-            "ew64" => {
-                // ints = [op, then per operand 0 (the next input) or 1 (the next float)]
-                let code = p(0)?;
+            Params::Ew { code, kinds, scalars } => {
                 let op = match code {
                     0 => Op64::Add,
                     1 => Op64::Sub,
@@ -114,10 +132,10 @@ impl Wide {
                     Op64::Where => 3,
                     _ => 2,
                 };
-                need(ints.len() == 1 + arity, "ew64: one kind per operand")?;
+                need(kinds.len() == arity, "ew64: one kind per operand")?;
                 let (mut vi, mut fi) = (0usize, 0usize);
                 let mut args = Vec::with_capacity(arity);
-                for &kind in &ints[1..] {
+                for &kind in &kinds {
                     if kind == 0 {
                         let v = ins.get(vi).cloned().flatten().ok_or("ew64: missing operand")?;
                         need(v.sizes == y.sizes, "ew64: operand shape differs from the result's")?;
@@ -125,7 +143,7 @@ impl Wide {
                         args.push(Arg64::V(v));
                         vi += 1;
                     } else {
-                        args.push(Arg64::S(*floats.get(fi).ok_or("ew64: missing scalar")?));
+                        args.push(Arg64::S(*scalars.get(fi).ok_or("ew64: missing scalar")?));
                         fi += 1;
                     }
                 }
@@ -133,7 +151,6 @@ impl Wide {
                 need(y.dtype == if cmp { DType::Bool } else { DType::F64 }, "ew64: float64 result (bool for comparisons)")?;
                 Ok(Wide::Ew64 { op, args, y })
             }
-            other => Err(format!("unknown wide kernel {other:?}")),
         }
     }
 
@@ -266,25 +283,35 @@ impl Wide {
 mod tests {
     use super::*;
 
+    /// `Wide::new` with the parameters in the order [dim] / [kind] / [code, kinds...] + scalars
+    fn wide(op: &str, ins: &[Option<View>], outs: &[View], ints: &[i64], floats: &[f64]) -> Result<Wide> {
+        let p = match op {
+            "ew64" => Params::Ew { code: ints[0], kinds: ints[1..].to_vec(), scalars: floats.to_vec() },
+            "ireduce" => Params::IReduce { kind: ints[0] },
+            _ => Params::Softmax { dim: ints[0] },
+        };
+        Wide::new(op, ins, outs, p)
+    }
+
     #[test]
     fn softmax_in_float64() {
         let mut x = [1.0f64, 2.0, 3.0, -1.0, f64::NEG_INFINITY, 0.5];
         let mut y = [0f64; 6];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
         let (vx, vy) = (View::new(0, &[2, 3], &[3, 1], DType::F64), View::new(1, &[2, 3], &[3, 1], DType::F64));
-        let k = Wide::new("softmax64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[-1], &[]).unwrap();
+        let k = wide("softmax64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[-1], &[]).unwrap();
         unsafe { k.run(&mem) };
         let s: f64 = [1.0f64, 2.0, 3.0].iter().map(|v| (v - 3.0).exp()).sum();
         assert!((y[0] - (-2.0f64).exp() / s).abs() < 1e-15);
         assert_eq!(y[4], 0.0);
-        let k = Wide::new("log_softmax64", &[Some(vx)], &[vy], &[1], &[]).unwrap();
+        let k = wide("log_softmax64", &[Some(vx)], &[vy], &[1], &[]).unwrap();
         unsafe { k.run(&mem) };
         assert!((y[2] + s.ln()).abs() < 1e-15);
         let (vx, vy) = (View::new(0, &[], &[], DType::F64), View::new(1, &[], &[], DType::F64));
-        let k = Wide::new("log_softmax64", &[Some(vx)], &[vy], &[0], &[]).unwrap();
+        let k = wide("log_softmax64", &[Some(vx)], &[vy], &[0], &[]).unwrap();
         unsafe { k.run(&mem) };
         assert_eq!(y[0], 0.0);
-        assert!(Wide::new("softmax64", &[Some(View::new(0, &[2], &[1], DType::F32))], &[View::new(1, &[2], &[1], DType::F64)], &[0], &[]).is_err());
+        assert!(wide("softmax64", &[Some(View::new(0, &[2], &[1], DType::F32))], &[View::new(1, &[2], &[1], DType::F64)], &[0], &[]).is_err());
     }
 
     #[test]
@@ -299,7 +326,7 @@ mod tests {
         let vy = View::new(2, &[3], &[1], DType::F64);
         let vb = View::new(3, &[3], &[1], DType::Bool);
         let run = |ins: &[Option<View>], out: &View, ints: &[i64], floats: &[f64]| unsafe {
-            Wide::new("ew64", ins, std::slice::from_ref(out), ints, floats).unwrap().run(&mem);
+            wide("ew64", ins, std::slice::from_ref(out), ints, floats).unwrap().run(&mem);
         };
         run(&[Some(vx.clone())], &vy, &[4, 1, 0], &[10.0]); // 10 ** x
         assert_eq!(y, [10f64.powf(1.5), 10f64.powf(-2.25), 1000.0]);
@@ -311,9 +338,9 @@ mod tests {
         assert_eq!(b, [0, 1, 0]);
         run(&[Some(vc.clone()), Some(vx.clone())], &vy, &[14, 0, 1, 0], &[-1.0]);
         assert_eq!(y, [-1.0, -2.25, -1.0]);
-        assert!(Wide::new("ew64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[8, 0, 1], &[0.0]).is_err());
-        assert!(Wide::new("ew64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[0, 0], &[]).is_err());
-        assert!(Wide::new("ew64", &[Some(vx)], &[vy], &[0, 0, 1], &[]).is_err());
+        assert!(wide("ew64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[8, 0, 1], &[0.0]).is_err());
+        assert!(wide("ew64", &[Some(vx.clone())], std::slice::from_ref(&vy), &[0, 0], &[]).is_err());
+        assert!(wide("ew64", &[Some(vx)], &[vy], &[0, 0, 1], &[]).is_err());
     }
 
     #[test]
@@ -325,11 +352,11 @@ mod tests {
         let vx = View::new(0, &[2, 3], &[3, 1], DType::I64);
         let vy = View::new(1, &[2, 1], &[1, 0], DType::I64);
         for (kind, want) in [(0, [big - 3, big + 7]), (1, [big + 1, big]), (2, [-7, 2])] {
-            let k = Wide::new("ireduce", &[Some(vx.clone())], std::slice::from_ref(&vy), &[kind], &[]).unwrap();
+            let k = wide("ireduce", &[Some(vx.clone())], std::slice::from_ref(&vy), &[kind], &[]).unwrap();
             unsafe { k.run(&mem) };
             assert_eq!(y, want);
         }
-        assert!(Wide::new("ireduce", &[Some(vx.clone())], &[View::new(1, &[3, 1], &[1, 0], DType::I64)], &[0], &[]).is_err());
-        assert!(Wide::new("ireduce", &[Some(vx)], std::slice::from_ref(&vy), &[7], &[]).is_err());
+        assert!(wide("ireduce", &[Some(vx.clone())], &[View::new(1, &[3, 1], &[1, 0], DType::I64)], &[0], &[]).is_err());
+        assert!(wide("ireduce", &[Some(vx)], std::slice::from_ref(&vy), &[7], &[]).is_err());
     }
 }

@@ -31,7 +31,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     optim::register(m)?;
     // the step schema and the limits Python's lowering must agree on, from their one definition
     m.add("STEP_SCHEMA_VERSION", crate::exec::step::SCHEMA_VERSION)?;
-    m.add("STEP_KINDS", crate::exec::step::STEP_KINDS.to_vec())?;
+    m.add("STEP_KINDS", crate::exec::step::step_kinds())?;
     m.add("MAX_EPILOGUE", crate::kernels::gemm::MAX_EPI)?;
     Ok(())
 }

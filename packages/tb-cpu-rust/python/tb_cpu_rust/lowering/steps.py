@@ -1,8 +1,8 @@
 """The executor's step schema, Python side: one frozen dataclass per step kind, with named fields.
 
-A step's fields say what each number means (``Gather(x=…, index=…, out=…, dim=…)``); the Rust
-executor parses the same kinds, with the same field names, into its tagged ``StepKind``
-(``src/exec/step.rs``), once, when a plan is prepared. Each kind is declared on one line below by ``kind(tag, operands,
+A step's fields say what each number means (``Gather(x=…, index=…, out=…, dim=…)``); in the Rust
+executor the kernel family that declares the kind (its ``STEPS`` list, ``src/kernels/``) reads the
+same field names into a typed struct, once, when a plan is prepared. Each kind is declared on one line below by ``kind(tag, operands,
 results, params)``: operands and results are value ids (``name?``: may be None, ``*name``: a list),
 params ``name:type=default`` with type one of int, bool, float, ints, floats, strs. ``wire`` is
 the one place that turns a step into the JSON object the executor reads. ``SCHEMA_VERSION`` goes

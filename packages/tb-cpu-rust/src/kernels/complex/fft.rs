@@ -13,6 +13,7 @@ use crate::core::mem::Mem;
 use crate::core::strided::for_each;
 use crate::core::tensor::{contiguous_strides, need, numel, DType, Result, View};
 use rustfft::num_complex::Complex64;
+use crate::kernels::registry::{infallible, Args, Built, StepDef};
 use rustfft::FftPlanner;
 use std::sync::Arc;
 
@@ -35,18 +36,29 @@ pub struct Fft {
     plans: Vec<Arc<dyn rustfft::Fft<f64>>>,
 }
 
+crate::step_params!(
+    /// norm: ATen's normalisation mode (0 none, 1 1/sqrt(n), 2 1/n); flag: r2c's onesided, c2c's
+    /// forward, c2r's last signal size; dims: the transformed dims
+    pub struct FftParams { pub norm: i64, pub flag: i64, pub dims: Vec<i64> }
+);
+
+pub const STEPS: &[StepDef] = &[StepDef::any("fft_r2c", build), StepDef::any("fft_c2c", build), StepDef::any("fft_c2r", build)];
+
+fn build(a: &Args) -> Built {
+    let k = Fft::new(a.op, &a.ins, &a.outs, &a.params()?)?;
+    infallible(move |mem| unsafe { k.run(mem) })
+}
+
 impl Fft {
-    /// `ints`: [norm, flag, dims...] with flag = onesided (r2c), forward (c2c) or the last
-    /// dim's output size (c2r).
-    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], ints: &[i64]) -> Result<Fft> {
+    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], p: &FftParams) -> Result<Fft> {
         let x = ins.first().cloned().flatten().ok_or("fft: missing input")?;
         let y = outs.first().cloned().ok_or("fft: missing output")?;
-        need(ints.len() >= 3, "fft: norm, flag and at least one dim needed")?;
-        let (norm, flag) = (ints[0], ints[1]);
+        need(!p.dims.is_empty(), "fft: norm, flag and at least one dim needed")?;
+        let (norm, flag) = (p.norm, p.flag);
         let rank = x.rank();
         need(y.rank() == rank, "fft: input and output differ in rank")?;
-        let mut dims = Vec::with_capacity(ints.len() - 2);
-        for &d in &ints[2..] {
+        let mut dims = Vec::with_capacity(p.dims.len());
+        for &d in &p.dims {
             let d = if d < 0 { d + rank as i64 } else { d };
             need(d >= 0 && (d as usize) < rank, "fft: dim out of range")?;
             need(!dims.contains(&(d as usize)), "fft: repeated dim")?;
@@ -210,6 +222,11 @@ fn hermitian(w: &mut [Complex64], sizes: &[usize], dim: usize) {
 mod tests {
     use super::*;
 
+    /// the parameters [norm, flag, dims...]
+    fn fp(ints: &[i64]) -> FftParams {
+        FftParams { norm: ints[0], flag: ints[1], dims: ints[2..].to_vec() }
+    }
+
     /// Naive DFT of one line.
     fn dft(x: &[Complex64], forward: bool) -> Vec<Complex64> {
         let n = x.len();
@@ -229,7 +246,7 @@ mod tests {
         let mut x: Vec<f64> = (0..7).map(|i| (i as f64 * 0.7).sin() + 0.1 * i as f64).collect();
         let mut y = vec![0f64; 2 * 4];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
-        let f = Fft::new("fft_r2c", &[Some(View::contiguous(0, &[7], DType::F64))], &[View::contiguous(1, &[4], DType::C128)], &[1, 1, 0]).unwrap();
+        let f = Fft::new("fft_r2c", &[Some(View::contiguous(0, &[7], DType::F64))], &[View::contiguous(1, &[4], DType::C128)], &fp(&[1, 1, 0])).unwrap();
         unsafe { f.run(&mem) };
         let want = dft(&x.iter().map(|&v| Complex64::new(v, 0.0)).collect::<Vec<_>>(), true);
         for k in 0..4 {
@@ -244,8 +261,8 @@ mod tests {
         let mut spec = vec![0f64; 2 * 3 * 3];
         let mut back = vec![0f64; 12];
         let mem = Mem { ptrs: vec![x.as_mut_ptr() as *mut u8, spec.as_mut_ptr() as *mut u8, back.as_mut_ptr() as *mut u8] };
-        let fwd = Fft::new("fft_r2c", &[Some(View::contiguous(0, &[3, 4], DType::F64))], &[View::contiguous(1, &[3, 3], DType::C128)], &[0, 1, 0, 1]).unwrap();
-        let inv = Fft::new("fft_c2r", &[Some(View::contiguous(1, &[3, 3], DType::C128))], &[View::contiguous(2, &[3, 4], DType::F64)], &[2, 4, 0, 1]).unwrap();
+        let fwd = Fft::new("fft_r2c", &[Some(View::contiguous(0, &[3, 4], DType::F64))], &[View::contiguous(1, &[3, 3], DType::C128)], &fp(&[0, 1, 0, 1])).unwrap();
+        let inv = Fft::new("fft_c2r", &[Some(View::contiguous(1, &[3, 3], DType::C128))], &[View::contiguous(2, &[3, 4], DType::F64)], &fp(&[2, 4, 0, 1])).unwrap();
         unsafe {
             fwd.run(&mem);
             inv.run(&mem);
@@ -258,11 +275,11 @@ mod tests {
     #[test]
     fn bad_specs_are_errors() {
         let (r, c) = (View::contiguous(0, &[4], DType::F32), View::contiguous(1, &[3], DType::C64));
-        assert!(Fft::new("fft_r2c", &[Some(r.clone())], &[View::contiguous(1, &[4], DType::C64)], &[0, 1, 0]).is_err());
-        assert!(Fft::new("fft_r2c", &[Some(r.clone())], std::slice::from_ref(&c), &[0, 1, 1]).is_err());
-        assert!(Fft::new("fft_r2c", &[Some(r.clone())], std::slice::from_ref(&c), &[3, 1, 0]).is_err());
-        assert!(Fft::new("fft_c2c", &[Some(r.clone())], std::slice::from_ref(&c), &[0, 1, 0]).is_err());
-        assert!(Fft::new("fft_c2r", &[Some(View::contiguous(1, &[2], DType::C64))], &[View::contiguous(0, &[8], DType::F32)], &[0, 8, 0]).is_err());
-        assert!(Fft::new("fft_r2c", &[Some(r)], &[c], &[0, 1, 0, 0]).is_err());
+        assert!(Fft::new("fft_r2c", &[Some(r.clone())], &[View::contiguous(1, &[4], DType::C64)], &fp(&[0, 1, 0])).is_err());
+        assert!(Fft::new("fft_r2c", &[Some(r.clone())], std::slice::from_ref(&c), &fp(&[0, 1, 1])).is_err());
+        assert!(Fft::new("fft_r2c", &[Some(r.clone())], std::slice::from_ref(&c), &fp(&[3, 1, 0])).is_err());
+        assert!(Fft::new("fft_c2c", &[Some(r.clone())], std::slice::from_ref(&c), &fp(&[0, 1, 0])).is_err());
+        assert!(Fft::new("fft_c2r", &[Some(View::contiguous(1, &[2], DType::C64))], &[View::contiguous(0, &[8], DType::F32)], &fp(&[0, 8, 0])).is_err());
+        assert!(Fft::new("fft_r2c", &[Some(r)], &[c], &fp(&[0, 1, 0, 0])).is_err());
     }
 }

@@ -158,6 +158,18 @@ fn angle_complex(re: f64, im: f64, single: bool) -> f64 {
     }
 }
 
+// -- steps: complex, polar, conj, angle, imag ----------------------------------------------------------
+
+pub const STEPS: &[crate::kernels::registry::StepDef] = &[crate::kernels::registry::StepDef::any("complex", build),
+    crate::kernels::registry::StepDef::any("polar", build), crate::kernels::registry::StepDef::any("conj", build),
+    crate::kernels::registry::StepDef::any("angle", build), crate::kernels::registry::StepDef::any("imag", build)];
+
+fn build(a: &crate::kernels::registry::Args) -> crate::kernels::registry::Built {
+    a.no_params()?;
+    let k = Cplx::new(a.op, &a.ins, &a.outs)?;
+    crate::kernels::registry::infallible(move |mem| unsafe { k.run(mem) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

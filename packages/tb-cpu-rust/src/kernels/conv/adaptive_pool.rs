@@ -14,7 +14,7 @@ pub fn window(o: usize, out: usize, len: usize) -> (usize, usize) {
 }
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`
+/// Every view must have been validated by its step builder against the buffers of `mem`
 /// (`x` and `y` f32 4-d `[N, C, H, W]` or 5-d `[N, C, D, H, W]` with equal N and C, `idx` i64
 /// shaped as `y` when given).
 pub unsafe fn adaptive_pool(mem: &Mem, x: &View, y: &View, idx: Option<&View>) {

@@ -15,7 +15,7 @@ pub fn out_len(len: usize, k: usize, stride: usize, pad: usize, dil: usize) -> O
 }
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`: the
+/// Every view must have been validated by its step builder against the buffers of `mem`: the
 /// weight's dims 1..5 and the output's dims 2..5 laid out contiguously (up to their last stride).
 pub unsafe fn conv3d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &View, p: &Params, threads: usize) {
     let (s, pad, dil, groups) = ([p[0], p[1], p[2]], [p[3], p[4], p[5]], [p[6], p[7], p[8]], p[9]);

@@ -20,7 +20,7 @@ pub fn out_len(len: usize, stride: usize, pad: usize, dil: usize, k: usize, out_
 }
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`; the
+/// Every view must have been validated by its step builder against the buffers of `mem`; the
 /// weight's dims 1..4 must be laid out contiguously (`w.strides[1] = kh·kw·w.strides[3]`).
 pub unsafe fn conv_transpose2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &View, p: &Params, threads: usize) {
     let [sh, sw, ph, pw, dh, dw, groups] = *p;

@@ -16,7 +16,7 @@ use crate::kernels::gemm::{epilogue, sgemm, Mat};
 use crate::core::tensor::View;
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
+/// Every view must have been validated by its step builder against the buffers of `mem`.
 pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &View, p: &[usize; 7], epi: &[Un], threads: usize) {
     let [sh, sw, ph, pw, dh, dw, groups] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
@@ -78,7 +78,7 @@ pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &Vie
 }
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
+/// Every view must have been validated by its step builder against the buffers of `mem`.
 pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]) {
     let [kh, kw, sh, sw, ph, pw, dh, dw] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
@@ -115,7 +115,7 @@ pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]
 }
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem`.
+/// Every view must have been validated by its step builder against the buffers of `mem`.
 pub unsafe fn avg_pool(mem: &Mem, x: &View, y: &View, p: &[usize; 6], include_pad: bool, divisor: usize) {
     let [kh, kw, sh, sw, ph, pw] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
@@ -150,4 +150,183 @@ pub unsafe fn avg_pool(mem: &Mem, x: &View, y: &View, p: &[usize; 6], include_pa
             }
         }
     });
+}
+
+pub use steps::STEPS;
+
+/// The step kinds of this family: 2-d and 3-d convolution, transposed 2-d convolution, max and
+/// average pooling (2-d, 3-d) and adaptive pooling.
+mod steps {
+    use super::*;
+    use crate::core::tensor::{need, DType, Result};
+    use crate::kernels::registry::{f32s, infallible, uint, uints, Args, Built, StepDef};
+    use serde::Deserialize;
+
+    pub const STEPS: &[StepDef] = &[StepDef::core("conv2d", conv2d_step), StepDef::core("conv3d", conv3d_step),
+        StepDef::core("conv_transpose2d", conv_transpose2d_step), StepDef::core("max_pool2d", pool2d), StepDef::core("avg_pool2d", pool2d),
+        StepDef::core("max_pool3d", pool3d_step), StepDef::core("avg_pool3d", pool3d_step), StepDef::core("adaptive_avg_pool2d", adaptive),
+        StepDef::core("adaptive_max_pool2d", adaptive), StepDef::core("adaptive_avg_pool3d", adaptive),
+        StepDef::core("adaptive_max_pool3d", adaptive)];
+
+    crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
+
+    fn conv2d_step(a: &Args) -> Built {
+        let ConvParams { stride, padding, dilation, groups } = a.params()?;
+        let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
+        let bias = a.opt(2);
+        f32s(&[&x, &w, &y])?;
+        need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv2d takes 4-d tensors")?;
+        let ([sh, sw], [ph, pw], [dh, dw]) = (uints(&stride, "stride")?, uints(&padding, "padding")?, uints(&dilation, "dilation")?);
+        let g = uint(groups, "groups")?;
+        let p: [usize; 7] = [sh, sw, ph, pw, dh, dw, g];
+        need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv2d stride/dilation/groups must be positive")?;
+        let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
+        let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
+        need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0, "conv2d channel counts")?;
+        let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d kernel larger than input")?;
+        let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d kernel larger than input")?;
+        need(y.sizes == [n, oc, eh / sh + 1, ew_ / sw + 1], "conv2d output shape")?;
+        need(w.strides[1] == kh * w.strides[2] && w.strides[2] == kw * w.strides[3] || cg * kh * kw == 1, "conv2d weight layout")?;
+        need(y.strides[2] == y.sizes[3] * y.strides[3] || y.sizes[2] == 1, "conv2d output layout")?;
+        if let Some(b) = &bias {
+            need(b.sizes == [oc] && b.dtype == DType::F32, "conv2d bias shape")?;
+        }
+        infallible(move |mem| unsafe { conv2d(mem, &x, &w, bias.as_ref(), &y, &p, &[], crate::core::par::threads()) })
+    }
+
+    fn conv3d_step(a: &Args) -> Built {
+        let ConvParams { stride, padding, dilation, groups } = a.params()?;
+        let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
+        let bias = a.opt(2);
+        f32s(&[&x, &w, &y])?;
+        need(x.rank() == 5 && w.rank() == 5 && y.rank() == 5, "conv3d takes 5-d tensors")?;
+        let v: Vec<usize> = [uints::<3>(&stride, "stride")?, uints(&padding, "padding")?, uints(&dilation, "dilation")?].concat().into_iter().chain([uint(groups, "groups")?]).collect();
+        need(v[..3].iter().chain(&v[6..]).all(|&u| u > 0), "conv3d stride/dilation/groups must be positive")?;
+        let g = v[9];
+        let (c, oc, cg) = (x.sizes[1], w.sizes[0], w.sizes[1]);
+        need(c == cg * g && oc % g == 0 && w.sizes[2..].iter().all(|&k| k > 0), "conv3d channel counts")?;
+        let mut expect = vec![x.sizes[0], oc];
+        for d in 0..3 {
+            expect.push(conv3d::out_len(x.sizes[2 + d], w.sizes[2 + d], v[d], v[3 + d], v[6 + d]).ok_or("conv3d kernel larger than input")?);
+        }
+        need(y.sizes == expect, "conv3d output shape")?;
+        let ws = &w.strides;
+        need(ws[3] == w.sizes[4] * ws[4] && ws[2] == w.sizes[3] * ws[3] && ws[1] == w.sizes[2] * ws[2], "conv3d weight layout")?;
+        let ys = &y.strides;
+        need(ys[3] == y.sizes[4] * ys[4] && ys[2] == y.sizes[3] * ys[3] || y.numel() == 0, "conv3d output layout")?;
+        if let Some(b) = &bias {
+            need(b.sizes == [oc] && b.dtype == DType::F32, "conv3d bias shape")?;
+        }
+        let mut p = [0usize; 10];
+        p.copy_from_slice(&v);
+        infallible(move |mem| unsafe { conv3d::conv3d(mem, &x, &w, bias.as_ref(), &y, &p, crate::core::par::threads()) })
+    }
+
+    crate::step_params!(struct ConvTransposeParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, output_padding: Vec<i64> });
+
+    fn conv_transpose2d_step(a: &Args) -> Built {
+        let ConvTransposeParams { stride, padding, dilation, groups, output_padding } = a.params()?;
+        let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
+        let bias = a.opt(2);
+        f32s(&[&x, &w, &y])?;
+        need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv_transpose2d takes 4-d tensors")?;
+        let ([sh, sw], [ph, pw], [dh, dw]) = (uints(&stride, "stride")?, uints(&padding, "padding")?, uints(&dilation, "dilation")?);
+        let ([oph, opw], g) = (uints(&output_padding, "output_padding")?, uint(groups, "groups")?);
+        need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv_transpose2d stride/dilation/groups must be positive")?;
+        let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
+        let (wc, ocg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
+        need(wc == c && c % g == 0 && kh > 0 && kw > 0, "conv_transpose2d channel counts")?;
+        need(oph < sh.max(dh) && opw < sw.max(dw), "conv_transpose2d output padding must be smaller than stride or dilation")?;
+        let oh = conv_transpose::out_len(hh, sh, ph, dh, kh, oph).ok_or("conv_transpose2d output height is not positive")?;
+        let ow = conv_transpose::out_len(ww, sw, pw, dw, kw, opw).ok_or("conv_transpose2d output width is not positive")?;
+        need(y.sizes == [n, ocg * g, oh, ow], "conv_transpose2d output shape")?;
+        need(w.strides[2] == kw * w.strides[3] && w.strides[1] == kh * w.strides[2] || ocg * kh * kw == 1, "conv_transpose2d weight layout")?;
+        if let Some(b) = &bias {
+            need(b.sizes == [ocg * g] && b.dtype == DType::F32, "conv_transpose2d bias shape")?;
+        }
+        let p = [sh, sw, ph, pw, dh, dw, g];
+        infallible(move |mem| unsafe { conv_transpose::conv_transpose2d(mem, &x, &w, bias.as_ref(), &y, &p, crate::core::par::threads()) })
+    }
+
+    /// max pooling takes a dilation, average pooling count_include_pad and a divisor (0: none)
+    #[derive(Deserialize)]
+    #[serde(tag = "op", deny_unknown_fields)]
+    enum PoolParams {
+        #[serde(rename = "max_pool2d", alias = "max_pool3d")]
+        Max { kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64> },
+        #[serde(rename = "avg_pool2d", alias = "avg_pool3d")]
+        Avg { kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<i64>, count_include_pad: bool, divisor: i64 },
+    }
+
+    /// A pooling step's window as the kernels read it: kernel, stride, padding (and for max
+    /// pooling dilation) per spatial dim, then count_include_pad and the divisor of average pooling.
+    fn pool_window<const N: usize>(a: &Args) -> Result<(Vec<usize>, bool, usize)> {
+        Ok(match a.tagged::<PoolParams>()? {
+            PoolParams::Max { kernel, stride, padding, dilation } => {
+                let w = [uints::<N>(&kernel, "pool kernel")?, uints(&stride, "pool stride")?, uints(&padding, "pool padding")?, uints(&dilation, "pool dilation")?];
+                (w.concat(), false, 0)
+            }
+            PoolParams::Avg { kernel, stride, padding, count_include_pad, divisor } => {
+                let w = [uints::<N>(&kernel, "pool kernel")?, uints(&stride, "pool stride")?, uints(&padding, "pool padding")?];
+                (w.concat(), count_include_pad, uint(divisor, "divisor_override")?)
+            }
+        })
+    }
+
+    fn pool2d(a: &Args) -> Built {
+        let (x, y) = (a.take(0)?, a.out(0)?);
+        f32s(&[&x, &y])?;
+        need(x.rank() == 4 && y.rank() == 4 && x.sizes[..2] == y.sizes[..2], "pool takes 4-d tensors")?;
+        let (vals, include_pad, divisor) = pool_window::<2>(a)?;
+        need(vals[0] > 0 && vals[1] > 0 && vals[2] > 0 && vals[3] > 0, "pool kernel/stride must be positive")?;
+        need(vals[4] <= vals[0] / 2 && vals[5] <= vals[1] / 2, "pool padding larger than half the kernel")?;
+        if a.op == "max_pool2d" {
+            let idx = a.out(1)?;
+            need(idx.sizes == y.sizes && idx.dtype == DType::I64, "max_pool2d indices")?;
+            need(vals[6] > 0 && vals[7] > 0, "pool dilation must be positive")?;
+            let mut p = [0usize; 8];
+            p.copy_from_slice(&vals);
+            return infallible(move |mem| unsafe { max_pool(mem, &x, &y, &idx, &p) });
+        }
+        let mut p = [0usize; 6];
+        p.copy_from_slice(&vals);
+        infallible(move |mem| unsafe { avg_pool(mem, &x, &y, &p, include_pad, divisor) })
+    }
+
+    fn pool3d_step(a: &Args) -> Built {
+        let (x, y) = (a.take(0)?, a.out(0)?);
+        f32s(&[&x, &y])?;
+        need(x.rank() == 5 && y.rank() == 5 && x.sizes[..2] == y.sizes[..2], "3-d pooling takes 5-d tensors")?;
+        let (vals, include_pad, divisor) = pool_window::<3>(a)?;
+        need(vals[..6].iter().all(|&v| v > 0), "pool kernel/stride must be positive")?;
+        need((0..3).all(|d| vals[6 + d] <= vals[d] / 2), "pool padding larger than half the kernel")?;
+        if a.op == "max_pool3d" {
+            let idx = a.out(1)?;
+            need(idx.sizes == y.sizes && idx.dtype == DType::I64, "max_pool3d indices")?;
+            need(vals[9..].iter().all(|&v| v > 0), "pool dilation must be positive")?;
+            let mut p = [0usize; 12];
+            p.copy_from_slice(&vals);
+            return infallible(move |mem| unsafe { pool3d::max_pool3d(mem, &x, &y, &idx, &p) });
+        }
+        let mut p = [0usize; 9];
+        p.copy_from_slice(&vals);
+        infallible(move |mem| unsafe { pool3d::avg_pool3d(mem, &x, &y, &p, include_pad, divisor) })
+    }
+
+    fn adaptive(a: &Args) -> Built {
+        a.no_params()?;
+        let (x, y) = (a.take(0)?, a.out(0)?);
+        f32s(&[&x, &y])?;
+        let r = if a.op.ends_with("3d") { 5 } else { 4 };
+        need(x.rank() == r && y.rank() == r && x.sizes[..2] == y.sizes[..2], "adaptive pool input/output rank")?;
+        need(x.sizes[2..].iter().all(|&s| s > 0) || y.numel() == 0, "adaptive pool of an empty plane")?;
+        let idx = if a.op.starts_with("adaptive_max") {
+            let idx = a.out(1)?;
+            need(idx.sizes == y.sizes && idx.dtype == DType::I64, "adaptive max pool indices")?;
+            Some(idx)
+        } else {
+            None
+        };
+        infallible(move |mem| unsafe { adaptive_pool::adaptive_pool(mem, &x, &y, idx.as_ref()) })
+    }
 }

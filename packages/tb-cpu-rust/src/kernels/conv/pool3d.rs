@@ -36,7 +36,7 @@ impl Window {
 }
 
 /// # Safety
-/// Every view must have been validated by `Kernel::new` against the buffers of `mem` (`x`,
+/// Every view must have been validated by its step builder against the buffers of `mem` (`x`,
 /// `y` f32 5-d with equal N and C; `idx` i64 shaped as `y`).
 pub unsafe fn max_pool3d(mem: &Mem, x: &View, y: &View, idx: &View, p: &MaxParams) {
     let Window { k, s, pad, c, len, out } = Window::new(x, y, p);

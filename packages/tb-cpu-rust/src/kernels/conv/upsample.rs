@@ -4,6 +4,8 @@
 
 use crate::core::mem::Mem;
 use crate::core::tensor::{need, DType, Result, View};
+use crate::kernels::registry::{infallible, Args, Built, StepDef};
+use serde::Deserialize;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -126,27 +128,48 @@ fn unnormalize(c: f32, size: usize, align: bool) -> f32 {
     }
 }
 
+/// The parameters of each step kind of this family, by name: a scale of 0 means "from the
+/// sizes"; interpolation 0 bilinear, 1 nearest, 2 bicubic; padding 0 zeros, 1 border, 2 reflection.
+#[derive(Deserialize)]
+#[serde(tag = "op", deny_unknown_fields)]
+pub enum Params {
+    #[serde(rename = "upsample_linear", alias = "upsample_cubic")]
+    Up { align_corners: bool, scales: Vec<f64> },
+    #[serde(rename = "grid_sampler_2d", alias = "grid_sampler_3d")]
+    Grid { align_corners: bool, interpolation: i64, padding: i64 },
+}
+
+pub const STEPS: &[StepDef] = &[StepDef::core("upsample_linear", build), StepDef::core("upsample_cubic", build),
+    StepDef::core("grid_sampler_2d", build), StepDef::core("grid_sampler_3d", build)];
+
+fn build(a: &Args) -> Built {
+    let k = Resample::new(a.op, &a.ins, &a.outs, a.tagged()?)?;
+    infallible(move |mem| unsafe { k.run(mem) })
+}
+
 impl Resample {
-    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], ints: &[i64], floats: &[f64]) -> Result<Resample> {
+    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], p: Params) -> Result<Resample> {
         let get = |i: usize| ins.get(i).cloned().flatten().ok_or_else(|| format!("{op}: missing operand {i}"));
         let y = outs.first().cloned().ok_or_else(|| format!("{op}: missing output"))?;
         let x = get(0)?;
         need(x.dtype == DType::F32 && y.dtype == DType::F32, "resampling takes float32")?;
-        let align = ints.first().copied().unwrap_or(0) != 0;
+        let (align, scales, mode, padding) = match p {
+            Params::Up { align_corners, scales } => (align_corners, scales, 0, 0),
+            Params::Grid { align_corners, interpolation, padding } => (align_corners, Vec::new(), interpolation, padding),
+        };
         match op {
             "upsample_linear" | "upsample_cubic" => {
                 let nd = x.rank().saturating_sub(2);
                 need((1..=3).contains(&nd) && y.rank() == x.rank() && x.sizes[..2] == y.sizes[..2], "upsample: (N, C, ...) in and out")?;
                 need(x.sizes[2..].iter().all(|&s| s > 0) || y.numel() == 0, "upsample of an empty plane")?;
                 let kind = if op == "upsample_cubic" { Kind::Cubic } else { Kind::Linear };
-                let scales = (0..nd).map(|i| floats.get(i).copied().unwrap_or(0.0)).collect();
+                let scales = (0..nd).map(|i| scales.get(i).copied().unwrap_or(0.0)).collect();
                 Ok(Resample::Up { x, y, kind, align, scales })
             }
             "grid_sampler_2d" => {
                 let grid = get(1)?;
                 need(grid.dtype == DType::F32 && x.rank() == 4 && grid.rank() == 4 && grid.sizes[3] == 2, "grid_sampler_2d shapes")?;
                 need(grid.sizes[0] == x.sizes[0] && y.sizes == [x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2]], "grid_sampler_2d output shape")?;
-                let (mode, padding) = (ints.get(1).copied().unwrap_or(0), ints.get(2).copied().unwrap_or(0));
                 need((0..=2).contains(&mode) && (0..=2).contains(&padding), "grid_sampler_2d mode or padding")?;
                 Ok(Resample::Grid { x, grid, y, mode, padding, align })
             }
@@ -154,7 +177,6 @@ impl Resample {
                 let grid = get(1)?;
                 need(grid.dtype == DType::F32 && x.rank() == 5 && grid.rank() == 5 && grid.sizes[4] == 3, "grid_sampler_3d shapes")?;
                 need(grid.sizes[0] == x.sizes[0] && y.sizes == [x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2], grid.sizes[3]], "grid_sampler_3d output shape")?;
-                let (mode, padding) = (ints.get(1).copied().unwrap_or(0), ints.get(2).copied().unwrap_or(0));
                 need((0..=1).contains(&mode) && (0..=2).contains(&padding), "grid_sampler_3d mode or padding")?;
                 Ok(Resample::Grid3 { x, grid, y, mode, padding, align })
             }

@@ -873,6 +873,30 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
     }
 }
 
+// -- steps: ew -------------------------------------------------------------------------------------
+
+pub const STEPS: &[crate::kernels::registry::StepDef] = &[crate::kernels::registry::StepDef::any("ew", ew_step)];
+
+crate::step_params!(
+    /// An elementwise step's parameters: the compute type ("f32", "i64"; "" is f32) and the program.
+    struct EwParams { compute: String, prog: Vec<InstrSpec> }
+);
+
+fn ew_step(a: &crate::kernels::registry::Args) -> crate::kernels::registry::Built {
+    let p: EwParams = a.params()?;
+    let compute = match p.compute.as_str() {
+        "f32" | "" => Compute::F32,
+        "i64" => Compute::I64,
+        c => return Err(format!("unknown compute type {c:?}")),
+    };
+    let ins: Vec<View> = a.ins.iter().cloned().collect::<Option<_>>().ok_or("elementwise input missing")?;
+    let step = EwStep::new(compute, &p.prog, ins, a.outs.clone())?;
+    crate::kernels::registry::kernel(move |mem| {
+        step.run(mem);
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -181,6 +181,95 @@ pub unsafe fn epilogue(m: usize, n: usize, c: Mat, ops: &[Un]) {
     }
 }
 
+// -- steps: gemm -------------------------------------------------------------------------------------
+
+use crate::core::mem::SPtr;
+use crate::core::tensor::{need, View};
+use crate::kernels::registry::{f32s, kernel, Args, Built, StepDef};
+
+pub const STEPS: &[StepDef] = &[StepDef::core("gemm", gemm_step)];
+
+crate::step_params!(
+    /// c = alpha * a @ b + beta * bias, then the epilogue (by name) per output tile
+    struct GemmParams { alpha: f64, beta: f64, epilogue: Vec<String> }
+);
+
+/// An epilogue step by the name Python's lowering writes.
+pub fn epilogue_by_name(name: &str) -> Result<EpiSpec, String> {
+    match name {
+        "relu" => Ok(EpiSpec::Un(Un::Relu)),
+        "gelu" => Ok(EpiSpec::Un(Un::GeluErf)),
+        "gelu_tanh" => Ok(EpiSpec::Un(Un::GeluTanh)),
+        "silu" => Ok(EpiSpec::Un(Un::Silu)),
+        "sigmoid" => Ok(EpiSpec::Un(Un::Sigmoid)),
+        "tanh" => Ok(EpiSpec::Un(Un::Tanh)),
+        "add" => Ok(EpiSpec::Residual),
+        other => Err(format!("unknown epilogue {other:?}")),
+    }
+}
+
+fn gemm_step(args: &Args) -> Built {
+    let p: GemmParams = args.params()?;
+    let epi = p.epilogue.iter().map(|e| epilogue_by_name(e)).collect::<Result<Vec<_>, _>>()?;
+    let (alpha, beta) = (p.alpha as f32, p.beta as f32);
+    let (a, b, c) = (args.take(0)?, args.take(1)?, args.out(0)?);
+    let bias = args.opt(2);
+    f32s(&[&a, &b, &c])?;
+    let r = c.rank();
+    need(r == 2 || r == 3, "gemm operands must be 2-d or 3-d")?;
+    need(a.rank() == r && b.rank() == r, "gemm operands differ in rank")?;
+    let (m, k, n) = (a.sizes[r - 2], a.sizes[r - 1], b.sizes[r - 1]);
+    need(b.sizes[r - 2] == k && c.sizes[r - 2] == m && c.sizes[r - 1] == n, "gemm shapes do not agree")?;
+    if r == 3 {
+        need(a.sizes[0] == c.sizes[0] && b.sizes[0] == c.sizes[0], "bmm batch sizes differ")?;
+    }
+    if let Some(bv) = &bias {
+        f32s(&[bv])?;
+        need(bv.sizes == c.sizes, "gemm bias must be broadcast to the output shape")?;
+    }
+    let res = args.opt(3);
+    if let Some(rv) = &res {
+        f32s(&[rv])?;
+        need(rv.sizes == c.sizes, "gemm residual must be broadcast to the output shape")?;
+    }
+    need(res.is_some() == epi.contains(&EpiSpec::Residual), "gemm residual operand and epilogue disagree")?;
+    need(epi.iter().filter(|e| **e == EpiSpec::Residual).count() <= 1, "at most one residual add")?;
+    need(epi.len() <= MAX_EPI, "too many GEMM epilogue steps")?;
+    kernel(move |mem| unsafe {
+        let threads = crate::core::par::threads();
+        let batch = if r == 3 { c.sizes[0] } else { 1 };
+        let (pa, pb, pc) = (mem.ptr::<f32>(&a), mem.ptr::<f32>(&b), mem.ptr::<f32>(&c));
+        let mat = |p: SPtr<f32>, v: &View, i: usize| {
+            let off = if r == 3 { i * v.strides[0] } else { 0 };
+            Mat { p: SPtr(p.add(off)), rs: v.strides[r - 2] as isize, cs: v.strides[r - 1] as isize }
+        };
+        let pbias = bias.as_ref().map(|v| (mem.ptr::<f32>(v), v));
+        let pres = res.as_ref().map(|v| (mem.ptr::<f32>(v), v));
+        let one = |i: usize, t: usize| {
+            // bias and residual are added per output tile, inside the GEMM's store
+            let e = Epi::new(
+                pbias.map(|(p, v)| (mat(p, v, i), beta)),
+                epi.iter().map(|s| match *s {
+                    EpiSpec::Un(u) => EpiOp::Un(u),
+                    EpiSpec::Residual => {
+                        let (p, v) = pres.expect("checked when built");
+                        EpiOp::Add(mat(p, v, i), 1.0)
+                    }
+                }),
+            );
+            sgemm_epi(m, n, k, mat(pa, &a, i), mat(pb, &b, i), mat(pc, &c, i), alpha, false, t, &e);
+        };
+        if batch > 1 && m * n * k < 256 * 256 * 256 {
+            crate::core::par::for_each(batch, |i| one(i, 1));
+        } else {
+            for i in 0..batch {
+                one(i, threads);
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,10 @@
 //! Writes through an index (scatter, scatter-reduce, index_put) and sorting along a dim.
-//! Shapes are validated in `ops::Kernel::new`; these functions only index inside the views.
+//! Shapes are validated by the step builders; these functions only index inside the views.
 //!
 //! Submodules: selection along a dim, searchsorted / histc, segment reductions and
 //! max-pool backward (scatter by index), nonzero with a static size.
 
+pub mod gather;
 pub mod nonzero_static;
 pub mod search;
 pub mod segment;
@@ -153,7 +154,7 @@ impl Elem for u8 {
 
 /// `out = base`, then `out[.., idx[i], ..] (op)= src[i]` along `dim` (scatter / scatter_reduce).
 /// # Safety
-/// The views must have been validated by `Kernel::new`.
+/// The views must have been validated by its step builder.
 pub unsafe fn scatter(mem: &Mem, base: &View, idx: &View, src: &View, out: &View, dim: usize, how: Combine, include_self: bool) -> Result<()> {
     match out.dtype {
         DType::F32 => scatter_t::<f32>(mem, base, idx, src, out, dim, how, include_self),
@@ -246,7 +247,7 @@ unsafe fn scatter_t<T: Elem>(mem: &Mem, base: &View, idx: &View, src: &View, out
 /// `out = base`, then `out[idx0[j], .., idxk[j], rest] (=|+=) values[j, rest]` for every j of the
 /// (already broadcast) index shape.
 /// # Safety
-/// The views must have been validated by `Kernel::new`.
+/// The views must have been validated by its step builder.
 pub unsafe fn index_put(mem: &Mem, base: &View, values: &View, idx: &[View], out: &View, accumulate: bool) -> Result<()> {
     match out.dtype {
         DType::F32 => index_put_t::<f32>(mem, base, values, idx, out, accumulate),
@@ -301,7 +302,7 @@ unsafe fn index_put_t<T: Elem>(mem: &Mem, base: &View, values: &View, idx: &[Vie
 /// Sorts every row along `dim` (stable; NaN sorts above every number, as in PyTorch) and writes
 /// the values and their original positions.
 /// # Safety
-/// The views must have been validated by `Kernel::new`.
+/// The views must have been validated by its step builder.
 pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, descending: bool) {
     let n = x.sizes[dim];
     let (sx, sv, sp) = (x.strides[dim], vals.strides[dim], pos.strides[dim]);
@@ -350,7 +351,7 @@ pub unsafe fn sort(mem: &Mem, x: &View, vals: &View, pos: &View, dim: usize, des
 /// mode 0 sum (times `psw`, if given), 1 mean, 2 max; rows equal to `padding` are skipped; an
 /// empty bag gives zeros.
 /// # Safety
-/// The views must have been validated by `Kernel::new`.
+/// The views must have been validated by its step builder.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn embedding_bag(mem: &Mem, w: &View, idx: &View, offsets: &View, psw: Option<&View>, out: &View, mode: i64, include_last: bool, padding: i64) -> Result<()> {
     let (pw, pi, po, py) = (mem.ptr::<f32>(w), mem.ptr::<i64>(idx), mem.ptr::<i64>(offsets), mem.ptr::<f32>(out));
@@ -400,4 +401,86 @@ pub unsafe fn embedding_bag(mem: &Mem, w: &View, idx: &View, offsets: &View, psw
         }
     }
     Ok(())
+}
+
+pub use steps::STEPS;
+
+/// The step kinds of this file: scatter, index_put, sort, embedding_bag.
+mod steps {
+    use super::*;
+    use crate::core::tensor::need;
+    use crate::kernels::registry::{dim, f32s, infallible, kernel, Args, Built, StepDef};
+
+    pub const STEPS: &[StepDef] = &[StepDef::any("scatter", scatter_step), StepDef::any("index_put", index_put_step), StepDef::core("sort", sort_step),
+        StepDef::core("embedding_bag", embedding_bag_step)];
+
+    crate::step_params!(
+        /// how 0 write, 1 sum, 2 prod, 3 amax, 4 amin, 5 mean
+        struct ScatterParams { dim: i64, how: i64, include_self: bool }
+    );
+
+    fn scatter_step(a: &Args) -> Built {
+        let p: ScatterParams = a.params()?;
+        let (base, idx, src, o) = (a.take(0)?, a.take(1)?, a.take(2)?, a.out(0)?);
+        need(o.sizes == base.sizes && o.dtype == base.dtype && src.dtype == o.dtype, "scatter output")?;
+        need(matches!(idx.dtype, DType::I64 | DType::I32) && idx.rank() == o.rank() && src.rank() == o.rank(), "scatter index rank")?;
+        need(base.dtype.is_core() && src.dtype.is_core() && o.dtype.is_core(), "scatter takes float32, int64 and bool")?;
+        let d = dim(p.dim, o.rank())?;
+        for i in 0..o.rank() {
+            need(idx.sizes[i] <= src.sizes[i], "scatter index larger than src")?;
+            need(i == d || idx.sizes[i] <= o.sizes[i], "scatter index larger than self")?;
+        }
+        let how = Combine::from_code(p.how)?;
+        need(o.dtype == DType::F32 || !matches!(how, Combine::Mean) || o.dtype == DType::I64, "scatter mean dtype")?;
+        let include_self = p.include_self;
+        kernel(move |mem| unsafe { scatter(mem, &base, &idx, &src, &o, d, how, include_self) })
+    }
+
+    crate::step_params!(struct IndexPutParams { accumulate: bool });
+
+    fn index_put_step(a: &Args) -> Built {
+        let IndexPutParams { accumulate } = a.params()?;
+        let (base, values, o) = (a.take(0)?, a.take(1)?, a.out(0)?);
+        let idx: Vec<View> = (2..a.ins.len()).map(|i| a.take(i)).collect::<Result<_>>()?;
+        need(!idx.is_empty() && idx.len() <= o.rank(), "index_put needs 1..rank index tensors")?;
+        need(o.sizes == base.sizes && o.dtype == base.dtype && values.dtype == o.dtype, "index_put output")?;
+        let bshape = idx[0].sizes.clone();
+        need(idx.iter().all(|i| matches!(i.dtype, DType::I64 | DType::I32) && i.sizes == bshape), "index_put indices must be int64 or int32 and broadcast")?;
+        need(base.dtype.is_core() && values.dtype.is_core() && o.dtype.is_core(), "index_put takes float32, int64 and bool")?;
+        let mut expect = bshape;
+        expect.extend_from_slice(&o.sizes[idx.len()..]);
+        need(values.sizes == expect, "index_put values shape")?;
+        kernel(move |mem| unsafe { index_put(mem, &base, &values, &idx, &o, accumulate) })
+    }
+
+    crate::step_params!(struct SortParams { dim: i64, descending: bool });
+
+    fn sort_step(a: &Args) -> Built {
+        let SortParams { dim: d, descending } = a.params()?;
+        let (x, vals, pos) = (a.take(0)?, a.out(0)?, a.out(1)?);
+        need(x.rank() >= 1 && vals.sizes == x.sizes && pos.sizes == x.sizes, "sort shapes")?;
+        need(vals.dtype == x.dtype && pos.dtype == DType::I64, "sort dtypes")?;
+        let d = dim(d, x.rank())?;
+        infallible(move |mem| unsafe { sort(mem, &x, &vals, &pos, d, descending) })
+    }
+
+    crate::step_params!(
+        /// mode 0 sum, 1 mean, 2 max
+        struct BagParams { mode: i64, include_last_offset: bool, padding_idx: i64 }
+    );
+
+    fn embedding_bag_step(a: &Args) -> Built {
+        let BagParams { mode, include_last_offset: include_last, padding_idx: padding } = a.params()?;
+        let (w, idx, offsets, o) = (a.take(0)?, a.take(1)?, a.take(2)?, a.out(0)?);
+        let psw = a.opt(3);
+        f32s(&[&w, &o])?;
+        need(w.rank() == 2 && o.rank() == 2 && o.sizes[1] == w.sizes[1], "embedding_bag: 2-d weight and output")?;
+        need(idx.dtype == DType::I64 && offsets.dtype == DType::I64 && idx.rank() == 1 && offsets.rank() == 1, "embedding_bag: 1-d int64 indices and offsets")?;
+        need((0..=2).contains(&mode), "embedding_bag mode")?;
+        need(o.sizes[0] == offsets.sizes[0] - (include_last && offsets.sizes[0] > 0) as usize, "embedding_bag: number of bags")?;
+        if let Some(p) = &psw {
+            need(p.dtype == DType::F32 && p.sizes == idx.sizes && mode == 0, "embedding_bag per-sample weights (sum mode only)")?;
+        }
+        kernel(move |mem| unsafe { embedding_bag(mem, &w, &idx, &offsets, psw.as_ref(), &o, mode, include_last, padding) })
+    }
 }

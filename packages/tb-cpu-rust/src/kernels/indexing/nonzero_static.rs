@@ -61,6 +61,18 @@ impl NonzeroStatic {
     }
 }
 
+// -- steps: nonzero_static ----------------------------------------------------------------------------
+
+pub const STEPS: &[crate::kernels::registry::StepDef] = &[crate::kernels::registry::StepDef::core("nonzero_static", nonzero_static)];
+
+crate::step_params!(struct Params { fill_value: i64 });
+
+fn nonzero_static(a: &crate::kernels::registry::Args) -> crate::kernels::registry::Built {
+    let Params { fill_value } = a.params()?;
+    let k = NonzeroStatic::new(a.take(0)?, a.out(0)?, fill_value)?;
+    crate::kernels::registry::infallible(move |mem| unsafe { k.run(mem) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,8 @@ use crate::core::element::{load_f64, store_i64};
 use crate::core::mem::Mem;
 use crate::core::strided::{drop_dim, for_each};
 use crate::core::tensor::{need, DType, Result, View};
+use crate::kernels::registry::{kernel, Args, Built, StepDef};
+use serde::Deserialize;
 use std::cmp::Ordering;
 
 pub enum Search {
@@ -16,12 +18,30 @@ pub enum Search {
     Frexp { x: View, man: View, exp: View },
 }
 
+/// The parameters of each step kind of this family, by name.
+#[derive(Deserialize)]
+#[serde(tag = "op", deny_unknown_fields)]
+enum Params {
+    #[serde(rename = "searchsorted")]
+    Searchsorted { right: bool },
+    #[serde(rename = "histc")]
+    Histc { min: f64, max: f64 },
+    #[serde(rename = "frexp")]
+    Frexp {},
+}
+
+pub const STEPS: &[StepDef] = &[StepDef::any("searchsorted", build), StepDef::any("histc", build), StepDef::any("frexp", build)];
+
+fn build(a: &Args) -> Built {
+    let k = Search::new(a)?;
+    kernel(move |mem| unsafe { k.run(mem) })
+}
+
 impl Search {
-    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], ints: &[i64], floats: &[f64]) -> Result<Search> {
-        let get = |i: usize| ins.get(i).cloned().flatten().ok_or_else(|| format!("{op}: missing operand {i}"));
-        let o = |i: usize| outs.get(i).cloned().ok_or_else(|| format!("{op}: missing output {i}"));
-        match op {
-            "searchsorted" => {
+    pub fn new(a: &Args) -> Result<Search> {
+        let (get, o) = (|i| a.take(i), |i| a.out(i));
+        match a.tagged::<Params>()? {
+            Params::Searchsorted { right } => {
                 let (seq, vals, out) = (get(0)?, get(1)?, o(0)?);
                 need(seq.dtype == DType::F32 && vals.dtype == DType::F32, "searchsorted takes float32")?;
                 need(matches!(out.dtype, DType::I64 | DType::I32), "searchsorted gives int64 or int32")?;
@@ -29,23 +49,21 @@ impl Search {
                 if seq.rank() > 1 {
                     need(seq.rank() == vals.rank() && seq.sizes[..seq.rank() - 1] == vals.sizes[..vals.rank() - 1], "searchsorted: boundaries and values differ in their leading dims")?;
                 }
-                Ok(Search::Sorted { seq, vals, out, right: ints.first().copied().unwrap_or(0) != 0 })
+                Ok(Search::Sorted { seq, vals, out, right })
             }
-            "histc" => {
+            Params::Histc { min: lo, max: hi } => {
                 let (x, out) = (get(0)?, o(0)?);
                 need(x.dtype == DType::F32 && out.dtype == DType::F32 && out.rank() == 1, "histc takes and gives float32")?;
-                let (lo, hi) = (floats.first().copied().unwrap_or(0.0), floats.get(1).copied().unwrap_or(0.0));
                 need(lo <= hi, "histc: max must be larger than min")?;
                 need(lo.is_finite() && hi.is_finite(), "histc: range of [inf, inf] is not finite")?;
                 Ok(Search::Histc { x, out, lo, hi })
             }
-            "frexp" => {
+            Params::Frexp {} => {
                 let (x, man, exp) = (get(0)?, o(0)?, o(1)?);
                 need(x.dtype == DType::F32 && man.dtype == DType::F32 && exp.dtype == DType::I32, "frexp: float32 in, float32 and int32 out")?;
                 need(x.sizes == man.sizes && x.sizes == exp.sizes, "frexp shapes")?;
                 Ok(Search::Frexp { x, man, exp })
             }
-            other => Err(format!("unknown search kernel {other:?}")),
         }
     }
 

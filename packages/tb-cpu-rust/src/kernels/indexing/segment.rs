@@ -5,6 +5,7 @@
 use crate::core::element::load_i64;
 use crate::core::mem::Mem;
 use crate::core::tensor::{need, DType, Result, View};
+use crate::kernels::registry::{kernel, Args, Built, StepDef};
 
 /// data (O, N, I), lengths (O, S) or offsets (O, S + 1), out (O, S, I)
 pub struct Segment {
@@ -16,22 +17,40 @@ pub struct Segment {
     initial: Option<f64>,
 }
 
+crate::step_params!(
+    /// reduction 0 sum, 1 mean, 2 max, 3 min, 4 prod; offsets: the bounds are offsets, else lengths;
+    /// `initial` counts only with `has_initial`
+    pub struct SegmentParams { pub reduction: i64, pub offsets: bool, pub has_initial: bool, pub initial: f64 }
+);
+
+pub const STEPS: &[StepDef] = &[StepDef::any("segment_reduce", segment_reduce), StepDef::core("max_pool2d_bwd", max_pool2d_bwd)];
+
+fn segment_reduce(a: &Args) -> Built {
+    let k = Segment::new(&a.ins, &a.outs, &a.params()?)?;
+    kernel(move |mem| unsafe { k.run(mem) })
+}
+
+fn max_pool2d_bwd(a: &Args) -> Built {
+    a.no_params()?;
+    let k = PoolBwd::new(&a.ins, &a.outs)?;
+    kernel(move |mem| unsafe { k.run(mem) })
+}
+
 impl Segment {
-    /// ints: [reduce (0 sum, 1 mean, 2 max, 3 min, 4 prod), offsets?, has initial]; floats: [initial]
-    pub fn new(ins: &[Option<View>], outs: &[View], ints: &[i64], floats: &[f64]) -> Result<Segment> {
+    pub fn new(ins: &[Option<View>], outs: &[View], p: &SegmentParams) -> Result<Segment> {
         let data = ins.first().cloned().flatten().ok_or("segment_reduce: missing data")?;
         let bounds = ins.get(1).cloned().flatten().ok_or("segment_reduce: missing lengths")?;
         let out = outs.first().cloned().ok_or("segment_reduce: missing output")?;
-        need(ints.len() == 3 && (0..=4).contains(&ints[0]), "segment_reduce parameters")?;
+        need((0..=4).contains(&p.reduction), "segment_reduce reduction")?;
         need(data.dtype == DType::F32 && out.dtype == DType::F32, "segment_reduce takes float32 data")?;
         need(matches!(bounds.dtype, DType::I64 | DType::I32), "segment lengths are int64 or int32")?;
         need(data.rank() == 3 && bounds.rank() == 2 && out.rank() == 3, "segment_reduce views")?;
-        let offsets = ints[1] != 0;
+        let offsets = p.offsets;
         let s = bounds.sizes[1].saturating_sub(offsets as usize);
         need(offsets <= (bounds.sizes[1] > 0), "segment offsets need at least one entry")?;
         need(bounds.sizes[0] == data.sizes[0] && out.sizes == [data.sizes[0], s, data.sizes[2]], "segment_reduce shapes")?;
-        let initial = if ints[2] != 0 { floats.first().copied() } else { None };
-        Ok(Segment { data, bounds, out, offsets, reduce: ints[0], initial })
+        let initial = if p.has_initial { Some(p.initial) } else { None };
+        Ok(Segment { data, bounds, out, offsets, reduce: p.reduction, initial })
     }
 
     /// # Safety

@@ -107,6 +107,19 @@ fn mode(row: &mut [(f32, usize)]) -> (f32, usize) {
     best
 }
 
+// -- steps: median_dim, nanmedian_dim, mode -----------------------------------------------------------
+
+pub const STEPS: &[crate::kernels::registry::StepDef] = &[crate::kernels::registry::StepDef::core("median_dim", select),
+    crate::kernels::registry::StepDef::core("nanmedian_dim", select), crate::kernels::registry::StepDef::core("mode", select)];
+
+fn select(a: &crate::kernels::registry::Args) -> crate::kernels::registry::Built {
+    let crate::kernels::registry::DimParam { dim } = a.params()?;
+    let (x, v, i) = (a.take(0)?, a.out(0)?, a.out(1)?);
+    let d = crate::kernels::registry::dim(dim, x.rank())?;
+    let k = Select::new(a.op, x, v, i, d)?;
+    crate::kernels::registry::kernel(move |mem| unsafe { k.run(mem) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

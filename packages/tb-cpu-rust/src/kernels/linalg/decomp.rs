@@ -16,6 +16,8 @@
 use super::{load, store};
 use crate::core::mem::Mem;
 use crate::core::tensor::{need, DType, Result, View};
+use crate::kernels::registry::{kernel, Args, Built, StepDef};
+use serde::Deserialize;
 
 /// Jacobi sweeps before giving up (convergence is quadratic: small matrices need well under 20)
 const MAX_SWEEPS: usize = 60;
@@ -26,15 +28,15 @@ pub enum Op {
     Geqrf,
     /// A, tau -> Q (first n columns of H1 ... Hk)
     Orgqr,
-    /// A, tau, C -> op(Q) C or C op(Q) (ints: left, transpose)
+    /// A, tau, C -> op(Q) C or C op(Q) (flags: left, transpose)
     Ormqr,
-    /// A -> Q, R (ints: mode 0 reduced, 1 complete, 2 r only)
+    /// A -> Q, R (flags: mode 0 reduced, 1 complete, 2 r only)
     Qr,
-    /// A -> U, S, Vh (ints: full_matrices, compute_uv)
+    /// A -> U, S, Vh (flags: full_matrices, compute_uv)
     Svd,
-    /// A -> eigenvalues, eigenvectors (ints: upper, compute_v)
+    /// A -> eigenvalues, eigenvectors (flags: upper, compute_v)
     Eigh,
-    /// A, atol?, rtol? -> pseudo-inverse (ints: hermitian)
+    /// A, atol?, rtol? -> pseudo-inverse (flags: hermitian)
     Pinv,
     /// A -> U, H with A = U H
     Polar,
@@ -44,11 +46,67 @@ pub enum Op {
     MatrixExp,
 }
 
+/// The parameters of each step kind of this family, by name (the variant is the tag).
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Params {
+    Geqrf {},
+    Orgqr {},
+    Ormqr { left: bool, transpose: bool },
+    /// mode 0 reduced, 1 complete, 2 r
+    Qr { mode: i64 },
+    Svd { full_matrices: bool, compute_uv: bool },
+    Eigh { upper: bool, compute_v: bool },
+    Pinv { hermitian: bool },
+    LinalgPolar {},
+    Sqrth {},
+    MatrixExp {},
+}
+
+/// What the kinds' parameters say, by name (a kind leaves the others at their default).
+#[derive(Default, Clone, Copy)]
+pub struct Flags {
+    pub left: bool,
+    pub transpose: bool,
+    pub mode: i64,
+    pub full_matrices: bool,
+    pub compute_uv: bool,
+    pub upper: bool,
+    pub compute_v: bool,
+    pub hermitian: bool,
+}
+
+fn split(p: Params) -> (Op, Flags) {
+    let f = Flags::default();
+    match p {
+        Params::Geqrf {} => (Op::Geqrf, f),
+        Params::Orgqr {} => (Op::Orgqr, f),
+        Params::Ormqr { left, transpose } => (Op::Ormqr, Flags { left, transpose, ..f }),
+        Params::Qr { mode } => (Op::Qr, Flags { mode, ..f }),
+        Params::Svd { full_matrices, compute_uv } => (Op::Svd, Flags { full_matrices, compute_uv, ..f }),
+        Params::Eigh { upper, compute_v } => (Op::Eigh, Flags { upper, compute_v, ..f }),
+        Params::Pinv { hermitian } => (Op::Pinv, Flags { hermitian, ..f }),
+        Params::LinalgPolar {} => (Op::Polar, f),
+        Params::Sqrth {} => (Op::Sqrth, f),
+        Params::MatrixExp {} => (Op::MatrixExp, f),
+    }
+}
+
+pub const STEPS: &[StepDef] = &[StepDef::core("geqrf", build), StepDef::core("orgqr", build), StepDef::core("ormqr", build),
+    StepDef::core("qr", build), StepDef::core("svd", build), StepDef::core("eigh", build), StepDef::core("pinv", build),
+    StepDef::core("linalg_polar", build), StepDef::core("sqrth", build), StepDef::core("matrix_exp", build)];
+
+fn build(a: &Args) -> Built {
+    let (op, flags) = split(a.tagged()?);
+    let k = Decomp::new(a.op, op, flags, a.ins.clone(), a.outs.clone())?;
+    kernel(move |mem| unsafe { k.run(mem) })
+}
+
 pub struct Decomp {
     op: Op,
     ins: Vec<Option<View>>,
     outs: Vec<View>,
-    flags: Vec<i64>,
+    flags: Flags,
     batch: Vec<usize>,
 }
 
@@ -58,21 +116,7 @@ fn mat(v: &View) -> Result<(usize, usize)> {
 }
 
 impl Decomp {
-    pub fn new(name: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64]) -> Result<Decomp> {
-        let (op, nflags) = match name {
-            "geqrf" => (Op::Geqrf, 0),
-            "orgqr" => (Op::Orgqr, 0),
-            "ormqr" => (Op::Ormqr, 2),
-            "qr" => (Op::Qr, 1),
-            "svd" => (Op::Svd, 2),
-            "eigh" => (Op::Eigh, 2),
-            "pinv" => (Op::Pinv, 1),
-            "linalg_polar" => (Op::Polar, 0),
-            "sqrth" => (Op::Sqrth, 0),
-            "matrix_exp" => (Op::MatrixExp, 0),
-            other => return Err(format!("unknown decomposition kernel {other:?}")),
-        };
-        need(ints.len() == nflags, &format!("{name}: expected {nflags} flags"))?;
+    pub fn new(name: &str, op: Op, flags: Flags, ins: Vec<Option<View>>, outs: Vec<View>) -> Result<Decomp> {
         let a = ins.first().cloned().flatten().ok_or_else(|| format!("{name}: missing matrix"))?;
         let (m, n) = mat(&a)?;
         let k = m.min(n);
@@ -114,23 +158,23 @@ impl Decomp {
                 let tau = ins.get(1).cloned().flatten().ok_or("ormqr: missing tau")?;
                 let c = ins.get(2).cloned().flatten().ok_or("ormqr: missing C")?;
                 let (cr, cc) = mat(&c)?;
-                let q = if ints[0] != 0 { cr } else { cc };
+                let q = if flags.left { cr } else { cc };
                 need(m == q, "ormqr: input.shape[-2] must equal the size of Q")?;
                 need(tau.rank() == batch.len() + 1 && tau.sizes[batch.len()] <= n.min(m), "ormqr: tau too long")?;
                 shape(&outs[0], &[cr, cc], "result")?;
             }
             Op::Qr => {
-                need((0..=2).contains(&ints[0]), "qr mode")?;
-                let qc = if ints[0] == 1 { m } else { k };
-                if ints[0] != 2 {
+                need((0..=2).contains(&flags.mode), "qr mode")?;
+                let qc = if flags.mode == 1 { m } else { k };
+                if flags.mode != 2 {
                     shape(&outs[0], &[m, qc], "Q")?;
                 }
-                shape(&outs[1], &[if ints[0] == 1 { m } else { k }, n], "R")?;
+                shape(&outs[1], &[if flags.mode == 1 { m } else { k }, n], "R")?;
             }
             Op::Svd => {
                 shape(&outs[1], &[k], "S")?;
-                if ints[1] != 0 {
-                    let (uc, vr) = if ints[0] != 0 { (m, n) } else { (k, k) };
+                if flags.compute_uv {
+                    let (uc, vr) = if flags.full_matrices { (m, n) } else { (k, k) };
                     shape(&outs[0], &[m, uc], "U")?;
                     shape(&outs[2], &[vr, n], "Vh")?;
                 }
@@ -138,12 +182,12 @@ impl Decomp {
             Op::Eigh => {
                 square("eigh")?;
                 shape(&outs[0], &[n], "eigenvalues")?;
-                if ints[1] != 0 {
+                if flags.compute_v {
                     shape(&outs[1], &[n, n], "eigenvectors")?;
                 }
             }
             Op::Pinv => {
-                if ints[0] != 0 {
+                if flags.hermitian {
                     square("pinv hermitian")?;
                 }
                 shape(&outs[0], &[n, m], "pinv")?;
@@ -160,7 +204,7 @@ impl Decomp {
                 shape(&outs[0], &[n, n], "result")?;
             }
         }
-        Ok(Decomp { op, ins, outs, flags: ints.to_vec(), batch })
+        Ok(Decomp { op, ins, outs, flags, batch })
     }
 
     /// # Safety
@@ -171,7 +215,7 @@ impl Decomp {
         let a = self.ins[0].as_ref().ok_or("linalg: missing operand")?;
         let (m, n) = mat(a)?;
         let k = m.min(n);
-        let f = &self.flags;
+        let f = self.flags;
         for bi in 0..nb {
             let off = |v: &View| -> usize {
                 let mut r = bi;
@@ -203,7 +247,7 @@ impl Decomp {
             // LAPACK's SVD and symmetric eigen drivers fail on NaN / inf; ATen raises then, so do we
             let spectral = matches!(self.op, Op::Svd | Op::Eigh | Op::Pinv | Op::Polar | Op::Sqrth);
             if spectral && x.iter().any(|v| !v.is_finite()) {
-                let eig = matches!(self.op, Op::Eigh | Op::Sqrth) || (self.op == Op::Pinv && f[0] != 0);
+                let eig = matches!(self.op, Op::Eigh | Op::Sqrth) || (self.op == Op::Pinv && f.hermitian);
                 let api = if eig { "linalg.eigh" } else { "linalg.svd" };
                 return Err(format!("{api}: The algorithm failed to converge because the input matrix contained non-finite values."));
             }
@@ -222,36 +266,36 @@ impl Decomp {
                     let cv = self.ins[2].as_ref().expect("validated operand");
                     let (cr, cc) = mat(cv)?;
                     let mut c = get(cv);
-                    ormqr(&x, n, &tau, &mut c, cr, cc, f[0] != 0, f[1] != 0);
+                    ormqr(&x, n, &tau, &mut c, cr, cc, f.left, f.transpose);
                     put(0, &c);
                 }
                 Op::Qr => {
                     let tau = geqrf(&mut x, m, n);
-                    let rr = if f[0] == 1 { m } else { k };
+                    let rr = if f.mode == 1 { m } else { k };
                     let mut r = vec![0f64; rr * n];
                     for i in 0..rr.min(m) {
                         for j in i..n {
                             r[i * n + j] = x[i * n + j];
                         }
                     }
-                    if f[0] != 2 {
-                        let qc = if f[0] == 1 { m } else { k };
+                    if f.mode != 2 {
+                        let qc = if f.mode == 1 { m } else { k };
                         put(0, &orgqr(&x, &tau, m, n, qc));
                     }
                     put(1, &r);
                 }
                 Op::Svd => {
-                    let (u, s, vt) = svd(&x, m, n, f[0] != 0);
+                    let (u, s, vt) = svd(&x, m, n, f.full_matrices);
                     put(1, &s);
-                    if f[1] != 0 {
+                    if f.compute_uv {
                         put(0, &u);
                         put(2, &vt);
                     }
                 }
                 Op::Eigh => {
-                    let (w, v) = eigh(&mut x, n, f[0] != 0);
+                    let (w, v) = eigh(&mut x, n, f.upper);
                     put(0, &w);
-                    if f[1] != 0 {
+                    if f.compute_v {
                         put(1, &v);
                     }
                 }
@@ -260,7 +304,7 @@ impl Decomp {
                         let v = self.ins.get(i)?.as_ref()?;
                         Some(load_scalar(mem, v, off(v)))
                     };
-                    put(0, &pinv(&x, m, n, tol(1), tol(2), f[0] != 0));
+                    put(0, &pinv(&x, m, n, tol(1), tol(2), f.hermitian));
                 }
                 Op::Polar => {
                     let (u, h) = polar(&x, m, n);

@@ -5,6 +5,7 @@
 use crate::core::mem::Mem;
 use crate::core::strided::for_each;
 use crate::core::tensor::{DType, Result, View};
+use crate::kernels::registry::{infallible, Args, Built, StepDef};
 
 pub enum Dist {
     /// x1 (B, P, M), x2 (B, R, M) -> out (B, P, R)
@@ -69,12 +70,25 @@ impl Acc {
     }
 }
 
+crate::step_params!(
+    /// The norm's order.
+    struct DistParams { p: f64 }
+);
+
+pub const STEPS: &[StepDef] = &[StepDef::core("cdist", build), StepDef::core("pdist", build), StepDef::core("dist", build)];
+
+fn build(a: &Args) -> Built {
+    let DistParams { p } = a.params()?;
+    let k = Dist::new(a.op, &a.ins, &a.outs, p)?;
+    infallible(move |mem| unsafe { k.run(mem) })
+}
+
 impl Dist {
-    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], floats: &[f64]) -> Result<Dist> {
+    pub fn new(op: &str, ins: &[Option<View>], outs: &[View], p: f64) -> Result<Dist> {
         let get = |i: usize| ins.get(i).cloned().flatten().ok_or_else(|| format!("{op}: missing operand {i}"));
         let out = outs.first().cloned().ok_or_else(|| format!("{op}: missing output"))?;
         // the lowering's JSON has no infinity: ±3.4e39 (finite in f64) stands for it
-        let p = match floats.first().copied().unwrap_or(2.0) {
+        let p = match p {
             p if p >= 3.0e39 => f64::INFINITY,
             p if p <= -3.0e39 => f64::NEG_INFINITY,
             p => p,

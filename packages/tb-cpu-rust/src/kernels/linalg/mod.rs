@@ -13,16 +13,18 @@ pub mod dist;
 
 use crate::core::mem::Mem;
 use crate::core::tensor::{need, DType, Result, View};
+use crate::kernels::registry::{kernel, Args, Built, StepDef};
+use serde::Deserialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// A -> LU, pivots, info
     LuFactor,
-    /// LU, pivots -> P, L, U (ints: unpack data, unpack pivots)
+    /// LU, pivots -> P, L, U (flags: unpack data, unpack pivots)
     LuUnpack,
     /// A -> P, L, U
     Lu,
-    /// LU, pivots, B (or identity) -> X (ints: adjoint)
+    /// LU, pivots, B (or identity) -> X (flags: adjoint)
     LuSolve,
     /// A -> det, LU, pivots
     Det,
@@ -30,15 +32,85 @@ pub enum Op {
     SlogDet,
     /// A -> L, info (lower factor; the lowering passes U.mT for upper)
     Cholesky,
-    /// T, B (or identity) -> X with T X = B (ints: upper, unitriangular)
+    /// T, B (or identity) -> X with T X = B (flags: upper, unitriangular)
     TriSolve,
+}
+
+/// The parameters of each step kind of this family, by name (the variant is the tag).
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Params {
+    LuFactor { check: bool },
+    LuUnpack { unpack_data: bool, unpack_pivots: bool },
+    Lu {},
+    LuSolve { adjoint: bool },
+    Det {},
+    Slogdet {},
+    Cholesky { check: bool },
+    TriSolve { upper: bool, unitriangular: bool },
+}
+
+/// What the kinds' parameters say, by name (a kind leaves the others false). `check`: a failed
+/// factorization is an error of the call.
+#[derive(Default, Clone, Copy)]
+pub struct Flags {
+    pub check: bool,
+    pub unpack_data: bool,
+    pub unpack_pivots: bool,
+    pub adjoint: bool,
+    pub upper: bool,
+    pub unitriangular: bool,
+}
+
+fn split(p: Params) -> (Op, Flags) {
+    let f = Flags::default();
+    match p {
+        Params::LuFactor { check } => (Op::LuFactor, Flags { check, ..f }),
+        Params::LuUnpack { unpack_data, unpack_pivots } => (Op::LuUnpack, Flags { unpack_data, unpack_pivots, ..f }),
+        Params::Lu {} => (Op::Lu, f),
+        Params::LuSolve { adjoint } => (Op::LuSolve, Flags { adjoint, ..f }),
+        Params::Det {} => (Op::Det, f),
+        Params::Slogdet {} => (Op::SlogDet, f),
+        Params::Cholesky { check } => (Op::Cholesky, Flags { check, ..f }),
+        Params::TriSolve { upper, unitriangular } => (Op::TriSolve, Flags { upper, unitriangular, ..f }),
+    }
+}
+
+pub const STEPS: &[StepDef] = &[StepDef::any("lu_factor", build), StepDef::any("lu_unpack", build), StepDef::any("lu", build),
+    StepDef::any("lu_solve", build), StepDef::any("det", build), StepDef::any("slogdet", build), StepDef::any("cholesky", build),
+    StepDef::any("tri_solve", build), StepDef::any("check_info", check_info)];
+
+fn build(a: &Args) -> Built {
+    let (op, flags) = split(a.tagged()?);
+    let k = Linalg::new(a.op, op, flags, a.ins.clone(), a.outs.clone())?;
+    kernel(move |mem| unsafe { k.run(mem) })
+}
+
+/// Fails the call when any int32 `info` is non-zero (ATen's _linalg_check_errors).
+fn check_info(a: &Args) -> Built {
+    a.no_params()?;
+    let info = a.take(0)?;
+    need(info.dtype == DType::I32, "linalg info is int32")?;
+    kernel(move |mem| unsafe {
+        let p = mem.ptr::<i32>(&info);
+        let mut bad = 0;
+        crate::core::strided::for_each(&info.sizes, [&info.strides[..]], |[a]| {
+            if bad == 0 {
+                bad = *p.add(a);
+            }
+        });
+        if bad != 0 {
+            return Err(format!("linalg: the factorization failed (info = {bad}): the input is singular or not positive-definite"));
+        }
+        Ok(())
+    })
 }
 
 pub struct Linalg {
     op: Op,
     ins: Vec<Option<View>>,
     outs: Vec<View>,
-    flags: Vec<i64>,
+    flags: Flags,
     batch: Vec<usize>,
 }
 
@@ -55,18 +127,7 @@ fn mat(v: &View) -> Result<(usize, usize)> {
 }
 
 impl Linalg {
-    pub fn new(name: &str, ins: Vec<Option<View>>, outs: Vec<View>, ints: &[i64]) -> Result<Linalg> {
-        let op = match name {
-            "lu_factor" => Op::LuFactor,
-            "lu_unpack" => Op::LuUnpack,
-            "lu" => Op::Lu,
-            "lu_solve" => Op::LuSolve,
-            "det" => Op::Det,
-            "slogdet" => Op::SlogDet,
-            "cholesky" => Op::Cholesky,
-            "tri_solve" => Op::TriSolve,
-            other => return Err(format!("unknown linalg kernel {other:?}")),
-        };
+    pub fn new(name: &str, op: Op, flags: Flags, ins: Vec<Option<View>>, outs: Vec<View>) -> Result<Linalg> {
         let get = |i: usize| ins.get(i).cloned().flatten().ok_or_else(|| format!("linalg: missing operand {i}"));
         let o = |i: usize| outs.get(i).cloned().ok_or_else(|| format!("linalg: missing output {i}"));
         let f32m = |v: &View| need(v.dtype == DType::F32, "linalg matrices are float32");
@@ -117,11 +178,10 @@ impl Linalg {
                 for v in [&p, &l, &u] {
                     f32m(v)?;
                 }
-                need(ints.len() == 2, "lu_unpack flags")?;
-                if ints[1] != 0 {
+                if flags.unpack_pivots {
                     same(&p, &[m, m])?;
                 }
-                if ints[0] != 0 {
+                if flags.unpack_data {
                     same(&l, &[m, k])?;
                     same(&u, &[k, n])?;
                 }
@@ -155,7 +215,6 @@ impl Linalg {
                     }
                     None => need(xc == n, "solve against the identity needs a square result")?,
                 }
-                need(ints.len() == if op == Op::LuSolve { 1 } else { 2 }, "solve flags")?;
             }
             Op::Cholesky => {
                 need(m == n, "cholesky of a non-square matrix")?;
@@ -171,7 +230,7 @@ impl Linalg {
                 need(v.buf != i.buf, "linalg output shares a buffer with an input")?;
             }
         }
-        Ok(Linalg { op, ins, outs, flags: ints.to_vec(), batch })
+        Ok(Linalg { op, ins, outs, flags, batch })
     }
 
     /// # Safety
@@ -197,7 +256,7 @@ impl Linalg {
                     let (piv, info) = lu_factor(&mut lu, m, n);
                     match self.op {
                         Op::LuFactor => {
-                            if info != 0 && self.flags.first() == Some(&1) {
+                            if info != 0 && self.flags.check {
                                 return Err(format!("linalg.lu_factor: U[{info},{info}] is zero: the matrix is singular"));
                             }
                             store(mem, &self.outs[0], off(&self.outs[0], 2), &lu, m, n);
@@ -235,7 +294,7 @@ impl Linalg {
                     let lu = load(mem, a, off(a, 2), m, n);
                     let pv = self.ins[1].as_ref().ok_or("lu_unpack: missing pivots")?;
                     let piv = load_i32(mem, pv, off(pv, 1), m.min(n));
-                    self.unpack(mem, &lu, &piv, m, n, [self.flags[0] != 0, self.flags[1] != 0], &off)?;
+                    self.unpack(mem, &lu, &piv, m, n, [self.flags.unpack_data, self.flags.unpack_pivots], &off)?;
                 }
                 Op::LuSolve => {
                     let lu = load(mem, a, off(a, 2), n, n);
@@ -247,7 +306,7 @@ impl Linalg {
                         Some(bv) => load(mem, &bv, off(&bv, 2), n, c),
                         None => identity(n),
                     };
-                    lu_solve(&lu, &piv, &mut b, n, c, self.flags[0] != 0)?;
+                    lu_solve(&lu, &piv, &mut b, n, c, self.flags.adjoint)?;
                     store(mem, x, off(x, 2), &b, n, c);
                 }
                 Op::TriSolve => {
@@ -258,13 +317,13 @@ impl Linalg {
                         Some(bv) => load(mem, &bv, off(&bv, 2), n, c),
                         None => identity(n),
                     };
-                    tri_solve(&t, &mut b, n, c, self.flags[0] != 0, self.flags[1] != 0);
+                    tri_solve(&t, &mut b, n, c, self.flags.upper, self.flags.unitriangular);
                     store(mem, x, off(x, 2), &b, n, c);
                 }
                 Op::Cholesky => {
                     let mut l = load(mem, a, off(a, 2), n, n);
                     let info = cholesky(&mut l, n);
-                    if info != 0 && self.flags.first() == Some(&1) {
+                    if info != 0 && self.flags.check {
                         return Err(format!("linalg.cholesky: the leading minor of order {info} is not positive-definite"));
                     }
                     store(mem, &self.outs[0], off(&self.outs[0], 2), &l, n, n);

@@ -1,6 +1,7 @@
 //! Reductions over one or more dims (sum, mean, extrema and their indices, variance, product,
 //! logsumexp, any/all) and the softmax rows.
 
+pub mod norm;
 pub mod softmax;
 
 use crate::core::mem::{Mem, SPtr};
@@ -161,4 +162,178 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
         *(po.get() as *mut f32).add(ob) = r as f32;
     };
     par_rows(outer, outer * n.max(1), one);
+}
+
+pub use steps::STEPS;
+
+/// The step kinds of this family: reduce, cumsum, scan (cumprod, logcumsumexp), cummax, cummin.
+mod steps {
+    use super::*;
+    use crate::core::strided::drop_dim;
+    use crate::core::tensor::need;
+    use crate::kernels::registry::{dim, f32s, infallible, kernel, Args, Built, DimParam, StepDef};
+
+    pub const STEPS: &[StepDef] = &[StepDef::core("reduce", reduce_step), StepDef::core("cumsum", cumsum), StepDef::core("scan", scan),
+        StepDef::core("cummax", cum_extreme), StepDef::core("cummin", cum_extreme)];
+
+    crate::step_params!(
+        /// kind 0 sum, 1 mean, 2 amax, 3 amin, 4 argmax, 5 argmin, 6 var, 7 prod, 8 logsumexp,
+        /// 9 any, 10 all; mask: 1 on the reduced dims
+        struct ReduceParams { kind: i64, mask: Vec<i64>, correction: f64 }
+    );
+
+    fn reduce_step(a: &Args) -> Built {
+        let p: ReduceParams = a.params()?;
+        let (x, o) = (a.take(0)?, a.out(0)?);
+        need(x.rank() == o.rank(), "reduction output must keep the reduced dims")?;
+        for d in 0..x.rank() {
+            need(o.sizes[d] == x.sizes[d] || o.sizes[d] == 1, "reduction shapes do not agree")?;
+        }
+        let kind = match p.kind {
+            0 => Red::Sum,
+            1 => Red::Mean,
+            2 => Red::Amax,
+            3 => Red::Amin,
+            4 => Red::Argmax,
+            5 => Red::Argmin,
+            6 => Red::Var(p.correction),
+            7 => Red::Prod,
+            8 => Red::LogSumExp,
+            9 => Red::Any,
+            10 => Red::All,
+            k => return Err(format!("unknown reduction {k}")),
+        };
+        let reduced: Vec<bool> = p.mask.iter().map(|&v| v != 0).collect();
+        need(reduced.len() == x.rank(), "reduction mask has the wrong rank")?;
+        for (d, &r) in reduced.iter().enumerate() {
+            need(!r || o.sizes[d] == 1, "reduced dim must have size 1 in the output")?;
+            need(r || o.sizes[d] == x.sizes[d], "kept dim must keep its size")?;
+        }
+        f32s(&[&x])?;
+        match kind {
+            Red::Argmax | Red::Argmin => need(o.dtype == DType::I64, "argmax output is int64")?,
+            Red::Any | Red::All => need(o.dtype == DType::Bool, "any/all output is bool")?,
+            _ => f32s(&[&o])?,
+        }
+        // Argmax over several dims needs the row-major position: keep the mask in the view
+        let mut x = x;
+        for (d, &r) in reduced.iter().enumerate() {
+            if !r && x.sizes[d] == 1 {
+                x.strides[d] = 0;
+            }
+        }
+        let mut o = o;
+        for (d, &r) in reduced.iter().enumerate() {
+            if r {
+                o.strides[d] = 0;
+            }
+        }
+        infallible(move |mem| unsafe { reduce(mem, kind, &x, &o) })
+    }
+
+    fn cumsum(a: &Args) -> Built {
+        let DimParam { dim: d } = a.params()?;
+        let (x, y) = (a.take(0)?, a.out(0)?);
+        need(x.sizes == y.sizes, "cumsum shapes")?;
+        need(y.dtype != DType::Bool && !(y.dtype == DType::I64 && x.dtype == DType::F32), "cumsum dtypes")?;
+        need(x.rank() >= 1, "cumsum of a 0-d tensor (view it as 1-d)")?;
+        let d = dim(d, x.rank())?;
+        kernel(move |mem| unsafe {
+            let n = x.sizes[d];
+            let (sx, sy) = (x.strides[d], y.strides[d]);
+            let osz = drop_dim(&x.sizes, d);
+            let (px, py) = (mem.byte_ptr(&x), mem.byte_ptr(&y));
+            for_each(&osz, [&drop_dim(&x.strides, d), &drop_dim(&y.strides, d)], |[a, b]| {
+                let (mut fa, mut ia) = (0f64, 0i64);
+                for i in 0..n {
+                    let xi = a + i * sx;
+                    match x.dtype {
+                        DType::F32 => fa += *(px as *const f32).add(xi) as f64,
+                        DType::I64 => ia = ia.wrapping_add(*(px as *const i64).add(xi)),
+                        _ => ia += (*px.add(xi) != 0) as i64,
+                    }
+                    let yi = b + i * sy;
+                    match y.dtype {
+                        DType::F32 => *(py as *mut f32).add(yi) = if x.dtype == DType::F32 { fa as f32 } else { ia as f32 },
+                        _ => *(py as *mut i64).add(yi) = ia,
+                    }
+                }
+            });
+            Ok(())
+        })
+    }
+
+    crate::step_params!(
+        /// mode 0: cumprod, 1: logcumsumexp
+        struct ScanParams { dim: i64, mode: i64 }
+    );
+
+    fn scan(a: &Args) -> Built {
+        let ScanParams { dim: d, mode } = a.params()?;
+        let (x, y) = (a.take(0)?, a.out(0)?);
+        f32s(&[&x, &y])?;
+        need(x.sizes == y.sizes && x.rank() >= 1, "scan shapes")?;
+        need((0..=1).contains(&mode), "scan mode")?;
+        let d = dim(d, x.rank())?;
+        kernel(move |mem| unsafe {
+            let n = x.sizes[d];
+            let (sx, sy) = (x.strides[d], y.strides[d]);
+            let osz = drop_dim(&x.sizes, d);
+            let (px, py) = (mem.ptr::<f32>(&x), mem.ptr::<f32>(&y));
+            for_each(&osz, [&drop_dim(&x.strides, d), &drop_dim(&y.strides, d)], |[a, b]| {
+                let mut acc = if mode == 0 { 1f64 } else { f64::NEG_INFINITY };
+                for i in 0..n {
+                    let v = *px.add(a + i * sx) as f64;
+                    acc = if mode == 0 {
+                        acc * v
+                    } else {
+                        // log(e^acc + e^v), stable
+                        let (hi, lo) = if acc > v { (acc, v) } else { (v, acc) };
+                        if lo == f64::NEG_INFINITY || hi.is_nan() || lo.is_nan() {
+                            if lo.is_nan() { lo } else { hi }
+                        } else if hi == f64::INFINITY {
+                            hi
+                        } else {
+                            hi + (lo - hi).exp().ln_1p()
+                        }
+                    };
+                    *py.add(b + i * sy) = acc as f32;
+                }
+            });
+            Ok(())
+        })
+    }
+
+    /// cummax / cummin: the running extreme with the index where it was last taken (ties and
+    /// NaN: the later one)
+    fn cum_extreme(a: &Args) -> Built {
+        let DimParam { dim: d } = a.params()?;
+        let max = a.op == "cummax";
+        let (x, vals, idx) = (a.take(0)?, a.out(0)?, a.out(1)?);
+        f32s(&[&x, &vals])?;
+        need(x.sizes == vals.sizes && x.sizes == idx.sizes && x.rank() >= 1, "cummax/cummin shapes")?;
+        need(idx.dtype == DType::I64, "cummax/cummin indices are int64")?;
+        let d = dim(d, x.rank())?;
+        kernel(move |mem| unsafe {
+            let n = x.sizes[d];
+            let (sx, sv, si) = (x.strides[d], vals.strides[d], idx.strides[d]);
+            let osz = drop_dim(&x.sizes, d);
+            let (px, pv, pi) = (mem.ptr::<f32>(&x), mem.ptr::<f32>(&vals), mem.ptr::<i64>(&idx));
+            let (rx, rv, ri) = (drop_dim(&x.strides, d), drop_dim(&vals.strides, d), drop_dim(&idx.strides, d));
+            for_each(&osz, [&rx[..], &rv[..], &ri[..]], |[a, b, c]| {
+                let (mut best, mut at) = (f32::NAN, 0i64);
+                for i in 0..n {
+                    let v = *px.add(a + i * sx);
+                    let better = if max { v >= best } else { v <= best };
+                    if i == 0 || v.is_nan() || !best.is_nan() && better {
+                        best = v;
+                        at = i as i64;
+                    }
+                    *pv.add(b + i * sv) = best;
+                    *pi.add(c + i * si) = at;
+                }
+            });
+            Ok(())
+        })
+    }
 }

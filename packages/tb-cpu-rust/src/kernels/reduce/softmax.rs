@@ -177,6 +177,77 @@ unsafe fn softmax_row_generic(x: *const f32, sx: usize, y: *mut f32, sy: usize, 
     }
 }
 
+pub use steps::STEPS;
+
+/// The step kinds of this family: softmax, log_softmax and their backward.
+mod steps {
+    use super::*;
+    use crate::core::par::par_rows;
+    use crate::core::strided::{drop_dim, offset_of};
+    use crate::core::tensor::need;
+    use crate::kernels::registry::{dim, f32s, kernel, Args, Built, DimParam, StepDef};
+
+    pub const STEPS: &[StepDef] = &[StepDef::core("softmax", softmax), StepDef::core("log_softmax", softmax), StepDef::core("softmax_bwd", softmax_bwd),
+        StepDef::core("log_softmax_bwd", softmax_bwd)];
+
+    fn softmax(a: &Args) -> Built {
+        let DimParam { dim: d } = a.params()?;
+        let log = a.op == "log_softmax";
+        let (x, y) = (a.take(0)?, a.out(0)?);
+        f32s(&[&x, &y])?;
+        need(x.sizes == y.sizes, "softmax shapes differ")?;
+        need(x.rank() >= 1, "softmax of a 0-d tensor (view it as 1-d)")?;
+        let d = dim(d, x.rank())?;
+        kernel(move |mem| unsafe {
+            let (px, py) = (mem.ptr::<f32>(&x), mem.ptr::<f32>(&y));
+            let n = x.sizes[d];
+            let (sx, sy) = (x.strides[d], y.strides[d]);
+            let osz = drop_dim(&x.sizes, d);
+            let (osx, osy) = (drop_dim(&x.strides, d), drop_dim(&y.strides, d));
+            let rows: usize = osz.iter().product();
+            let row = |r: usize| {
+                let (bx, by) = (px.add(offset_of(r, &osz, &osx)), py.add(offset_of(r, &osz, &osy)));
+                softmax_row(bx, sx, by, sy, n, log);
+            };
+            par_rows(rows, rows * n, row);
+            Ok(())
+        })
+    }
+
+    fn softmax_bwd(a: &Args) -> Built {
+        let DimParam { dim: d } = a.params()?;
+        let log = a.op == "log_softmax_bwd";
+        let (g, y, gi) = (a.take(0)?, a.take(1)?, a.out(0)?);
+        f32s(&[&g, &y, &gi])?;
+        need(g.sizes == y.sizes && y.sizes == gi.sizes, "softmax backward shapes differ")?;
+        let d = dim(d, g.rank())?;
+        kernel(move |mem| unsafe {
+            let (pg, py, po) = (mem.ptr::<f32>(&g), mem.ptr::<f32>(&y), mem.ptr::<f32>(&gi));
+            let n = g.sizes[d];
+            let st = [g.strides[d], y.strides[d], gi.strides[d]];
+            let osz = drop_dim(&g.sizes, d);
+            let os = [drop_dim(&g.strides, d), drop_dim(&y.strides, d), drop_dim(&gi.strides, d)];
+            let rows: usize = osz.iter().product();
+            par_rows(rows, rows * n, |r| {
+                let bg = pg.add(offset_of(r, &osz, &os[0]));
+                let by = py.add(offset_of(r, &osz, &os[1]));
+                let bo = po.add(offset_of(r, &osz, &os[2]));
+                let mut acc = 0f64;
+                for i in 0..n {
+                    let gv = *bg.add(i * st[0]);
+                    acc += if log { gv as f64 } else { (gv * *by.add(i * st[1])) as f64 };
+                }
+                let acc = acc as f32;
+                for i in 0..n {
+                    let (gv, yv) = (*bg.add(i * st[0]), *by.add(i * st[1]));
+                    *bo.add(i * st[2]) = if log { gv - scalar::exp(yv) * acc } else { yv * (gv - acc) };
+                }
+            });
+            Ok(())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
