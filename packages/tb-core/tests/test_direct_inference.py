@@ -126,9 +126,7 @@ def test_grad_switch_inside_the_graph_goes_through_aot(toy: Any, direct_calls: l
     assert direct_calls == []
 
 
-def test_dynamic_shapes_take_the_direct_path_the_option_off_goes_through_aot(
-    toy: Any, direct_calls: list[int]
-) -> None:
+def test_dynamic_shapes_take_the_direct_path_the_option_off_goes_through_aot(toy: Any, direct_calls: list[int]) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) * 3 + x
 

@@ -56,7 +56,7 @@ def eligible(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     if not all(_plain_tensor(t) or isinstance(t, _SYMBOLIC) for t in example_inputs):
         return False
     grad_on = torch.is_grad_enabled()
-    if grad_on and any(t.requires_grad for t in example_inputs):
+    if grad_on and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
         return False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _GLOBAL_STATE_CALLS:

@@ -1,7 +1,9 @@
 """``torchburn.explain``: which engine runs each partition, and why every fallback op falls back.
 
 A partition's ops that its engine hands to PyTorch's own kernels are listed as delegated
-(``Engine.delegated_ops``): they ran inside an engine, but on no kernel of its own.
+(``Engine.delegated_ops``): they ran inside an engine, but on no kernel of its own. A partition
+with symbolic sizes (dynamic shapes) says how many concrete shapes it was specialised to, how many
+its cache holds, and why any shape ran in eager PyTorch (``torchburn.specialise``).
 """
 
 from __future__ import annotations
@@ -57,10 +59,14 @@ class Explanation:
             for j, p in enumerate(g.partitions):
                 ops = Counter(op for op in p.ops if op != "getitem")
                 listing = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(ops.items()))
-                lines.append(f"  partition {j} on {p.engine} [{p.status}]: {listing}")
+                status = p.shapes.describe() if p.shapes is not None else p.status
+                lines.append(f"  partition {j} on {p.engine} [{status}]: {listing}")
                 handed = sorted(op for op in ops if op in p.delegated)
                 if handed and p.ran:
                     lines.append(f"    delegated to PyTorch's kernels by {p.engine}: {', '.join(handed)}")
+                if p.shapes is not None:
+                    for shape, reason in p.shapes.eager_reasons.items():
+                        lines.append(f"    eager for sizes {shape}: {reason}")
             if g.fallbacks:
                 lines.append("  eager fallback:")
                 for (op, reason), n in sorted(Counter(g.fallbacks).items()):
@@ -70,8 +76,17 @@ class Explanation:
         return "\n".join(lines) if lines else "no graph was compiled"
 
 
-def explain(fn: Any, *example_args: Any, options: dict[str, Any] | None = None, **example_kwargs: Any) -> Explanation:
-    """Compile ``fn`` with the torchburn backend, run it once, and report how it was split."""
+def explain(
+    fn: Any,
+    *example_args: Any,
+    options: dict[str, Any] | None = None,
+    dynamic: bool | None = False,
+    **example_kwargs: Any,
+) -> Explanation:
+    """Compile ``fn`` with the torchburn backend, run it once, and report how it was split.
+
+    ``dynamic`` is ``torch.compile``'s: True traces the sizes as symbols from the first call, so the
+    report shows the partitions specialised per shape (``torchburn.specialise``)."""
     from torchburn.backend import torchburn_backend
 
     sink: list[GraphReport] = []
@@ -80,6 +95,6 @@ def explain(fn: Any, *example_args: Any, options: dict[str, Any] | None = None, 
     def backend(gm: torch.fx.GraphModule, inputs: Any) -> Any:
         return torchburn_backend(gm, inputs, options=opts)
 
-    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
     output = compiled(*example_args, **example_kwargs)
     return Explanation(sink, output)
