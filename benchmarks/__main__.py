@@ -114,6 +114,11 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         from benchmarks.bench_llm_vs_llama_cpp import render as render_head_to_head
 
         lines += render_head_to_head(h2h_rows)
+    dynamic_rows = [r for r in rows if r.get("suite") == "dynamic"]
+    if dynamic_rows:
+        from benchmarks.bench_dynamic import render as render_dynamic
+
+        lines += render_dynamic(dynamic_rows)
     if skipped:
         lines += ["", "Skipped suites:", ""] + [f"- `{k}`: {v}" for k, v in sorted(skipped.items())]
     lines += ["", "![ratios](benchmarks.png)", ""]
