@@ -3,30 +3,101 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
+import signal
 import socket
 import threading
 import time
+from types import FrameType
 from typing import Any
 
+import anyio.to_thread
 import uvicorn
 
 from tb_llm.llm import LLM
 from tb_llm.serve.app import OpenAIServer
 from tb_llm.serve.settings import ServeSettings
 
+# uvicorn configures its own loggers (level, format); the drain reports beside its shutdown lines
+log = logging.getLogger("uvicorn.error")
 
-def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+# After the drain timeout the scheduler ends what still runs (each gets an error); this is how
+# long those last responses get to reach their clients before uvicorn cancels them.
+FLUSH_SECONDS = 5.0
+
+
+def _uvicorn_config(app: Any, host: str, port: int, log_level: str, graceful_seconds: float = 5.0) -> uvicorn.Config:
     # One process, one event loop: the model lives in this process's scheduler thread. Scale out
     # with several processes behind a load balancer (docs/serving.md), not uvicorn workers.
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=math.ceil(graceful_seconds),
+    )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain on SIGTERM (what an orchestrator sends before it kills a process):
+
+    1. stop accepting: the listening socket closes (new connections are refused), idle
+       keep-alive connections close, and a request that still arrives gets 503 (``/health``
+       too, so a load balancer takes the process out);
+    2. let running requests finish, for up to ``drain_timeout`` seconds;
+    3. end what is still running then (each client gets the error "the server is shutting
+       down", a streamed one as an error event and ``[DONE]``), and exit with status 0.
+
+    A second SIGTERM, or Ctrl-C during the drain, exits at once. Ctrl-C alone drains the same way
+    but exits as an interrupt, as uvicorn does.
+    """
+
+    def __init__(self, config: uvicorn.Config, app_server: OpenAIServer, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.app_server = app_server
+        self.drain_timeout = drain_timeout
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:  # a second signal: no more waiting
+            self.force_exit = True
+            return
+        if sig == signal.SIGTERM:
+            # Not recorded as captured: uvicorn would raise it again after the shutdown, and the
+            # process would end "killed by SIGTERM" instead of exiting 0 after a clean drain.
+            self.app_server.draining = True
+            self.should_exit = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.app_server.draining = True
+        running, waiting = self.app_server.scheduler.load
+        log.info("draining: %d running, %d waiting; up to %.0f s", running, waiting, self.drain_timeout)
+        expire = asyncio.ensure_future(self._expire())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            expire.cancel()
+
+    async def _expire(self) -> None:
+        await asyncio.sleep(self.drain_timeout)
+        running, waiting = self.app_server.scheduler.load
+        if running or waiting:
+            log.warning("drain timeout: ending %d running and %d waiting requests", running, waiting)
+        await anyio.to_thread.run_sync(self.app_server.scheduler.stop)
 
 
 def serve(
     llm: LLM, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
 ) -> None:
-    """Serve ``llm`` until interrupted (Ctrl-C / SIGTERM stop it gracefully)."""
+    """Serve ``llm`` until interrupted. SIGTERM drains (see :class:`DrainingServer`): no new
+    requests, running ones get ``settings.drain_timeout`` seconds, then the process exits 0."""
     server = OpenAIServer(llm, settings)
-    uvicorn.Server(_uvicorn_config(server.app, host, port, log_level)).run()
+    config = _uvicorn_config(server.app, host, port, log_level, settings.drain_timeout + FLUSH_SECONDS)
+    DrainingServer(config, server, settings.drain_timeout).run()
 
 
 class BackgroundServer:
