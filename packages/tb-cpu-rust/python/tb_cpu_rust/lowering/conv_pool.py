@@ -180,6 +180,22 @@ def _max_pool2d_backward(lw: Lowerer, node: Any) -> int:
     return gi
 
 
+#: grad (N, C, OH, OW) -> grad_in (N, C, H, W): each cell's gradient spread evenly over its window
+AdaptiveAvgPool2dBwd = S.kind("adaptive_avg_pool2d_bwd", "grad", "grad_in", "")
+
+
+@register_lowering(
+    "aten._adaptive_avg_pool2d_backward.default",
+    check=kernel_check(float_only=True, extra=rank_in(3, 4, reason="3-d or 4-d pooling only")),
+)
+def _adaptive_avg_pool2d_backward(lw: Lowerer, node: Any) -> int:
+    g = lw.value(node.args[0])  # args[1], the forward's input, gives only grad_in's shape
+    gi = lw.fresh(node.out)
+    kernel_g, kernel_gi = (lw.unbatched(g), lw.unbatched(gi)) if len(node.out.shape) == 3 else (g, gi)
+    lw.steps.append(AdaptiveAvgPool2dBwd(grad=kernel_g, grad_in=kernel_gi))
+    return gi
+
+
 _FOUR_D = rank_in(4, reason="4-d input only")
 
 

@@ -166,7 +166,7 @@ mod steps {
         StepDef::core("conv_transpose2d", conv_transpose2d_step), StepDef::core("max_pool2d", pool2d), StepDef::core("avg_pool2d", pool2d),
         StepDef::core("max_pool3d", pool3d_step), StepDef::core("avg_pool3d", pool3d_step), StepDef::core("adaptive_avg_pool2d", adaptive),
         StepDef::core("adaptive_max_pool2d", adaptive), StepDef::core("adaptive_avg_pool3d", adaptive),
-        StepDef::core("adaptive_max_pool3d", adaptive)];
+        StepDef::core("adaptive_max_pool3d", adaptive), StepDef::core("adaptive_avg_pool2d_bwd", adaptive_avg_pool2d_bwd)];
 
     crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
 
@@ -329,4 +329,41 @@ mod steps {
         };
         infallible(move |mem| unsafe { adaptive_pool::adaptive_pool(mem, &x, &y, idx.as_ref()) })
     }
+
+    /// grad (N, C, OH, OW) -> grad_in (N, C, H, W), the backward of 2-d adaptive average pooling:
+    /// each output cell's gradient, divided by its window's height and then its width, is added to
+    /// every input of its window, cells in row-major order (PyTorch's CPU kernel's arithmetic).
+    fn adaptive_avg_pool2d_bwd(a: &Args) -> Built {
+        a.no_params()?;
+        let (g, gi) = (a.take(0)?, a.out(0)?);
+        f32s(&[&g, &gi])?;
+        need(g.rank() == 4 && gi.rank() == 4 && g.sizes[..2] == gi.sizes[..2], "adaptive_avg_pool2d backward: (N, C, ...) grad and result")?;
+        need(gi.sizes[2..].iter().all(|&s| s > 0) || g.numel() == 0, "adaptive_avg_pool2d backward of an empty plane")?;
+        infallible(move |mem| unsafe {
+            let (pg, po) = (mem.ptr::<f32>(&g), mem.ptr::<f32>(&gi));
+            let ((c, hh, ww), (oh, ow)) = ((gi.sizes[1], gi.sizes[2], gi.sizes[3]), (g.sizes[2], g.sizes[3]));
+            let (gs, os) = (&g.strides, &gi.strides);
+            crate::core::par::for_each(gi.sizes[0] * c, |nc| {
+                let (gb, ob) = (pg.add(nc / c * gs[0] + nc % c * gs[1]), po.add(nc / c * os[0] + nc % c * os[1]));
+                for h in 0..hh {
+                    for w in 0..ww {
+                        *ob.add(h * os[2] + w * os[3]) = 0.0;
+                    }
+                }
+                for i in 0..oh {
+                    let (h0, h1) = adaptive_pool::window(i, oh, hh);
+                    for j in 0..ow {
+                        let (w0, w1) = adaptive_pool::window(j, ow, ww);
+                        let delta = *gb.add(i * gs[2] + j * gs[3]) / (h1 - h0) as f32 / (w1 - w0) as f32;
+                        for h in h0..h1 {
+                            for w in w0..w1 {
+                                *ob.add(h * os[2] + w * os[3]) += delta;
+                            }
+                        }
+                    }
+                }
+            });
+        })
+    }
+
 }
