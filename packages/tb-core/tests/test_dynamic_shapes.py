@@ -407,3 +407,12 @@ def test_a_checker_that_takes_symbolic_nodes_gets_the_symbolic_partition(toy: An
     assert report.partitions[0].status == "compiled" and report.partitions[0].shapes is None
     x = torch.randn(9, 4)
     torch.testing.assert_close(runnable(x), f(x))
+
+
+def test_cli_explain_dynamic(capsys: pytest.CaptureFixture[str], toy: Any) -> None:
+    from torchburn.cli import main
+
+    assert main(["explain", "readme_mlp", "--dynamic"]) == 0
+    out = capsys.readouterr().out
+    assert "partition 0 on toy [specialised per shape: 1 shape compiled, 1 cached (bound 8)]" in out
+    assert "no eager fallback" in out

@@ -71,11 +71,17 @@ class ShapeStats:
         return text
 
 
-@dataclass
 class _Entry:
-    run: Callable[..., Any] | None  # None: the eager sub-graph, with every argument
-    keep: tuple[int, ...]  # the arguments ``run`` takes (the tensors; sizes are baked in)
-    record: telemetry.GraphRecord
+    __slots__ = ("pick", "record", "run")
+
+    def __init__(self, run: Callable[..., Any] | None, keep: tuple[int, ...], record: telemetry.GraphRecord) -> None:
+        self.run = run  # None: the eager sub-graph, with every argument
+        self.record = record
+        # the arguments ``run`` takes (the tensors; the sizes are baked in), picked in C
+        getter = operator.itemgetter(*keep) if keep else (lambda args: ())
+        self.pick: Callable[[Sequence[Any]], tuple[Any, ...]] = (
+            (lambda args: (getter(args),)) if len(keep) == 1 else getter  # type: ignore[assignment]
+        )
 
 
 class SpecialisedPartition:
@@ -139,7 +145,7 @@ class SpecialisedPartition:
         entry.record.calls += 1
         if entry.run is None:
             return self.eager(*args)
-        return entry.run(*[args[i] for i in entry.keep])
+        return entry.run(*entry.pick(args))
 
     def cached_signatures(self) -> list[tuple[Any, ...]]:
         with self._lock:

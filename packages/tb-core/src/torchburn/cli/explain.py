@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.target!r} is neither a model of the set ({', '.join(MODELS)}) nor module:factory")
     options = {"engine": args.engine} if args.engine else {}
     with torch.no_grad():
-        print(torchburn.explain(model, *example, options=options))
+        print(torchburn.explain(model, *example, options=options, dynamic=bool(args.dynamic)))
     return 0
 
 
@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "target", nargs="?", default="readme_mlp", help="a model-set name or module:factory returning (model, args)"
     )
     parser.add_argument("--engine", help="engine name or comma list")
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="trace the sizes as symbols (torch.compile(dynamic=True)): shows what is specialised per shape",
+    )
 
 
 COMMAND = Command("explain", "Show how a model is partitioned and why any op falls back.", run, add_arguments)
