@@ -294,3 +294,48 @@ def test_openai_client_shared_system_prompt_and_metrics(llama: LLM) -> None:
         assert health["prefix_cache"]["hits"] == values["tb_llm_prefix_cache_hits_total"]
         info = srv.openai_server.info()
         assert info["prefix_cache"]["enabled"] and info["quant"] == llama.quant
+
+
+# -- the plain LLM.generate / stream path ---------------------------------------------------
+
+
+def test_generate_and_stream_reuse_a_repeated_system_prompt(llama_dir: Path, llama: LLM) -> None:
+    cached = LLM.from_pretrained(llama_dir, device="cpu", prefix_cache_mb=16)
+    assert cached.prefix_cache is not None and cached.prefix_cache.block_tokens == 32
+    cached.enable_prefix_cache(16, block_tokens=8)
+    for u in USERS:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]
+        got, want = cached.generate(messages, max_new_tokens=10), llama.generate(messages, max_new_tokens=10)
+        assert not isinstance(got, list) and not isinstance(want, list)
+        assert got.token_ids == want.token_ids and got.text == want.text
+    info = cached.info()["prefix_cache"]
+    assert info["hits"] == len(USERS) - 1 and info["tokens_reused"] >= (len(USERS) - 1) * 40
+    # a later call's timing counts only what it prefilled
+    g = cached.generate(_chat(llama, "Hello"), max_new_tokens=4)
+    assert not isinstance(g, list) and g.timing.prefill_tokens < len(g.prompt_token_ids) - 32
+    # stream: the same text, and its prompt + completion is the next call's prefix
+    p = _chat(llama, "Stream this")
+    result: list = []  # type: ignore[type-arg]
+    text = "".join(cached.stream(p, max_new_tokens=12, result=result))
+    assert text == llama.generate(p, max_new_tokens=12).text  # type: ignore[union-attr]
+    turn2 = p + result[0].token_ids + llama.encode("more")[1:]
+    before = cached.prefix_cache.tokens_reused  # type: ignore[union-attr]
+    assert cached.generate(turn2, max_new_tokens=6).token_ids == _want(llama, turn2, 6)  # type: ignore[union-attr]
+    assert cached.prefix_cache.tokens_reused - before > len(p)  # type: ignore[union-attr]
+    # batches and n > 1 do not touch the cache, and match the plain model
+    hits = cached.prefix_cache.hits  # type: ignore[union-attr]
+    prompts = [_chat(llama, u) for u in USERS[:2]]
+    assert [g.token_ids for g in cached.generate(prompts, max_new_tokens=5)] == [  # type: ignore[union-attr]
+        g.token_ids
+        for g in llama.generate(prompts, max_new_tokens=5)  # type: ignore[union-attr]
+    ]
+    assert cached.prefix_cache.hits == hits  # type: ignore[union-attr]
+    cached.enable_prefix_cache(0)
+    assert cached.prefix_cache is None and "prefix_cache" not in cached.info()
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        cached.enable_prefix_cache(-1)
+
+
+def test_generate_prefix_cache_refused_for_longrope(make_ckpt: Callable[[str], Path]) -> None:
+    with pytest.raises(ValueError, match="longrope"):
+        LLM.from_pretrained(make_ckpt("phi3-longrope"), device="cpu", prefix_cache_mb=8)

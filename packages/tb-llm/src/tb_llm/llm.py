@@ -21,6 +21,7 @@ from tb_llm.perplexity import Score, score_tokens
 from tb_llm.quant import QUANTS
 from tb_llm.safetensors_io import CheckpointWeights
 from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
+from tb_llm.serve.prefix_cache import PrefixCache
 from tb_llm.speculative import Speculative, parse_speculative
 from tb_llm.speculative import run as speculative_run
 from tb_llm.tokenizer import IncrementalDecoder, Tokenizer
@@ -156,6 +157,7 @@ class LLM:
         self.quant = quant
         self.load_seconds = load_seconds
         self.load_info: dict[str, Any] = load_info or {"format": "safetensors"}
+        self.prefix_cache: PrefixCache | None = None  # see enable_prefix_cache
 
     # -- loading --------------------------------------------------------------------------
     @classmethod
@@ -170,6 +172,7 @@ class LLM:
         group_size: int = 32,
         progress: bool | None = None,
         gguf_file: str | None = None,
+        prefix_cache_mb: float = 0.0,
     ) -> LLM:
         """Load a Hugging Face decoder checkpoint.
 
@@ -181,7 +184,26 @@ class LLM:
         ``group_size`` 32/64/128). ``device``: ``auto`` (measured probe), ``cpu`` or ``gpu``.
         ``engine``: an installed TorchBurn engine whose LLM backend to use; ``None`` picks the
         best installed one, falling back to the PyTorch reference.
+        ``prefix_cache_mb``: memory for a prefix cache (see :meth:`enable_prefix_cache`); 0: none.
         """
+        llm = cls._load(name_or_path, quant, device, engine, revision, token, group_size, progress, gguf_file)
+        if prefix_cache_mb:
+            llm.enable_prefix_cache(prefix_cache_mb)
+        return llm
+
+    @classmethod
+    def _load(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        quant: str,
+        device: str,
+        engine: str | None,
+        revision: str | None,
+        token: str | bool | None,
+        group_size: int,
+        progress: bool | None,
+        gguf_file: str | None,
+    ) -> LLM:
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
         start = time.perf_counter()
@@ -229,8 +251,9 @@ class LLM:
     def info(self) -> dict[str, Any]:
         """How this model was loaded: checkpoint format, quant, engine, device; for a GGUF file
         also the GGML tensor types and, per type, whether its tensors were ``kept``,
-        ``dequantized``, ``requantized``, ``converted`` (float to float) or ``quantized``."""
-        return {
+        ``dequantized``, ``requantized``, ``converted`` (float to float) or ``quantized``. With a
+        prefix cache, its state and counters under ``prefix_cache``."""
+        out = {
             "path": str(self.path),
             "quant": self.quant,
             "engine": self.engine,
@@ -238,6 +261,25 @@ class LLM:
             "load_seconds": self.load_seconds,
             **self.load_info,
         }
+        if self.prefix_cache is not None:
+            out["prefix_cache"] = self.prefix_cache.stats()
+        return out
+
+    def enable_prefix_cache(self, mb: float, block_tokens: int = 32) -> None:
+        """Keep the keys and values of recent single-prompt ``generate`` / ``stream`` calls (prompt
+        and completion) in blocks of ``block_tokens``, up to ``mb`` MiB (least recently used go
+        first; 0 turns it off), so a later call that starts with the same tokens (a repeated system
+        prompt) prefills only the rest. Batches, ``n > 1`` and chat sessions (which keep their own
+        cache) do not use it. Raises ``ValueError`` for a model whose RoPE frequencies depend on
+        the sequence length (dynamic, LongRoPE): their keys cannot be reused."""
+        from tb_llm.serve.prefix_cache import PrefixCache, reuse_blocker
+
+        if mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {mb}")
+        blocker = reuse_blocker(self.config.rope.rope_type)
+        if mb and blocker is not None:
+            raise ValueError(f"no prefix cache for this model: {blocker}")
+        self.prefix_cache = PrefixCache(int(mb * (1 << 20)), block_tokens) if mb else None
 
     @property
     def config(self) -> ModelConfig:
@@ -483,6 +525,13 @@ class LLM:
         """
         model = self.model
         dev = model.device
+        prefix = self.prefix_cache if cache is None and feed is None and len(seqs) == 1 else None
+        if prefix is not None:
+            blocks = prefix.lookup(seqs[0].prompt_ids)
+            if blocks:
+                cache = model.new_cache(1, len(seqs[0].prompt_ids) + max_new_tokens)
+                start = _load_blocks(cache, blocks, dev)
+                feed = [seqs[0].prompt_ids[start:]]
         rows = feed if feed is not None else [s.prompt_ids for s in seqs]
         if any(not r for r in rows):
             raise ValueError("empty prompt: encode at least one token")
@@ -554,6 +603,9 @@ class LLM:
         for s in seqs:
             s.finish("length")
         self._last_cache = cache
+        if prefix is not None:  # the cache holds the prompt and every generated token but the last
+            held = (seqs[0].prompt_ids + seqs[0].ids)[: cache.length]
+            prefix.insert(held, lambda a, b: _read_slots(cache, a, b))
 
     # -- chat -----------------------------------------------------------------------------
     def chat_session(self, system_prompt: str | None = None) -> ChatSession:
@@ -651,6 +703,26 @@ class ChatSession:
         self.cached = ids + seq.ids[:-1]
         self.messages.append({"role": "assistant", "content": seq.text})
         self.last = Generation(seq.text, seq.ids, ids, seq.finish_reason or "length", timing)
+
+
+def _load_blocks(cache: Any, blocks: Sequence[Any], dev: torch.device) -> int:
+    """Write prefix-cache blocks into the empty one-row ``cache`` at positions 0.. through the
+    cache protocol (begin / write / commit); return the tokens it now holds."""
+    n = sum(b.k.shape[2] for b in blocks)
+    cache.begin(torch.arange(n, dtype=torch.long, device=dev)[None])
+    for layer in range(cache.num_layers):
+        k = torch.cat([b.k[layer] for b in blocks], dim=1)[None]
+        v = torch.cat([b.v[layer] for b in blocks], dim=1)[None]
+        cache.write(layer, k, v)
+    cache.commit(n)
+    return n
+
+
+def _read_slots(cache: Any, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row 0's keys and values of slots ``a..b``, every layer: ``[layers, kv_heads, b - a, head_dim]``."""
+    k = torch.stack([cache.k[i][0, :, a:b] for i in range(cache.num_layers)])
+    v = torch.stack([cache.v[i][0, :, a:b] for i in range(cache.num_layers)])
+    return k, v
 
 
 def _choice_generators(seed: int | None, n: int) -> list[torch.Generator]:
