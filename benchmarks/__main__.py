@@ -114,6 +114,11 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         from benchmarks.bench_llm_vs_llama_cpp import render as render_head_to_head
 
         lines += render_head_to_head(h2h_rows)
+    model_rows = [r for r in rows if r.get("suite") == "models"]
+    if model_rows:
+        from benchmarks.bench_models import render as render_models
+
+        lines += render_models(model_rows)
     dynamic_rows = [r for r in rows if r.get("suite") == "dynamic"]
     if dynamic_rows:
         from benchmarks.bench_dynamic import render as render_dynamic
