@@ -207,6 +207,19 @@ def test_concurrent_different_and_overlapping_prefixes(llama: LLM) -> None:
         sched.stop()
 
 
+def test_n_choices_admitted_together_share_the_first_ones_prefill(llama: LLM) -> None:
+    sched = Scheduler(llama, max_batch=4, prefix_cache_mb=16, prefix_block_tokens=8)
+    try:
+        p = _chat(llama, "Hello")
+        jobs = [(Job(p, 8, GREEDY, (), True, c), c) for c in [Collector() for _ in range(3)]]
+        sched.submit_all([j for j, _ in jobs])  # one request's n=3 choices
+        want = _want(llama, p, 8)
+        assert [list(c.result().token_ids) for _, c in jobs] == [want] * 3
+        assert sched.prefix_cache.hits == 2 and sched.prefix_cache.misses == 1
+    finally:
+        sched.stop()
+
+
 def test_eviction_under_a_tiny_budget(llama: LLM) -> None:
     cfg = llama.config
     block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * 8 * cfg.head_dim * 4
