@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tb_llm import LLM
+from tb_llm.llm import Generation
 from tb_llm.serve import BackgroundServer, ServeSettings
 from tb_llm.structured import StructuredOutputError, compile_schema, constraint_for, grammar_tokenizer
 
@@ -89,6 +90,12 @@ SCHEMAS: dict[str, tuple[str, Any]] = {
     "json_object": ("Describe your favourite fruit as a JSON object.", True),
 }
 ANY_OBJECT = {"type": "object"}
+
+
+def one(llm: LLM, prompt: Any, **kw: Any) -> Generation:
+    g = llm.generate(prompt, **kw)
+    assert isinstance(g, Generation)
+    return g
 
 
 def check_valid(text: str, schema: Any) -> Any:
@@ -202,13 +209,13 @@ def test_tiny_model_emits_valid_json(llama: LLM, name: str) -> None:
     _, schema = SCHEMAS[name]
     if name == "number_ranges":
         schema = json.loads(json.dumps(schema).replace('"number"', '"integer"'))
-    greedy = llama.generate("data:", max_new_tokens=300, json_schema=schema)
+    greedy = one(llama, "data:", max_new_tokens=300, json_schema=schema)
     assert greedy.finish_reason == "stop", greedy.text
     check_valid(greedy.text, schema)
-    sampled = llama.generate("data:", max_new_tokens=300, json_schema=schema, temperature=1.0, top_p=0.95, seed=7)
+    sampled = one(llama, "data:", max_new_tokens=300, json_schema=schema, temperature=1.0, top_p=0.95, seed=7)
     assert sampled.finish_reason == "stop", sampled.text
     check_valid(sampled.text, schema)
-    again = llama.generate("data:", max_new_tokens=300, json_schema=schema, temperature=1.0, top_p=0.95, seed=7)
+    again = one(llama, "data:", max_new_tokens=300, json_schema=schema, temperature=1.0, top_p=0.95, seed=7)
     assert again.token_ids == sampled.token_ids
     result: list[Any] = []
     assert "".join(llama.stream("data:", max_new_tokens=300, json_schema=schema, result=result)) == greedy.text
@@ -221,21 +228,21 @@ def test_tiny_model_batch_n_and_logprobs(llama: LLM) -> None:
     assert isinstance(outs, list) and len(outs) == 3
     for g in outs:
         check_valid(g.text, schema)
-    batch = llama.generate(["a", "bb b"], max_new_tokens=60, json_schema=schema)
+    batch = llama.generate(["a", "bb b"], max_new_tokens=60, json_schema=schema)  # type: ignore[arg-type]
     assert isinstance(batch, list)
     for g in batch:
         check_valid(g.text, schema)
     # log-probs stay the model's: the masked-out alternatives still show up
-    g = llama.generate("x", max_new_tokens=60, json_schema=schema, logprobs=3)
+    g = one(llama, "x", max_new_tokens=60, json_schema=schema, logprobs=3)
     assert g.logprobs is not None and len(g.logprobs) == len(g.token_ids)
-    plain = llama.generate("x", max_new_tokens=1, logprobs=3)
+    plain = one(llama, "x", max_new_tokens=1, logprobs=3)
     assert plain.logprobs is not None
     assert [t.token for t in g.logprobs[0].top] == [t.token for t in plain.logprobs[0].top]
 
 
 def test_generate_without_schema_unchanged(llama: LLM) -> None:
-    a = llama.generate("hello", max_new_tokens=12, ignore_eos=True)
-    b = llama.generate("hello", max_new_tokens=12, ignore_eos=True, json_schema=None)
+    a = one(llama, "hello", max_new_tokens=12, ignore_eos=True)
+    b = one(llama, "hello", max_new_tokens=12, ignore_eos=True, json_schema=None)
     assert a.token_ids == b.token_ids
 
 
@@ -254,8 +261,13 @@ def smollm2(smollm2_gguf: Path) -> LLM:
 def test_smollm2_valid_greedy_and_sampled(smollm2: LLM, name: str) -> None:
     prompt, schema = SCHEMAS[name]
     msgs = [{"role": "user", "content": prompt}]
-    for kw in ({}, {"temperature": 0.8, "seed": 3}, {"temperature": 1.0, "top_k": 40, "seed": 11}):
-        g = smollm2.generate(msgs, max_new_tokens=120, json_schema=schema, **kw)
+    settings: list[dict[str, Any]] = [
+        {},
+        {"temperature": 0.8, "seed": 3},
+        {"temperature": 1.0, "top_k": 40, "seed": 11},
+    ]
+    for kw in settings:
+        g = one(smollm2, msgs, max_new_tokens=120, json_schema=schema, **kw)
         assert g.finish_reason == "stop", (kw, g.text)
         check_valid(g.text, schema)
 
@@ -266,25 +278,25 @@ def client(smollm2: LLM) -> Iterator[openai.OpenAI]:
         yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
-def _json_schema(schema: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+def _json_schema(schema: dict[str, Any], strict: bool = True) -> Any:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": strict}}
 
 
 def test_server_json_schema_chat(smollm2: LLM, client: openai.OpenAI) -> None:
     for name in ("typed_object", "array_of_objects", "number_ranges"):
         prompt, schema = SCHEMAS[name]
-        msgs = [{"role": "user", "content": prompt}]
+        msgs: Any = [{"role": "user", "content": prompt}]
         r = client.chat.completions.create(
             model="smol",
             messages=msgs,
             max_tokens=120,
             temperature=0,
-            response_format=_json_schema(schema),  # type: ignore[arg-type]
+            response_format=_json_schema(schema),
         )
         text = r.choices[0].message.content or ""
         assert r.choices[0].finish_reason == "stop"
         check_valid(text, schema)
-        assert text == smollm2.generate(msgs, max_new_tokens=120, json_schema=schema).text
+        assert text == one(smollm2, msgs, max_new_tokens=120, json_schema=schema).text
         # streaming: the same text, piece by piece
         parts = []
         for chunk in client.chat.completions.create(
@@ -293,7 +305,7 @@ def test_server_json_schema_chat(smollm2: LLM, client: openai.OpenAI) -> None:
             max_tokens=120,
             temperature=0,
             stream=True,
-            response_format=_json_schema(schema),  # type: ignore[arg-type]
+            response_format=_json_schema(schema),
         ):
             parts += [c.delta.content or "" for c in chunk.choices]
         assert "".join(parts) == text
@@ -301,14 +313,15 @@ def test_server_json_schema_chat(smollm2: LLM, client: openai.OpenAI) -> None:
 
 def test_server_sampled_n_and_json_object(client: openai.OpenAI) -> None:
     prompt, schema = SCHEMAS["nested"]
+    msgs: Any = [{"role": "user", "content": prompt}]
     r = client.chat.completions.create(
         model="smol",
-        messages=[{"role": "user", "content": prompt}],
+        messages=msgs,
         max_tokens=120,
         temperature=0.9,
         seed=5,
         n=3,
-        response_format=_json_schema(schema),  # type: ignore[arg-type]
+        response_format=_json_schema(schema),
     )
     for c in r.choices:
         check_valid(c.message.content or "", schema)

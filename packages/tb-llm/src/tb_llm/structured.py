@@ -100,11 +100,31 @@ def compile_schema(spec: JsonSchemaSpec) -> Schema:
 
 
 @dataclass(frozen=True)
-class _Mask:
+class Mask:
+    """One grammar state's allowed tokens, as the sampler uses them."""
+
     forbidden: torch.Tensor  # bool [V]: True where the token may not come next
     only_eos: bool  # the allowed tokens are end-of-sequence tokens only
     ids: np.ndarray[Any, np.dtype[np.intp]]  # the allowed ids if they are the fewer, else the forbidden ids
     ids_allowed: bool
+
+
+def apply_mask(m: Mask, logits: torch.Tensor) -> torch.Tensor:
+    """``logits[..., forbidden] = -inf`` in place. A contiguous CPU float32 row goes through numpy
+    on the smaller of the allowed / forbidden index sets (single-threaded: torch's
+    ``masked_fill_`` over a 49k row runs on the intra-op pool, which right after a native_cpu
+    decode step measured ~7 ms against ~0.2 ms); anything else gets one ``masked_fill_``."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 1 and logits.is_contiguous():
+        row = logits.numpy()  # a view: writes land in ``logits``
+        if m.ids_allowed:
+            keep = row[m.ids]
+            row.fill(-np.inf)
+            row[m.ids] = keep
+        else:
+            row[m.ids] = -np.inf
+        return logits
+    forbidden = m.forbidden if m.forbidden.device == logits.device else m.forbidden.to(logits.device)
+    return logits.masked_fill_(forbidden, float("-inf"))
 
 
 class GrammarTokenizer:
@@ -124,10 +144,10 @@ class GrammarTokenizer:
         self.ll: LLTokenizer = llg.LLTokenizer(hf.to_str(), n_vocab=n_vocab, eos_token=list(self.eos_token_ids))
         self._eos = np.zeros(vocab_size, dtype=np.bool_)
         self._eos[[t for t in self.eos_token_ids if 0 <= t < vocab_size]] = True
-        self._cache: dict[bytes, _Mask] = {}
+        self._cache: dict[bytes, Mask] = {}
         self._lock = threading.Lock()
 
-    def forbidden(self, bitmask: bytes) -> _Mask:
+    def forbidden(self, bitmask: bytes) -> Mask:
         """llguidance bitmask (little-endian 32-bit words: token ``i`` is bit ``i % 8`` of byte
         ``i // 8``) -> the mask as tensors and index arrays (cached by the bitmask's bytes)."""
         with self._lock:
@@ -142,7 +162,7 @@ class GrammarTokenizer:
         only_eos = allowed_ids.size > 0 and bool(self._eos[allowed_ids].all())
         # the smaller of the two index sets drives the numpy apply (see Constraint.mask)
         ids = allowed_ids if 2 * allowed_ids.size <= self.vocab_size else np.flatnonzero(forbidden)
-        entry = _Mask(torch.from_numpy(forbidden), only_eos, ids, ids is allowed_ids)
+        entry = Mask(torch.from_numpy(forbidden), only_eos, ids, ids is allowed_ids)
         with self._lock:
             if len(self._cache) >= _MASK_CACHE_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))  # oldest first
@@ -180,14 +200,14 @@ class Constraint:
         self.schema = schema
         self.matcher: LLMatcher = llg.LLMatcher(tokenizer.ll, schema.grammar, log_level=0)
         self._check("compiling the JSON schema")
-        self._next: _Mask | None = None
+        self._next: Mask | None = None
         self.tokens = 0
 
     def _check(self, doing: str) -> None:
         if self.matcher.is_error():
             raise StructuredOutputError(f"structured output: {doing} failed: {self.matcher.get_error()}")
 
-    def _forbidden(self) -> _Mask:
+    def _forbidden(self) -> Mask:
         if self._next is None:
             self._next = self.tokenizer.forbidden(self.matcher.compute_bitmask())
             self._check("computing the allowed tokens")
@@ -204,34 +224,13 @@ class Constraint:
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """Set the logits (``[V]`` or ``[B, V]``, in place) of every token the grammar forbids
-        next to ``-inf``; returns ``logits``.
-
-        A contiguous CPU float32 row goes through numpy on the smaller of the allowed / forbidden
-        index sets (single-threaded: torch's ``masked_fill_`` over a 49k row runs on the intra-op
-        pool, which right after an engine's decode step measured ~7 ms here against ~0.2 ms).
-        Anything else gets one ``masked_fill_``."""
+        next to ``-inf`` (see :func:`apply_mask`); returns ``logits``."""
         if logits.dim() == 0 or logits.shape[-1] != self.tokenizer.vocab_size:
             raise ValueError(
                 f"logits of shape {tuple(logits.shape)}: the last dimension must be the model's vocabulary "
                 f"({self.tokenizer.vocab_size})"
             )
-        m = self._forbidden()
-        if (
-            logits.device.type == "cpu"
-            and logits.dtype == torch.float32
-            and logits.dim() == 1
-            and logits.is_contiguous()
-        ):
-            row = logits.numpy()  # a view: writes land in ``logits``
-            if m.ids_allowed:
-                keep = row[m.ids]
-                row.fill(-np.inf)
-                row[m.ids] = keep
-            else:
-                row[m.ids] = -np.inf
-            return logits
-        forbidden = m.forbidden if m.forbidden.device == logits.device else m.forbidden.to(logits.device)
-        return logits.masked_fill_(forbidden, float("-inf"))
+        return apply_mask(self._forbidden(), logits)
 
     def advance(self, token: int) -> None:
         """Feed the sampled ``token`` to the grammar (it must be one the mask allowed)."""
