@@ -8,7 +8,9 @@ greedy and sampled, and through the server with the real ``openai`` client.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,16 @@ import torch
 from tb_llm import LLM
 from tb_llm.llm import Generation
 from tb_llm.serve import BackgroundServer, ServeSettings
-from tb_llm.structured import StructuredOutputError, compile_schema, constraint_for, grammar_tokenizer
+from tb_llm.serve.row_sampler import RequestSampling
+from tb_llm.serve.scheduler import Delta, Event, Failed, Finished, Job, Scheduler
+from tb_llm.structured import (
+    Constraint,
+    Grammar,
+    StructuredOutputError,
+    compile_schema,
+    constraint_for,
+    grammar_tokenizer,
+)
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 12}
 SCHEMAS: dict[str, tuple[str, Any]] = {
@@ -186,6 +197,21 @@ def test_mask_size_one_and_empty_rows(llama: LLM) -> None:
     assert torch.equal(torch.isfinite(one[0]), allowed)
     empty = torch.zeros(0, vocab)
     assert c.mask(empty).shape == (0, vocab)
+
+
+def test_eos_only_once_the_value_is_complete(llama: LLM) -> None:
+    vocab = llama.config.vocab_size
+    assert llama.tokenizer is not None and llama.eos_token_ids
+    c = constraint_for(llama.tokenizer, vocab, llama.eos_token_ids, {"type": "boolean"})
+    row = c.mask(torch.zeros(vocab))
+    assert all(row[e] == float("-inf") for e in llama.eos_token_ids) and not c.done
+    for tok in llama.tokenizer.encode("true", add_special_tokens=False):
+        assert not c.done
+        assert torch.isfinite(c.mask(torch.zeros(vocab))[tok])
+        c.advance(tok)
+    assert c.done  # nothing but EOS can follow: generation stops here
+    row = c.mask(torch.zeros(vocab))
+    assert set(torch.nonzero(torch.isfinite(row)).flatten().tolist()) <= set(llama.eos_token_ids)
 
 
 def test_disallowed_token_raises(llama: LLM) -> None:
@@ -381,3 +407,82 @@ def test_server_bad_response_format_is_400(client: openai.OpenAI, fmt: Any, para
     body: Any = e.value.body
     assert body["param"] == param
     assert match in body["message"]
+
+
+# -- the scheduler: one grammar per row ---------------------------------------------------------
+class _Collector:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.finished = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, (Finished, Failed)):
+            self.finished.set()
+
+    def last(self) -> Event:
+        assert self.finished.wait(120), "job did not finish"
+        return self.events[-1]
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, Delta))
+
+
+def _grammar_job(llama: LLM, prompt: str, schema: Any, sampling: RequestSampling) -> tuple[Job, _Collector]:
+    gt = grammar_tokenizer(llama.tokenizer, llama.config.vocab_size, llama.eos_token_ids)
+    s = dataclasses.replace(sampling, grammar=Grammar(gt, compile_schema(schema)) if schema is not None else None)
+    c = _Collector()
+    return Job(llama.encode(prompt), 200, s, (), schema is None, c), c
+
+
+def test_scheduler_rows_follow_their_own_grammar(llama: LLM) -> None:
+    enum, nested = SCHEMAS["enum"][1], SCHEMAS["nested"][1]
+    greedy, sampled = RequestSampling(temperature=0.0), RequestSampling(temperature=1.0, seed=4)
+    sched = Scheduler(llama, max_batch=4)
+    try:
+        jobs = [
+            _grammar_job(llama, "a", enum, greedy),
+            _grammar_job(llama, "bb", nested, sampled),
+            _grammar_job(llama, "ccc", None, greedy),  # a plain row in the same batch
+        ]
+        for job, _ in jobs:
+            sched.submit(job)
+        for (_, c), (prompt, schema, kw) in zip(
+            jobs, [("a", enum, {}), ("bb", nested, {"temperature": 1.0, "seed": 4})], strict=False
+        ):
+            end = c.last()
+            assert isinstance(end, Finished) and end.finish_reason == "stop"
+            check_valid(c.text, schema)
+            assert c.text == one(llama, prompt, max_new_tokens=200, json_schema=schema, **kw).text
+        plain = jobs[2][1].last()
+        assert isinstance(plain, Finished) and plain.finish_reason == "length"
+    finally:
+        sched.stop()
+
+
+def test_scheduler_grammar_failure_ends_only_its_row(llama: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"n": 0}
+    real = Constraint.mask
+
+    def failing(self: Constraint, logits: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise StructuredOutputError("structured output: no token can continue the JSON (test)")
+        return real(self, logits)
+
+    monkeypatch.setattr(Constraint, "mask", failing)
+    sched = Scheduler(llama, max_batch=2)
+    try:
+        bad, bad_c = _grammar_job(llama, "a", SCHEMAS["nested"][1], RequestSampling(temperature=0.0))
+        good, good_c = _grammar_job(llama, "b", None, RequestSampling(temperature=0.0))
+        good.max_tokens = 30
+        sched.submit_all([bad, good])
+        end = bad_c.last()
+        # the third mask is the second decode step's: the row's own Failed, not a failed prefill or batch
+        assert isinstance(end, Failed) and end.message == "structured output: no token can continue the JSON (test)"
+        assert len(bad.ids) == 2
+        done = good_c.last()
+        assert isinstance(done, Finished) and done.completion_tokens == 30
+    finally:
+        sched.stop()

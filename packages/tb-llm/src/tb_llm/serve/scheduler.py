@@ -25,6 +25,7 @@ from tb_llm.serve.completion_text import CompletionText
 from tb_llm.serve.metrics import ServerMetrics
 from tb_llm.serve.prefix_cache import PrefixCache, reuse_blocker
 from tb_llm.serve.row_sampler import RequestSampling, RowSampler
+from tb_llm.structured import StructuredOutputError
 
 log = logging.getLogger("tb_llm.serve")
 
@@ -287,7 +288,14 @@ class Scheduler:
                 tok = int(greedy[i])
                 job.sampler.observe(tok)
             else:
-                tok = job.sampler.pick(logits[i])
+                try:
+                    tok = job.sampler.pick(logits[i])
+                except StructuredOutputError as exc:  # this row's grammar failed: only its request ends
+                    log.warning("structured output failed: %s", exc)
+                    job.done = True
+                    self._send(job, Failed(str(exc)))
+                    self._close(job, "error")
+                    continue
             self._accept(job, tok, logits[i])
 
     def _accept(self, job: Job, tok: int, logits: torch.Tensor) -> None:
