@@ -416,3 +416,30 @@ def test_cli_explain_dynamic(capsys: pytest.CaptureFixture[str], toy: Any) -> No
     out = capsys.readouterr().out
     assert "partition 0 on toy [specialised per shape: 1 shape compiled, 1 cached (bound 8)]" in out
     assert "no eager fallback" in out
+
+
+def test_a_run_time_error_for_one_shape_falls_back_for_that_shape_only(allops: type[AllOps]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * x
+
+    gm = symbolic_graph(f, torch.randn(5, 4))
+    runnable, report = compile_graph(gm, [AllOps()], Options(warn=False), "inference")
+    part = report.partitions[0]
+    # break the program compiled for 7 rows once it exists
+    runnable(torch.randn(7, 4))
+    specialised_call = next(n.target for n in runnable.graph.nodes if n.op == "call_function")
+    (entry,) = [e for k, e in specialised_call.torchburn_compiled._entries.items() if k[0][0] == (7, 4)]
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("allops lost its kernel")
+
+    entry.run = broken
+    torchburn.reset_stats()
+    for rows in (7, 5, 7):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(runnable(x), f(x))
+    cov = torchburn.op_coverage()
+    assert cov["fallback"] == {"aten.tanh.default": 2, "aten.mul.Tensor": 2}
+    assert cov["native"] == {"aten.tanh.default": 1, "aten.mul.Tensor": 1}
+    assert (part.shapes.compiled, part.shapes.eager) == (1, 1)
+    assert "allops lost its kernel" in next(iter(part.shapes.eager_reasons.values()))

@@ -142,10 +142,21 @@ class SpecialisedPartition:
                 self._entries.move_to_end(key)
             except KeyError:  # another thread evicted it meanwhile: this call still uses it
                 pass
-        entry.record.calls += 1
         if entry.run is None:
+            entry.record.calls += 1
             return self.eager(*args)
-        return entry.run(*entry.pick(args))
+        try:
+            out = entry.run(*entry.pick(args))
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:  # a native panic (pyo3's PanicException) is a BaseException
+            if self._strict:
+                raise
+            entry = self._broken(key, exc)
+            entry.record.calls += 1
+            return self.eager(*args)
+        entry.record.calls += 1
+        return out
 
     def cached_signatures(self) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -188,6 +199,15 @@ class SpecialisedPartition:
         handed = Counter(f"{self.engine}:{op}" for op in ops if op in delegated)
         record = self._record(("engine", tuple(sorted(native.items())), tuple(sorted(handed.items()))), native, handed)
         return _Entry(run, keep, record)
+
+    def _broken(self, key: tuple[Any, ...], exc: BaseException) -> _Entry:
+        """The engine's program failed at run time: this signature runs eagerly from now on."""
+        with self._lock:
+            self.stats.compiled -= 1
+            entry = self._eager_entry(key, f"failed while running ({type(exc).__name__}: {exc})")
+            if key in self._entries:
+                self._entries[key] = entry
+            return entry
 
     def _eager_entry(self, key: tuple[Any, ...], reason: str) -> _Entry:
         self.stats.eager += 1
