@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from torchburn import direct_inference
+from torchburn.cache import graph_cache, traced_graph_key
 from torchburn.catalog import kept_op_names
 from torchburn.options import Options, TorchburnFallbackWarning, select_engines
 from torchburn.partition import compile_graph, make_record, warn_fallbacks
@@ -77,7 +78,7 @@ def torchburn_backend(
         return compile_fn
 
     if opts.direct_inference and direct_inference.eligible(gm, example_inputs):
-        traced = direct_inference.trace(gm, example_inputs, decomposition_table())
+        traced = _traced(gm, example_inputs, opts, engines)
         if traced is not None:
             return runner(traced, "inference", boxed=False)
 
@@ -101,6 +102,23 @@ def torchburn_backend(
             stacklevel=2,
         )
         return gm.forward
+
+
+def _traced(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Options, engines: Sequence[Any]
+) -> torch.fx.GraphModule | None:
+    """Direct inference's ATen graph of ``gm``: from the persistent compile cache when a former
+    process stored it (no decomposition table, no trace), else traced and stored."""
+    cache = graph_cache()
+    key = traced_graph_key(gm, example_inputs, opts, engines) if cache.disk_dir is not None and opts.cache else None
+    if key is not None:
+        restored = cache.load_graph(key)
+        if restored is not None:
+            return restored
+    traced = direct_inference.trace(gm, example_inputs, decomposition_table())
+    if traced is not None and key is not None:
+        cache.store_graph(key, traced)
+    return traced
 
 
 def register() -> None:

@@ -1,30 +1,54 @@
-"""The structural graph cache: compiled partitions keyed by BLAKE3 of their canonical plan.
+"""The compile caches: compiled partitions keyed by BLAKE3 of their canonical plan, and whole
+traced graphs keyed by the Dynamo graph they came from.
 
-In memory: an LRU with a size limit. On disk (``TORCHBURN_CACHE_DIR``): engine payloads that
-survive the process, written atomically (temp file + rename, so concurrent writers leave a
-whole entry), and validated on read — a corrupt or foreign entry is ignored and rebuilt.
+In memory: an LRU of compiled partitions with a size limit. On disk (the persistent cache, on by
+default in ``~/.cache/torchburn/compile``; ``TORCHBURN_CACHE_DIR`` moves it, ``0`` turns it off):
+
+* ``*.tbplan``: an engine's ``serialize()`` bytes of one compiled partition (native_cpu: its
+  lowered executor spec), restored by ``deserialize()`` without lowering again;
+* ``*.tbgraph``: the ATen graph direct inference traced from a Dynamo graph, as the JSON of a
+  ``Plan`` (op names, literal arguments, tensor metas), so a later process skips the
+  decomposition table and the trace. Keyed by the Dynamo graph's code, its inputs' shapes,
+  strides, dtypes and devices, the global state a trace depends on, the options, the versions
+  of torch, tb-core and every selected engine (each engine's ``cache_tag()``: version, step
+  schema, ISA) and a fingerprint of their installed source files.
+
+Every entry is a JSON header line (magic, format, key, BLAKE3 of the payload) and the payload;
+nothing is unpickled or executed. A corrupt, truncated or foreign entry is refused and rebuilt.
+Writers write a temp file and ``os.replace`` it, so concurrent processes only ever read whole
+entries. The folder is bounded (``TORCHBURN_CACHE_MAX_MB``, default 256): after a write the
+least recently used entries (by mtime, which a read refreshes) are removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import pathlib
+import platform
+import sys
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
 from torchburn.engine import Engine
 from torchburn.plan import Plan
 
+if TYPE_CHECKING:
+    import torch
+
 MAGIC = "torchburn-plan"
-FORMAT = 1
+GRAPH_MAGIC = "torchburn-graph"
+FORMAT = 2
 DEFAULT_MAXSIZE = 512
+DEFAULT_MAX_MB = 256
 
 
 @dataclass
@@ -36,12 +60,23 @@ class CacheStats:
     disk_rejected: int = 0
     evictions: int = 0
     compiles: int = 0
+    graph_hits: int = 0
+    graph_misses: int = 0
+    graph_writes: int = 0
+    graph_rejected: int = 0
+    disk_evictions: int = 0
 
 
 class GraphCache:
-    def __init__(self, maxsize: int = DEFAULT_MAXSIZE, disk_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        maxsize: int = DEFAULT_MAXSIZE,
+        disk_dir: str | os.PathLike[str] | None = None,
+        max_bytes: int = DEFAULT_MAX_MB << 20,
+    ) -> None:
         self.maxsize = maxsize
         self.disk_dir = pathlib.Path(disk_dir) if disk_dir else None
+        self.max_bytes = max_bytes
         self.stats = CacheStats()
         self._entries: OrderedDict[str, Callable[..., Any]] = OrderedDict()
         self._lock = threading.Lock()
@@ -80,33 +115,97 @@ class GraphCache:
             "entries": len(self._entries),
             "maxsize": self.maxsize,
             "disk_dir": str(self.disk_dir) if self.disk_dir else None,
+            "max_bytes": self.max_bytes,
         }
 
-    # -- disk ----------------------------------------------------------------------------
-    def _path(self, key: str, engine: Engine) -> pathlib.Path:
+    # -- disk: one entry -----------------------------------------------------------------
+    def _entry_path(self, key: str, suffix: str, group: str) -> pathlib.Path:
         assert self.disk_dir is not None
-        return self.disk_dir / f"v{FORMAT}" / engine.name / key[:2] / f"{key}.tbplan"
+        return self.disk_dir / f"v{FORMAT}" / group / key[:2] / f"{key}.{suffix}"
 
-    def _load(self, key: str, engine: Engine, plan: Plan) -> Callable[..., Any] | None:
-        if self.disk_dir is None:
-            return None
-        path = self._path(key, engine)
+    def _read_entry(self, path: pathlib.Path, magic: str, key: str) -> tuple[dict[str, Any], bytes] | None:
+        """The header and payload of a whole, valid entry; None if absent; ValueError if corrupt."""
         try:
             blob = path.read_bytes()
         except OSError:
             return None
+        header_line, sep, payload = blob.partition(b"\n")
+        header = json.loads(header_line) if sep else None
+        if (
+            not isinstance(header, dict)
+            or header.get("magic") != magic
+            or header.get("format") != FORMAT
+            or header.get("key") != key
+            or header.get("payload_blake3") != blake3.blake3(payload).hexdigest()
+        ):
+            raise ValueError(f"corrupt or foreign cache entry {path}")
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the LRU order of eviction: a read makes the entry recent
+        return header, payload
+
+    def _write_entry(self, path: pathlib.Path, header: dict[str, Any], payload: bytes) -> bool:
+        header = {**header, "format": FORMAT, "payload_blake3": blake3.blake3(payload).hexdigest()}
         try:
-            header_line, payload = blob.split(b"\n", 1)
-            header = json.loads(header_line)
-            valid = (
-                header.get("magic") == MAGIC
-                and header.get("format") == FORMAT
-                and header.get("key") == key
-                and header.get("engine") == engine.name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(json.dumps(header, sort_keys=True).encode() + b"\n" + payload)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError:
+            return False  # a read-only or full cache directory only costs the next process a compile
+        self._evict()
+        return True
+
+    def _evict(self) -> None:
+        """Remove the least recently used entries until the folder is within ``max_bytes``."""
+        assert self.disk_dir is not None
+        root = self.disk_dir / f"v{FORMAT}"
+        files = []
+        total = 0
+        for dirpath, _dirs, names in os.walk(root):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue  # removed by another process meanwhile
+                files.append((st.st_mtime_ns, st.st_size, path))
+                total += st.st_size
+        if total <= self.max_bytes:
+            return
+        files.sort()
+        for _mtime, size, path in files:
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                self.stats.disk_evictions += 1
+            total -= size
+
+    # -- disk: compiled partitions ---------------------------------------------------------
+    def _path(self, key: str, engine: Engine) -> pathlib.Path:
+        return self._entry_path(key, "tbplan", engine.name)
+
+    def _load(self, key: str, engine: Engine, plan: Plan) -> Callable[..., Any] | None:
+        if self.disk_dir is None:
+            return None
+        compiled = None
+        try:
+            entry = self._read_entry(self._path(key, engine), MAGIC, key)
+            if entry is None:
+                return None
+            header, payload = entry
+            if (
+                header.get("engine") == engine.name
                 and header.get("engine_version") == engine.version()
-                and header.get("payload_blake3") == blake3.blake3(payload).hexdigest()
-            )
-            compiled = engine.deserialize(payload, plan) if valid else None
+                and header.get("engine_tag") == engine_tag(engine)
+            ):
+                compiled = engine.deserialize(payload, plan)
         except Exception:  # corrupt bytes, a foreign file, or an engine that cannot read it
             compiled = None
         if compiled is None:
@@ -126,22 +225,209 @@ class GraphCache:
             return
         header = {
             "magic": MAGIC,
-            "format": FORMAT,
             "key": key,
             "engine": engine.name,
             "engine_version": engine.version(),
-            "payload_blake3": blake3.blake3(payload).hexdigest(),
+            "engine_tag": engine_tag(engine),
         }
-        path = self._path(key, engine)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(json.dumps(header, sort_keys=True).encode() + b"\n" + payload)
-            os.replace(tmp, path)
+        if self._write_entry(self._path(key, engine), header, payload):
             self.stats.disk_writes += 1
-        except OSError:
-            pass  # a read-only or full cache directory only costs the next process a compile
+
+    # -- disk: traced graphs ---------------------------------------------------------------
+    def load_graph(self, key: str) -> torch.fx.GraphModule | None:
+        """The traced ATen graph stored under ``key`` (``traced_graph_key``), rebuilt; or None."""
+        if self.disk_dir is None:
+            return None
+        try:
+            entry = self._read_entry(self._entry_path(key, "tbgraph", "graphs"), GRAPH_MAGIC, key)
+            if entry is None:
+                self.stats.graph_misses += 1
+                return None
+            gm = graph_from_json(json.loads(entry[1]))
+        except Exception:
+            self.stats.graph_rejected += 1
+            return None
+        self.stats.graph_hits += 1
+        return gm
+
+    def store_graph(self, key: str, gm: torch.fx.GraphModule) -> None:
+        """Store a traced ATen graph under ``key``; graphs a plan cannot describe are not stored."""
+        if self.disk_dir is None:
+            return
+        try:
+            payload = json.dumps(graph_to_json(gm), sort_keys=True, separators=(",", ":")).encode()
+        except Exception:
+            return
+        if self._write_entry(self._entry_path(key, "tbgraph", "graphs"), {"magic": GRAPH_MAGIC, "key": key}, payload):
+            self.stats.graph_writes += 1
+
+
+# -- traced graphs as JSON --------------------------------------------------------------------
+def graph_to_json(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """A traced ATen graph (placeholders, ATen calls, one output) as its plan's JSON.
+
+    Raises ``PlanError`` / ``ValueError`` for what a plan cannot describe exactly: constants,
+    non-tensor inputs or values, symbolic sizes, other node kinds."""
+    from torchburn.plan import PlanError, plan_from_graph_module
+
+    for node in gm.graph.nodes:
+        if node.op not in ("placeholder", "call_function", "output"):
+            raise PlanError(f"a {node.op} node")
+    plan = plan_from_graph_module(gm)
+    if plan.constants or any(m is None or m.symbolic for m in plan.inputs):
+        raise PlanError("constants, non-tensor or symbolic inputs")
+    for node in plan.nodes:
+        if not _all_static(node.out):
+            raise PlanError(f"{node.op}: a result that is not a static tensor")
+    data = plan.to_json()
+    data["names"] = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    data["output_kind"] = type(output.args[0]).__name__
+    # the JSON must read back to the same plan (a literal the encoding would change is refused)
+    if Plan.from_json(json.loads(json.dumps(data))).canonical() != plan.canonical():
+        raise PlanError("the plan does not survive JSON")
+    return data
+
+
+def _all_static(out: Any) -> bool:
+    if isinstance(out, tuple):
+        return all(_all_static(o) for o in out)
+    return out is not None and not out.symbolic
+
+
+def graph_from_json(data: dict[str, Any]) -> torch.fx.GraphModule:
+    """``graph_to_json``'s graph rebuilt: the same ATen calls, with fake tensor values as
+    ``meta["val"]`` (what the partitioner and the engines' checks read)."""
+    import torch
+    import torch.fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchburn.plan import Ref, TensorMeta
+
+    plan = Plan.from_json(data)
+    mode = FakeTensorMode()
+
+    def fake(meta: Any) -> Any:
+        if isinstance(meta, tuple):
+            return tuple(fake(m) for m in meta)
+        assert isinstance(meta, TensorMeta)
+        with mode:
+            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device)
+
+    graph = torch.fx.Graph()
+    slots: list[torch.fx.Node] = []
+    for name, meta in zip(data["names"], plan.inputs, strict=True):
+        node = graph.placeholder(name)
+        node.meta["val"] = fake(meta)
+        slots.append(node)
+
+    def arg(value: Any) -> Any:
+        if isinstance(value, Ref):
+            return slots[value.slot]
+        if isinstance(value, (list, tuple)):
+            return type(value)(arg(v) for v in value)
+        if isinstance(value, dict):
+            return {k: arg(v) for k, v in value.items()}
+        return value
+
+    for pn in plan.nodes:
+        node = graph.call_function(pn.target, tuple(arg(pn.args)), arg(pn.kwargs))
+        node.meta["val"] = fake(pn.out)
+        slots.append(node)
+    outputs = arg(list(plan.outputs))
+    if plan.single_output:
+        graph.output(outputs[0])
+    else:
+        graph.output(tuple(outputs) if data.get("output_kind") != "list" else outputs)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+# -- keys -------------------------------------------------------------------------------------
+@functools.cache
+def source_fingerprint(package: str) -> str:
+    """BLAKE3 over the names, sizes and mtimes of an installed package's files: an edited
+    (editable-install) source changes the keys without a version bump."""
+    try:
+        module = sys.modules.get(package) or __import__(package)
+        folder = pathlib.Path(module.__file__ or "").parent
+    except Exception:
+        return "unknown"
+    hasher = blake3.blake3()
+    for dirpath, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            if name.endswith((".py", ".so", ".pyd", ".json", ".wgsl")):
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                hasher.update(
+                    f"{os.path.relpath(os.path.join(dirpath, name), folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode()
+                )
+    return hasher.hexdigest()[:16]
+
+
+def engine_tag(engine: Engine) -> str:
+    """What a cached entry of ``engine`` was made by: its ``cache_tag()`` and its source fingerprint."""
+    return f"{engine.cache_tag()}@{source_fingerprint(type(engine).__module__.split('.')[0])}"
+
+
+def traced_graph_key(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Any, engines: Sequence[Engine]
+) -> str | None:
+    """The persistent key of the ATen graph direct inference traces from a Dynamo graph, or None
+    where the Dynamo graph's code does not say everything the trace depends on: sub-modules or
+    attributes (their values are not in the code), targets from outside torch, symbolic sizes."""
+    import torch
+
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            return None
+        if node.op == "call_function" and not _torch_target(node.target):
+            return None
+    inputs = []
+    for t in example_inputs:
+        if not isinstance(t, torch.Tensor) or any(
+            not isinstance(s, int) for s in (*t.shape, *t.stride(), t.storage_offset())
+        ):
+            return None
+        inputs.append(
+            [list(t.shape), list(t.stride()), t.storage_offset(), str(t.dtype), str(t.device), t.requires_grad]
+        )
+    state = [
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.get_default_dtype().__repr__(),
+        torch.are_deterministic_algorithms_enabled(),
+    ]
+    for device in ("cpu", "cuda"):
+        try:
+            state += [torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device))]
+        except Exception:
+            state.append(None)
+    from torchburn._version import PLUGIN_API_VERSION, __version__
+
+    material = {
+        "code": gm.code,
+        "inputs": inputs,
+        "state": state,
+        "options": repr(options),
+        "engines": [[e.name, engine_tag(e)] for e in engines],
+        "torch": torch.__version__,
+        "tb_core": [__version__, PLUGIN_API_VERSION, source_fingerprint("torchburn")],
+        "python": list(sys.version_info[:2]),
+        "machine": platform.machine(),
+    }
+    return blake3.blake3(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _torch_target(target: Any) -> bool:
+    import torch
+
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    module = getattr(target, "__module__", None) or ""
+    return module.split(".")[0] in ("torch", "_operator", "operator", "math", "builtins")
 
 
 def user_cache_dir() -> pathlib.Path | None:
@@ -159,6 +445,21 @@ def user_cache_dir() -> pathlib.Path | None:
     return pathlib.Path(base) / "torchburn"
 
 
+def compile_cache_dir() -> pathlib.Path | None:
+    """The persistent compile cache's folder: ``compile`` in ``user_cache_dir()``; None when off."""
+    root = user_cache_dir()
+    return root / "compile" if root is not None else None
+
+
+def _max_bytes() -> int:
+    raw = os.environ.get("TORCHBURN_CACHE_MAX_MB", "").strip()
+    try:
+        mb = float(raw) if raw else DEFAULT_MAX_MB
+    except ValueError:
+        raise ValueError(f"TORCHBURN_CACHE_MAX_MB must be a number of megabytes, not {raw!r}") from None
+    return max(0, int(mb * (1 << 20)))
+
+
 _cache: GraphCache | None = None
 
 
@@ -167,8 +468,8 @@ def graph_cache() -> GraphCache:
     if _cache is None:
         _cache = GraphCache(
             maxsize=int(os.environ.get("TORCHBURN_CACHE_SIZE", DEFAULT_MAXSIZE)),
-            # the graph cache writes to disk only where TORCHBURN_CACHE_DIR names a folder
-            disk_dir=os.environ.get("TORCHBURN_CACHE_DIR") if user_cache_dir() is not None else None,
+            disk_dir=compile_cache_dir(),
+            max_bytes=_max_bytes(),
         )
     return _cache
 
@@ -176,12 +477,16 @@ def graph_cache() -> GraphCache:
 _KEEP = "keep"
 
 
-def configure(maxsize: int | None = None, disk_dir: str | os.PathLike[str] | None = _KEEP) -> GraphCache:
-    """Replace the process-wide cache (a new size limit, or a disk directory; None turns disk off)."""
+def configure(
+    maxsize: int | None = None, disk_dir: str | os.PathLike[str] | None = _KEEP, max_bytes: int | None = None
+) -> GraphCache:
+    """Replace the process-wide cache (a new size limit, a disk directory, None turning disk off,
+    or a bound on the disk folder's bytes)."""
     global _cache
     current = graph_cache()
     _cache = GraphCache(
         maxsize=current.maxsize if maxsize is None else maxsize,
         disk_dir=current.disk_dir if disk_dir is _KEEP else disk_dir,
+        max_bytes=current.max_bytes if max_bytes is None else max_bytes,
     )
     return _cache

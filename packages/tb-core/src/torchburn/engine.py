@@ -131,14 +131,28 @@ class Engine:
         """
         return None
 
+    def cache_tag(self) -> str:
+        """What the persistent compile cache keys this engine's entries by: anything that changes
+        what ``compile`` makes of a plan (version, a native schema version, the ISA it targets).
+        tb-core adds a fingerprint of the engine's installed files. Default: ``version()``."""
+        return self.version()
+
+    # -- the persistent compile cache (optional) ------------------------------------------
     def serialize(self, compiled: Callable[..., Any], plan: Plan) -> bytes | None:
-        """Bytes for the on-disk cache, or None if this engine's plans are not persisted."""
+        """Bytes for the on-disk cache, or None if this engine's plans are not persisted.
+
+        Plain data only (JSON, a spec text...): ``deserialize`` must rebuild the program from
+        them and ``plan`` without lowering again, and must never unpickle or execute them."""
         if isinstance(compiled, KernelProgram):
             return b"kernel-program"
         return None
 
     def deserialize(self, payload: bytes, plan: Plan) -> Callable[..., Any] | None:
-        """Rebuild a compiled partition from ``serialize``'s bytes; None if they are not ours."""
+        """Rebuild a compiled partition from ``serialize``'s bytes; None if they are not ours.
+
+        tb-core has already checked the entry's checksum and that it was written by this engine
+        with the same ``version()`` and ``cache_tag()``; an exception here counts as a rejected
+        entry, and the partition is compiled again."""
         if payload == b"kernel-program":
             return self.compile(plan)
         return None

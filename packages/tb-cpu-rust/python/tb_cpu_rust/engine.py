@@ -4,6 +4,7 @@ kernels through tb-core's interface (``prepare``, ``eager_kernel``; ``torchburn.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -97,9 +98,36 @@ class NativeCpuEngine(torchburn.Engine):
 
         return unary_kernel(op)
 
+    def cache_tag(self) -> str:
+        # the ISA the kernels were chosen for is part of what a cached spec was lowered for
+        try:
+            from tb_cpu_rust import _native
+        except ImportError:
+            return self.version()
+        return f"{self.version()}+{_native.isa()}"
+
     def serialize(self, compiled: Callable[..., Any], plan: Plan) -> bytes | None:
-        # The executor is rebuilt from the plan (cheap); the bytes only mark it as ours.
-        return b"tb-cpu-rust/1"
+        """The lowered executor spec (JSON text) and what the program binds from it (buffers,
+        values, outputs): a later process makes the executor from it without lowering again."""
+        lowered = getattr(compiled, "lowered", None)
+        if lowered is None:
+            return None
+        kept = {k: lowered[k] for k in _LOWERED_KEYS}
+        return json.dumps({"format": _PAYLOAD, "lowered": kept}, allow_nan=False).encode()
 
     def deserialize(self, payload: bytes, plan: Plan) -> Callable[..., Any] | None:
-        return self.compile(plan) if payload == b"tb-cpu-rust/1" else None
+        data = json.loads(payload)
+        if not isinstance(data, dict) or data.get("format") != _PAYLOAD:
+            return None
+        lowered = data["lowered"]
+        if not isinstance(lowered, dict) or set(lowered) != set(_LOWERED_KEYS):
+            return None
+        from tb_cpu_rust.program import NativeProgram
+
+        # the executor parses and validates the spec (its schema version included) as for a fresh one
+        return NativeProgram(plan, lowered)
+
+
+#: the cache payload's format, and the parts of ``lower(plan)`` a NativeProgram is made from
+_PAYLOAD = "tb-cpu-rust/lowered-1"
+_LOWERED_KEYS = ("json", "buffers", "values", "n_inputs", "outputs", "direct")

@@ -41,9 +41,11 @@ _DT = {
 
 
 class NativeProgram:
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, lowered: dict[str, Any] | None = None) -> None:
+        # ``lowered``: ``lower(plan)`` as the persistent cache stored it (``NativeCpuEngine.deserialize``)
         self.plan = plan
-        lowered = lower(plan)
+        lowered = lower(plan) if lowered is None else lowered
+        self.lowered = lowered
         self.executor = _native.Executor(lowered["json"])
         self._constants = [plan.constants[k] for k in sorted(plan.constants)]
         self._n_user_inputs = len(plan.inputs) - len(plan.constants)
