@@ -229,6 +229,40 @@ def test_outputs_are_checked(reader: str, bad: str) -> None:
         ex.run(ins, outs)
 
 
+def _transposed_copy_spec(declare: bool) -> str:
+    """A copy of a (4, 5) input into an output buffer the plan writes column-major; ``declare``:
+    the buffer carries that layout (as the lowering writes it), else only its element count."""
+    spec = json.loads(_copy_spec([4, 5], [5, 1]))
+    spec["values"][1]["strides"] = [1, 4]
+    if declare:
+        spec["buffers"][1].update(sizes=[4, 5], strides=[1, 4])
+    return json.dumps(spec)
+
+
+def test_an_output_in_another_layout_than_the_plan_writes_is_refused(reader: str) -> None:
+    x = torch.randn(4, 5)
+    flat = _native.Executor(_copy_spec([4, 5], [5, 1]))
+    for bad in (torch.empty(5, 4).t(), torch.empty(21), torch.empty(40)[::2].view(4, 5)):
+        with pytest.raises(ValueError, match="contiguous elements"):
+            flat.run([x], [bad])
+    out = torch.empty(2, 10)  # any contiguous shape of the buffer's elements
+    flat.run([x], [out])
+    assert torch.equal(out.view(4, 5), x)
+    declared = _native.Executor(_transposed_copy_spec(declare=True))
+    with pytest.raises(ValueError, match=r"output 1: sizes \[4, 5\] strides \[5, 1\] differ from the plan's"):
+        declared.run([x], [torch.empty(4, 5)])
+    out = torch.empty(5, 4).t()
+    declared.run([x], [out])
+    assert torch.equal(out, x)  # written column-major, read back as the plan's values
+
+
+def test_an_output_layout_that_does_not_span_its_buffer_is_refused() -> None:
+    spec = json.loads(_transposed_copy_spec(declare=True))
+    spec["buffers"][1]["strides"] = [1, 5]
+    with pytest.raises(ValueError, match="does not span its 20 elements"):
+        _native.Executor(json.dumps(spec))
+
+
 def test_the_kv_cache_holds_its_tensors() -> None:
     k, v = torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4)
     alive = weakref.ref(k)

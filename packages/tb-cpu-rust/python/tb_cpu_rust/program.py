@@ -51,7 +51,11 @@ class NativeProgram:
         self._n_user_inputs = len(plan.inputs) - len(plan.constants)
         buffers, values = lowered["buffers"], lowered["values"]
         n_in = lowered["n_inputs"]
-        self._out_bufs = [(b["numel"], _DT[b["dtype"]]) for b in buffers[n_in : n_in + self.executor.n_outputs]]
+        # each output buffer is allocated with the layout the executor checks it against
+        self._alloc = [
+            (tuple(b["sizes"]), tuple(b["strides"]), _DT[b["dtype"]])
+            for b in buffers[n_in : n_in + self.executor.n_outputs]
+        ]
         # how each plan output is made: from an output buffer, an input, or a literal
         self._outputs: list[tuple[str, Any]] = []
         for kind, v in lowered["outputs"]:
@@ -64,18 +68,9 @@ class NativeProgram:
             if b < n_in:
                 self._outputs.append(("in", (b, shape, stride, off)))
             else:
-                whole = off == 0 and _extent(shape, stride) == buffers[b]["numel"]
-                self._outputs.append(("out", (b - n_in, shape, stride, off, whole)))
-        # an output buffer that backs exactly one whole output is allocated with its strides
-        self._direct: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        users: dict[int, int] = {}
-        for kind, spec in self._outputs:
-            if kind == "out":
-                users[spec[0]] = users.get(spec[0], 0) + 1
-        for kind, spec in self._outputs:
-            if kind == "out" and spec[4] and users[spec[0]] == 1:
-                self._direct[spec[0]] = (spec[1], spec[2])
-        self._alloc = [(spec, self._direct.get(i)) for i, spec in enumerate(self._out_bufs)]
+                self._outputs.append(("out", (b - n_in, shape, stride, off)))
+        # an output buffer that is exactly one whole output (the lowering lays it out as that output)
+        self._direct = {b - n_in: (tuple(s), tuple(t)) for b, s, t in lowered["direct"]}
         self.single = plan.single_output
         # each input tensor's dtype, sizes and strides as the plan has them (PreparedNativeProgram's checks)
         self._layouts = [(_DT[b["dtype"]], tuple(b["sizes"]), tuple(b["strides"])) for b in buffers[:n_in]]
@@ -87,10 +82,7 @@ class NativeProgram:
         tensors = [*inputs, *self._constants]
         if self._complex_in and any(isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()) for t in tensors):
             raise RuntimeError("native_cpu: a complex input is a lazy conjugate view; pass t.resolve_conj()")
-        bufs = [
-            torch.empty_strided(direct[0], direct[1], dtype=dtype) if direct else torch.empty(numel, dtype=dtype)
-            for (numel, dtype), direct in self._alloc
-        ]
+        bufs = [torch.empty_strided(sizes, strides, dtype=dtype) for sizes, strides, dtype in self._alloc]
         _run(self.executor, tensors, bufs)
         result = []
         for kind, spec in self._outputs:
@@ -101,7 +93,7 @@ class NativeProgram:
                 t = tensors[b]
                 result.append(t.as_strided(shape, stride, t.storage_offset() + off))
             else:
-                b, shape, stride, off, _ = spec
+                b, shape, stride, off = spec
                 buf = bufs[b]
                 result.append(buf if b in self._direct else buf.as_strided(shape, stride, off))
         return result[0] if self.single else tuple(result)
@@ -127,7 +119,7 @@ class PreparedNativeProgram(PreparedProgram):
         self._n_inputs = len(self.input_metas)
         self._out_layouts = [(m.dtype, m.shape, m.stride) for m in self.output_metas]
         # executor output buffer b <- plan output order[b], when each output is its own direct buffer
-        order: list[int] = [-1] * len(prog._out_bufs)
+        order: list[int] = [-1] * len(prog._alloc)
         for index, (kind, spec) in enumerate(prog._outputs):
             if kind != "out" or spec[0] not in prog._direct or order[spec[0]] != -1:
                 break
@@ -158,9 +150,9 @@ class PreparedNativeProgram(PreparedProgram):
     def run_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         if len(inputs) != self._n_inputs or len(outputs) != len(self._out_layouts):
             self._refuse(inputs, outputs)
-        # Of an output the executor checks only its dtype and that it spans enough memory (its
-        # own buffers need no more): the caller's layout, and its overlap with any byte of an
-        # input, are checked here, in the reference checks (run_into is not a hot path; run is).
+        # The executor checks each output's dtype and layout against the plan; tb-core's reference
+        # checks name what does not fit in the interface's terms, and check the caller's outputs
+        # against any byte of an input (run_into is not a hot path; run is).
         check_tensors("output", outputs, self.output_metas)
         check_no_overlap(list(inputs), list(outputs))
         tensors = [*inputs, *self._constants] if self._constants else inputs
@@ -197,9 +189,3 @@ def _reraise(exc: BaseException) -> None:
     if type(exc).__name__ == "PanicException":
         raise RuntimeError(f"native_cpu kernel panicked: {exc}") from exc
     raise exc
-
-
-def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))

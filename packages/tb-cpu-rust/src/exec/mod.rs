@@ -53,9 +53,31 @@ pub struct Buffer {
     pub kind: BufKind,
     pub dtype: DType,
     pub numel: usize,
-    /// inputs: the exact sizes and strides the plan was prepared for
+    /// inputs: the exact sizes and strides the plan was prepared for; outputs: the layout the
+    /// output tensor must have (none: `numel` contiguous elements, any shape)
     pub sizes: Vec<usize>,
     pub strides: Vec<usize>,
+}
+
+/// `sizes` and `strides` describe the same elements at the same places as the wanted layout (a
+/// stride over a dim of size 0 or 1 never moves an index, so it may differ).
+fn same_layout(t: &HostTensor, sizes: &[usize], strides: &[usize]) -> bool {
+    t.sizes == sizes && t.sizes.iter().zip(&t.strides).zip(strides).all(|((&n, a), b)| n <= 1 || a == b)
+}
+
+/// Row-major contiguous (strides of dims of size 1 aside).
+fn contiguous(t: &HostTensor) -> bool {
+    if t.numel() == 0 {
+        return true;
+    }
+    let mut want = 1;
+    for (&n, &s) in t.sizes.iter().zip(&t.strides).rev() {
+        if n != 1 && s != want {
+            return false;
+        }
+        want *= n;
+    }
+    true
 }
 
 pub struct Executor {
@@ -83,6 +105,9 @@ impl Executor {
             let dtype = DType::parse(&b.dtype)?;
             let (sizes, strides) = (to_usize(&b.sizes, "sizes")?, to_usize(&b.strides, "strides")?);
             let numel = if kind == BufKind::Input { extent(&sizes, &strides)? } else { b.numel };
+            if kind == BufKind::Output && !sizes.is_empty() && (sizes.len() != strides.len() || extent(&sizes, &strides)? != numel) {
+                return Err(format!("output buffer {}: layout {sizes:?} {strides:?} does not span its {numel} elements", buffers.len()));
+            }
             if numel.checked_mul(dtype.size()).is_none_or(|bytes| bytes > isize::MAX as usize) {
                 return Err("buffer too large".into());
             }
@@ -154,7 +179,9 @@ impl Executor {
 
     /// Checks the tensors of one call against the plan; returns the buffer base pointers. An
     /// input has the plan's dtype, sizes and strides (a stride over a dim of size 0 or 1 never
-    /// moves an index, so it may differ); an output the plan's dtype and at least its elements.
+    /// moves an index, so it may differ); an output the plan's dtype and the layout the plan writes
+    /// (its sizes and strides where the plan gives them, else its elements, contiguous): a buffer
+    /// is written in the plan's element order, so another layout would read back permuted.
     pub fn bind(&self, inputs: &[HostTensor], outputs: &[HostTensor]) -> Result<Vec<*mut u8>> {
         self.check_counts(inputs.len(), outputs.len())?;
         let mut ptrs = Vec::with_capacity(self.buffers.len());
@@ -163,18 +190,20 @@ impl Executor {
             if t.dtype != buf.dtype {
                 return Err(format!("tensor {i}: dtype {} where the plan has {}", t.dtype.name(), buf.dtype.name()));
             }
-            if buf.kind == BufKind::Input {
-                let strides_match = t.sizes.iter().zip(&t.strides).zip(&buf.strides).all(|((&n, a), b)| n <= 1 || a == b);
-                if t.sizes != buf.sizes || !strides_match {
-                    return Err(format!(
-                        "input {i}: sizes {:?} strides {:?} differ from the plan's {:?} {:?}",
-                        t.sizes, t.strides, buf.sizes, buf.strides
-                    ));
-                }
-            } else {
-                if t.extent() < buf.numel {
-                    return Err(format!("output {i}: {} elements where the plan needs {}", t.extent(), buf.numel));
-                }
+            let (what, declared) = if buf.kind == BufKind::Input { ("input", true) } else { ("output", !buf.sizes.is_empty()) };
+            if declared && !same_layout(t, &buf.sizes, &buf.strides) {
+                return Err(format!(
+                    "{what} {i}: sizes {:?} strides {:?} differ from the plan's {:?} {:?}",
+                    t.sizes, t.strides, buf.sizes, buf.strides
+                ));
+            }
+            if !declared && (t.numel() != buf.numel || !contiguous(t)) {
+                return Err(format!(
+                    "output {i}: sizes {:?} strides {:?} where the plan writes {} contiguous elements",
+                    t.sizes, t.strides, buf.numel
+                ));
+            }
+            if buf.kind == BufKind::Output {
                 ranges.push((t.ptr, t.extent() * t.dtype.size()));
             }
             ptrs.push(t.ptr as *mut u8);

@@ -12,9 +12,10 @@ use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-/// Bumped whenever a step kind gains, loses or renames a field (Python's `steps.SCHEMA_VERSION`
-/// is this value, read from the native module).
-pub const SCHEMA_VERSION: u32 = 2;
+/// Bumped whenever a step kind gains, loses or renames a field, or the plan's envelope changes
+/// meaning (Python's `steps.SCHEMA_VERSION` is this value, read from the native module). 3: an
+/// output buffer's `sizes` / `strides` are the layout its tensor must have.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// One step of a plan: its operands and results (value ids), what it computes (`op`) and the
 /// named parameters of that kind.

@@ -288,13 +288,22 @@ class Lowerer:
         remap = {old: new for new, old in enumerate(order)}
         buffers = [self.buffers[i] for i in order]
         values = [{**v, "buf": remap[v["buf"]]} for v in self.values]
+        direct = _direct_outputs(outputs, values, buffers)
+        for b in range(len(inputs), len(inputs) + len(out_bufs)):
+            # the layout the executor checks each output tensor against: that of the one whole
+            # output it backs, else its elements flat
+            buffers[b]["sizes"], buffers[b]["strides"] = direct.get(b, ([buffers[b]["numel"]], [1]))
+        direct_list = [[b, *layout] for b, layout in sorted(direct.items())]
         spec = {
             "schema": S.SCHEMA_VERSION,
             "buffers": buffers,
             "values": values,
             "steps": [S.wire(st) for st in self.steps],
         }
-        return {"spec": spec, "outputs": outputs, "values": values, "buffers": buffers, "n_inputs": len(inputs)}
+        return {
+            "spec": spec, "outputs": outputs, "values": values, "buffers": buffers, "n_inputs": len(inputs),
+            "direct": direct_list,
+        }  # fmt: skip
 
     def share_temps(self) -> None:
         """Memory plan: temporaries whose lifetimes (first write .. last read, in step order)
@@ -469,3 +478,20 @@ def finite(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: finite(v) for k, v in value.items()}
     return value
+
+
+def _direct_outputs(
+    outputs: list[Any], values: list[dict[str, Any]], buffers: list[dict[str, Any]]
+) -> dict[int, tuple[list[int], list[int]]]:
+    """Output buffer -> the sizes and strides of the one plan output that is the whole buffer
+    (offset 0, spanning its elements): such a buffer is allocated as that output itself."""
+    backs: dict[int, list[int]] = {}
+    for kind, v in outputs:
+        if kind == "v" and buffers[values[v]["buf"]]["kind"] == "output":
+            backs.setdefault(values[v]["buf"], []).append(v)
+    direct = {}
+    for b, vs in backs.items():
+        val = values[vs[0]]
+        if len(vs) == 1 and val["offset"] == 0 and extent(val["sizes"], val["strides"]) == buffers[b]["numel"]:
+            direct[b] = (list(val["sizes"]), list(val["strides"]))
+    return direct

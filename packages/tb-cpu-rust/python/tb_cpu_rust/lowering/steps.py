@@ -2,12 +2,13 @@
 
 A step's fields say what each number means (``Gather(x=…, index=…, out=…, dim=…)``); in the Rust
 executor the kernel family that declares the kind (its ``STEPS`` list, ``src/kernels/``) reads the
-same field names into a typed struct, once, when a plan is prepared. Each kind is declared on one line below by ``kind(tag, operands,
-results, params)``: operands and results are value ids (``name?``: may be None, ``*name``: a list),
-params ``name:type=default`` with type one of int, bool, float, ints, floats, strs. ``wire`` is
-the one place that turns a step into the JSON object the executor reads. ``SCHEMA_VERSION`` goes
-into every spec and into the engine's cache tag, so a spec written for another schema is refused,
-never misread.
+same field names into a typed struct, once, when a plan is prepared. Each kind is declared on one
+line below by ``kind(tag, operands, results, params)`` (a kind that only one family module writes
+may be declared there instead, the same way): operands and results are value ids (``name?``: may
+be None, ``*name``: a list), params ``name:type=default`` with type one of int, bool, float, ints,
+floats, strs. ``wire`` is the one place that turns a step into the JSON object the executor
+reads. ``SCHEMA_VERSION`` goes into every spec and into the engine's cache tag, so a spec written
+for another schema is refused, never misread.
 """
 
 from __future__ import annotations
