@@ -139,6 +139,7 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     first = rows[0]
+    threads = first.get("threads", "-")
     lines = [
         "",
         "## Varying batch (dynamic shapes)",
@@ -146,7 +147,7 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
         "The README model called with batch 8…48 after Dynamo marks the batch dynamic: one symbolic graph,",
         "its partitions compiled per concrete shape behind a bounded cache (`TORCHBURN_SHAPE_CACHE_SIZE`,",
         'docs/architecture.md "Dynamic shapes"), against a static compile per size (default settings, one',
-        f"size each) and eager, interleaved in one run ({first.get('threads', '-')} threads, "
+        f"size each) and eager, interleaved in one run ({threads} thread{'' if threads == 1 else 's'}, "
         f"{first.get('engines', '-')}). Target: dynamic ≥ 0.95× the static compile's speed at each size.",
         "",
         "Times are medians; the ratio is also given for the best samples, which move less with a",
