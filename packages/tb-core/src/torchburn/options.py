@@ -40,6 +40,9 @@ class Options:
     #: shape and kept in an LRU of this many programs per partition; 0 runs them in eager PyTorch.
     #: None: ``TORCHBURN_SHAPE_CACHE_SIZE``, else 8.
     shape_cache_size: int | None = None
+    #: bfloat16 / float16 compute runs on the engines in float32 between casts at eager's rounding
+    #: points (``torchburn.low_precision``). None: ``TORCHBURN_LOW_PRECISION``, else on.
+    low_precision: bool | None = None
     #: Collects GraphReports (used by torchburn.explain).
     report_sink: list[Any] | None = field(default=None, repr=False)
 
@@ -66,7 +69,20 @@ class Options:
             or opts.shape_cache_size < 0
         ):
             raise ValueError(f"shape_cache_size must be an int, 0 or more, not {opts.shape_cache_size!r}")
+        if opts.low_precision is not None and not isinstance(opts.low_precision, bool):
+            raise ValueError(f"low_precision must be True, False or None, not {opts.low_precision!r}")
         return opts
+
+    def widen_low_precision(self) -> bool:
+        """Whether bfloat16 / float16 compute is rewritten to float32 for the engines."""
+        if self.low_precision is not None:
+            return self.low_precision
+        raw = os.environ.get("TORCHBURN_LOW_PRECISION", "").strip().lower()
+        if raw in ("", "1", "on", "true"):
+            return True
+        if raw in ("0", "off", "false"):
+            return False
+        raise ValueError(f"TORCHBURN_LOW_PRECISION must be 1 or 0, not {raw!r}")
 
     def shape_cache_bound(self) -> int:
         """Programs kept per partition with symbolic sizes (0: such partitions run eagerly)."""

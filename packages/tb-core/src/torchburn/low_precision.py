@@ -1,0 +1,302 @@
+"""Run bfloat16 / float16 compute in float32, rounding where eager rounds.
+
+Engines compute in float32 and carry bfloat16 and float16 as storage only (copies and casts).
+Eager PyTorch on the CPU computes a bfloat16 op the same way: it reads bfloat16, computes and
+accumulates in float32 (the op's "opmath" type) and rounds the op's result to bfloat16. This
+pass rewrites an ATen graph to say so explicitly, in ops every engine takes:
+
+    y = addmm(b, x, w)                    b32 = _to_copy(b, dtype=float32)   (once per value)
+        (bfloat16)              ->        y32 = addmm(b32, x32, w32)         (float32)
+                                          y   = _to_copy(y32, dtype=bfloat16)  (eager's rounding)
+
+A later widened op that reads ``y`` reads ``_to_copy(y, dtype=float32)``: the round trip is the
+rounding and stays. Ops whose float32 result is exactly representable in the low-precision dtype
+(relu, max, pooling by max, concatenation, ...) skip it: their float32 result feeds the next op
+directly. Views are not rewritten in place (an output may alias an input): a widened op that reads
+a view of a low-precision value reads the same view of that value's float32 twin, so a weight is
+cast once, before its transpose. Casts the graph already holds (autocast's, AOTAutograd's) are
+reused as twins. Nodes nothing reads any more are removed.
+
+Every new node carries ``meta["val"]`` (computed with the graph's fake tensor mode), which is what
+engines decide support from. A graph with no low-precision floating compute is returned untouched;
+running the pass twice changes nothing the second time. ``TORCHBURN_LOW_PRECISION=0`` or
+``options={"low_precision": False}`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchburn import catalog
+
+log = logging.getLogger("torchburn")
+
+aten = torch.ops.aten
+F32 = torch.float32
+LOW = frozenset({torch.bfloat16, torch.float16})
+TO_COPY = aten._to_copy.default
+
+#: Families computed in float32 (their kernels' opmath); a category of the op catalog.
+_CATEGORIES = frozenset(
+    {
+        "gemm",
+        "conv_pool",
+        "attention",
+        "normalization",
+        "elementwise_unary",
+        "elementwise_binary",
+        "elementwise_ternary",
+        "reduction",
+    }
+)
+#: Copy-family ops computed as they are in float32 (exact).
+_COPIES = frozenset({"aten.cat.default", "aten.constant_pad_nd.default", "aten.clone.default", "aten.flip.default"})
+#: Ops whose float32 result, from float32 twins of low-precision inputs, is exactly representable
+#: in the low-precision dtype: no rounding cast between them and the next widened op.
+EXACT = frozenset(
+    {
+        "aten.relu.default",
+        "aten.neg.default",
+        "aten.abs.default",
+        "aten.maximum.default",
+        "aten.minimum.default",
+        "aten.amax.default",
+        "aten.amin.default",
+        "aten.max.dim",
+        "aten.min.dim",
+        "aten.max_pool2d_with_indices.default",
+        "aten.max_pool3d_with_indices.default",
+        "aten.adaptive_max_pool2d.default",
+        "aten.adaptive_max_pool3d.default",
+        "aten.where.self",
+        "aten.ceil.default",
+        "aten.floor.default",
+        "aten.round.default",
+        "aten.trunc.default",
+        "aten.sign.default",
+        *_COPIES,
+    }
+)
+#: Views a widened op may read through: the same view of the float32 twin.
+VIEWS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.permute.default",
+        "aten.t.default",
+        "aten.transpose.int",
+        "aten.expand.default",
+        "aten.select.int",
+        "aten.slice.Tensor",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.unsqueeze.default",
+        "aten.alias.default",
+        "aten.diagonal.default",
+        "aten.as_strided.default",
+    }
+)
+#: Ops the catalog files under a widened family that must keep their own dtype rules.
+_NOT_WIDENED = frozenset({"aten.cumsum.default", "aten.prod.default", "aten.prod.dim_int"})
+
+
+def widened_op(op: str) -> bool:
+    """Whether the pass computes ``op`` in float32 when it reads or writes bfloat16 / float16."""
+    if op in _NOT_WIDENED:
+        return False
+    return op in _COPIES or catalog.category(op) in _CATEGORIES
+
+
+def _val(x: Any) -> Any:
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+
+
+def _tensors(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (tuple, list)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _is_low(x: Any) -> bool:
+    v = _val(x)
+    return isinstance(v, torch.Tensor) and v.dtype in LOW
+
+
+def _wants_widening(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if not widened_op(str(node.target)):
+        return False
+    if node.kwargs.get("dtype") is not None:
+        return False  # an explicit compute dtype is the op's own rule
+    out: Any = node.meta.get("val")
+    outs = _tensors(out)
+    if not outs or (not isinstance(out, torch.Tensor) and len(outs) != len(out)):
+        return False  # no tensor result, or a result that is not a tensor (None, a size)
+    ins = [_val(a) for a in node.all_input_nodes]
+    if any(not isinstance(v, torch.Tensor) for v in ins):
+        return False  # a symbolic scalar or an untyped input: leave the node as it is
+    floats = [t.dtype for t in [*ins, *outs] if t.dtype.is_floating_point]
+    if not any(d in LOW for d in floats):
+        return False
+    # float64 beside a low-precision dtype, or complex values: not this pass's business
+    return all(d in LOW or d == F32 for d in floats) and not any(t.dtype.is_complex for t in [*ins, *outs])
+
+
+def _is_cast_to_f32(node: torch.fx.Node) -> bool:
+    return bool(
+        node.op == "call_function"
+        and node.target is TO_COPY
+        and len(node.args) == 1
+        and set(node.kwargs) <= {"dtype", "layout", "device"}
+        and node.kwargs.get("dtype") == F32
+        and node.kwargs.get("layout") in (None, torch.strided)
+        and _is_low(node.args[0])
+    )
+
+
+class _Widener:
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        # the mode of the graph's own values (not the tracing context's: Dynamo hands backends a
+        # fresh mode, and fake tensors of two modes do not mix)
+        modes = {getattr(t, "fake_mode", None) for n in self.graph.nodes for t in _tensors(n.meta.get("val"))}
+        self.fake_mode = modes.pop() if len(modes) == 1 else None
+        self.twin: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.widened: Counter[str] = Counter()
+
+    def fake(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        fa, fk = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        assert self.fake_mode is not None
+        # compiled under torch.autocast, the graph's ops are already cast: autocast must not
+        # change the dtype of the float32 op typed here
+        with self.fake_mode, torch._C._DisableAutocast():
+            return target(*fa, **fk)
+
+    def make(
+        self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: torch.fx.Node, val: Any = None
+    ) -> torch.fx.Node:
+        if val is None:
+            val = self.fake(target, args, kwargs)
+        node = self.graph.call_function(target, args, kwargs)
+        node.meta["val"] = val
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in like.meta:
+                node.meta[key] = like.meta[key]
+        return node
+
+    def cast(self, src: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+        return self.make(TO_COPY, (src,), {"dtype": dtype}, src)
+
+    def f32_of(self, node: torch.fx.Node) -> torch.fx.Node:
+        """The float32 twin of a low-precision value (same values), made once."""
+        if node in self.twin:
+            return self.twin[node]
+        if (
+            node.op == "call_function"
+            and str(node.target) in VIEWS
+            and node.args
+            and isinstance(node.args[0], torch.fx.Node)
+            and _is_low(node.args[0])
+            and all(a is node.args[0] for a in node.all_input_nodes)
+        ):
+            base = self.f32_of(node.args[0])
+            with self.graph.inserting_after(node):
+                twin = self.make(node.target, (base, *node.args[1:]), dict(node.kwargs), node)
+        elif node.op == "placeholder":
+            with self.graph.inserting_before(next(n for n in self.graph.nodes if n.op != "placeholder")):
+                twin = self.cast(node, F32)
+        else:
+            with self.graph.inserting_after(node):
+                twin = self.cast(node, F32)
+        self.twin[node] = twin
+        return twin
+
+    def widen(self, node: torch.fx.Node) -> None:
+        op = str(node.target)
+
+        def arg(a: Any) -> Any:
+            return self.f32_of(a) if _is_low(a) else a
+
+        args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg)
+        if op in ("aten._softmax.default", "aten._log_softmax.default") and len(args) > 2:
+            args = (*args[:2], False)  # float32 in, float32 out: half_to_float has nothing left to do
+        try:
+            val = self.fake(node.target, tuple(args), kwargs)
+        except Exception as exc:  # the op has no float32 form here: it stays as traced
+            log.debug("torchburn: %s stays in its own dtype (%s: %s)", node.name, type(exc).__name__, exc)
+            return
+        with self.graph.inserting_before(node):
+            wide = self.make(node.target, tuple(args), kwargs, node, val)
+        exact = op in EXACT
+        self.widened[op] = self.widened[op] + 1
+        out = node.meta["val"]
+        if isinstance(out, torch.Tensor):
+            with self.graph.inserting_after(wide):
+                back = self.cast(wide, out.dtype) if out.dtype in LOW else wide
+            node.replace_all_uses_with(back)
+            if back is not wide and exact:
+                self.twin[back] = wide
+            self.graph.erase_node(node)
+            return
+        # several results: each getitem of the old node reads the new one, rounded where it was low
+        for user in list(node.users):
+            index = user.args[1]
+            with self.graph.inserting_before(user):
+                item = self.graph.call_function(operator.getitem, (wide, index))
+                item.meta = dict(user.meta)
+                item.meta["val"] = wide.meta["val"][index]
+                dtype = out[index].dtype if isinstance(out[index], torch.Tensor) else None
+                back = self.cast(item, dtype) if dtype in LOW and item.meta["val"].dtype != dtype else item
+            user.replace_all_uses_with(back)
+            if back is not item and exact:
+                self.twin[back] = item
+            self.graph.erase_node(user)
+        self.graph.erase_node(node)
+
+    def run(self) -> bool:
+        if self.fake_mode is None:
+            return False
+        candidates = [n for n in self.graph.nodes if _wants_widening(n) or _is_cast_to_f32(n)]
+        if not any(_wants_widening(n) for n in candidates):
+            return False
+        for node in candidates:
+            if _is_cast_to_f32(node):
+                self.twin.setdefault(node.args[0], node)  # type: ignore[arg-type]
+                continue
+            multi = not isinstance(node.meta["val"], torch.Tensor)
+            if multi and any(u.target is not operator.getitem or not isinstance(u.args[1], int) for u in node.users):
+                continue
+            self.widen(node)
+        self.graph.eliminate_dead_code()
+        self.graph.lint()
+        self.gm.recompile()
+        return True
+
+
+def widen_low_precision(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite ``gm`` in place (and return it) so its bfloat16 / float16 compute runs in float32
+    between casts at eager's rounding points. A graph the pass cannot type (no fake tensors) or
+    with nothing to widen is returned unchanged; a node whose float32 form cannot be typed stays
+    as traced."""
+    widener = _Widener(gm)
+    if widener.run():
+        log.debug("torchburn: computed in float32: %s", dict(widener.widened))
+    return gm
+
+
+def low_precision_ops(nodes: Iterable[torch.fx.Node]) -> Counter[str]:
+    """Ops of ``nodes`` that read or write bfloat16 / float16 and the pass would widen."""
+    return Counter(str(n.target) for n in nodes if _wants_widening(n))
