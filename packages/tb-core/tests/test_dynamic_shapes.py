@@ -443,3 +443,20 @@ def test_a_run_time_error_for_one_shape_falls_back_for_that_shape_only(allops: t
     assert cov["native"] == {"aten.tanh.default": 1, "aten.mul.Tensor": 1}
     assert (part.shapes.compiled, part.shapes.eager) == (1, 1)
     assert "allops lost its kernel" in next(iter(part.shapes.eager_reasons.values()))
+
+
+def test_data_dependent_sizes_stay_eager_with_a_reason(allops: type[AllOps]) -> None:
+    # an unbacked size has no example to decide on, and would be a new signature at almost every
+    # call (a compile each): those nodes stay eager, said in the report
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x[x > 0] * 2) + 1
+
+    sink: list[GraphReport] = []
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = compiled_fn(f, None, sink)
+        for n in (5, 9, 13):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), f(x))
+    reasons = dict(sink[-1].fallbacks)
+    assert "data-dependent size" in reasons["aten.relu.default"]
+    assert not specialised(sink)
