@@ -43,8 +43,10 @@ def cache_info() -> dict[str, Any]:
     return graph_cache().info()
 
 
-def clear_cache() -> None:
-    graph_cache().clear()
+def clear_cache(disk: bool = True) -> None:
+    """Forget every compiled partition: the in-memory cache, and (``disk``) the persistent compile
+    cache's entries on disk, so the next compile traces, lowers and compiles again."""
+    graph_cache().clear(disk=disk)
 
 
 def __getattr__(name: str) -> Any:

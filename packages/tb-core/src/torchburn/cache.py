@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import os
 import pathlib
 import platform
+import shutil
 import sys
 import tempfile
 import threading
@@ -104,10 +106,13 @@ class GraphCache:
                 self.stats.evictions += 1
         return compiled
 
-    def clear(self) -> None:
+    def clear(self, disk: bool = False) -> None:
+        """Empty the in-memory cache and its counters; ``disk``: remove the disk entries too."""
         with self._lock:
             self._entries.clear()
             self.stats = CacheStats()
+        if disk and self.disk_dir is not None:
+            shutil.rmtree(self.disk_dir / f"v{FORMAT}", ignore_errors=True)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -345,26 +350,31 @@ def graph_from_json(data: dict[str, Any]) -> torch.fx.GraphModule:
 # -- keys -------------------------------------------------------------------------------------
 @functools.cache
 def source_fingerprint(package: str) -> str:
-    """BLAKE3 over the names, sizes and mtimes of an installed package's files: an edited
-    (editable-install) source changes the keys without a version bump."""
+    """BLAKE3 over the names, sizes and mtimes of an installed package's files (a plain module:
+    its one file), so an edited (editable-install) source changes the keys without a version bump."""
     try:
-        module = sys.modules.get(package) or __import__(package)
-        folder = pathlib.Path(module.__file__ or "").parent
+        module = sys.modules.get(package) or importlib.import_module(package)
+        origin = pathlib.Path(module.__file__ or "")
     except Exception:
         return "unknown"
+    if origin.name != "__init__.py":
+        files = [origin]
+    else:
+        files = []
+        for dirpath, dirs, names in os.walk(origin.parent):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [pathlib.Path(dirpath, n) for n in sorted(names) if n.endswith(_SOURCE_SUFFIXES)]
     hasher = blake3.blake3()
-    for dirpath, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(names):
-            if name.endswith((".py", ".so", ".pyd", ".json", ".wgsl")):
-                try:
-                    st = os.stat(os.path.join(dirpath, name))
-                except OSError:
-                    continue
-                hasher.update(
-                    f"{os.path.relpath(os.path.join(dirpath, name), folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode()
-                )
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        hasher.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return hasher.hexdigest()[:16]
+
+
+_SOURCE_SUFFIXES = (".py", ".so", ".pyd", ".json", ".wgsl")
 
 
 def engine_tag(engine: Engine) -> str:

@@ -24,9 +24,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "TORCHBURN_CACHE_DIR",
-        "(unset: no disk cache)",
+        "`~/.cache/torchburn` (`$XDG_CACHE_HOME/torchburn`)",
         "tb-core",
-        "Directory of the on-disk structural graph cache (compiled engine plans that survive the process), and of the facts engines remember across processes (the wgpu adapter found; otherwise kept in `~/.cache/torchburn`). `0` or `off`: neither is written.",
+        "Folder of what TorchBurn keeps across processes: the persistent compile cache in its `compile/` sub-folder (traced graphs and engine plans, so a later process neither retraces nor relowers), and facts engines remember (the wgpu adapter found). `0` or `off`: nothing is written or read.",
+    ),
+    EnvVar(
+        "TORCHBURN_CACHE_MAX_MB",
+        "256",
+        "tb-core",
+        "Bound of the persistent compile cache folder in MB; after a write the least recently used entries are removed.",
     ),
     EnvVar("TORCHBURN_CACHE_SIZE", "512", "tb-core", "Entries of the in-memory structural graph cache (LRU)."),
     EnvVar(

@@ -1,0 +1,18 @@
+"""Repository-wide test setup: the persistent compile cache goes to a fresh temporary folder.
+
+torchburn's compile cache is on by default in the user's cache folder; tests (and the many
+sessions CI runs) must neither write there nor reuse what another run left. A run that sets
+``TORCHBURN_CACHE_DIR`` itself keeps its choice.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+if "TORCHBURN_CACHE_DIR" not in os.environ:
+    _folder = tempfile.mkdtemp(prefix="torchburn-test-cache-")
+    os.environ["TORCHBURN_CACHE_DIR"] = _folder
+    atexit.register(shutil.rmtree, _folder, ignore_errors=True)
