@@ -564,7 +564,10 @@ class LLM:
                 logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
             cpu = logits.float().cpu()
             if any(s.constraint is not None for s in seqs):
-                cpu = cpu.clone()  # the model's logits may be inference tensors (no in-place writes)
+                # a copy (the model's logits may be inference tensors: no in-place writes) made by
+                # numpy, single-threaded: a torch copy of a [B, V] row wakes the intra-op pool,
+                # whose spinning threads then slow the next forward on a busy machine
+                cpu = torch.from_numpy(cpu.numpy().copy())
             for i, s in enumerate(seqs):
                 if s.constraint is not None and s.finish_reason is None:
                     s.constraint.mask(cpu[i])  # only what the grammar allows next (raw log-probs unaffected)

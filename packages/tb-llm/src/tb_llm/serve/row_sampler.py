@@ -89,8 +89,8 @@ class RowSampler:
         if self.bias is not None:
             x = x + self.bias
         if self.constraint is not None:
-            if x.data_ptr() == logits.data_ptr():
-                x = x.clone()  # the caller's logits stay the model's (log-probs are not of the mask)
+            if x.data_ptr() == logits.data_ptr():  # the caller's logits stay the model's (for log-probs)
+                x = torch.from_numpy(x.float().numpy().copy())  # numpy: no wake-up of torch's thread pool
             self.constraint.mask(x[0])
         tok = int(sample(x, self.params, self.generator)[0])
         self.observe(tok)
