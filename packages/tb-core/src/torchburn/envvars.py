@@ -42,6 +42,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Programs kept per partition with symbolic sizes (dynamic shapes), one per concrete shape (LRU); `0` runs such partitions in eager PyTorch. `options={'shape_cache_size': n}` overrides it.",
     ),
     EnvVar(
+        "TORCHBURN_LOW_PRECISION",
+        "1",
+        "tb-core",
+        "`0` or `off`: bfloat16 / float16 compute is not rewritten to float32 between casts for the engines (torchburn.low_precision); it then runs where an engine takes that dtype itself, else in eager PyTorch. `options={'low_precision': ...}` overrides it.",
+    ),
+    EnvVar(
         "TORCHBURN_LOAD_PLUGINS",
         "(unset: all)",
         "tb-core",
