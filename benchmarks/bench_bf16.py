@@ -1,0 +1,105 @@
+"""bfloat16 rows: the README model and the model set converted to bfloat16, and the float32 README
+model under ``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against
+eager in the same dtype (and inductor on the README rows), interleaved in one run.
+
+torchburn computes bfloat16 graphs in float32 between casts at eager's rounding points
+(torchburn.low_precision); the notes column says how many ops fell back to eager.
+
+    python -m benchmarks.bench_bf16 [--threads 2]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.harness import first_call, interleaved
+
+BF16 = torch.bfloat16
+
+
+def _row(name: str, threads: int, times: dict[str, float], first: float, fallback: int, **extra: Any) -> dict[str, Any]:
+    import torchburn
+
+    return {
+        "suite": "bf16",
+        "name": name,
+        "engines": ",".join(torchburn.active_engines()) or "eager",
+        "threads": threads,
+        "eager_s": times["eager"],
+        "torchburn_s": times["torchburn"],
+        "inductor_s": times.get("inductor"),
+        "torchburn_first_s": first,
+        "notes": f"{fallback} fallback ops",
+        **extra,
+    }
+
+
+def _case(
+    model: torch.nn.Module, args: tuple[Any, ...], autocast: bool, inductor: bool
+) -> tuple[dict[str, float], float, int]:
+    import torchburn
+
+    ctx: Callable[[], Any] = (lambda: torch.autocast("cpu", dtype=BF16)) if autocast else contextlib.nullcontext
+
+    def call(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def go() -> Any:
+            with ctx():
+                return fn(*args)
+
+        return go
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torchburn.reset_stats()
+        tb = torch.compile(model, backend="torchburn", options={"warn": False})
+        first = first_call(call(tb))
+        cov = torchburn.op_coverage()
+        fns = {"eager": call(model), "torchburn": call(tb)}
+        if inductor:
+            fns["inductor"] = call(torch.compile(model))
+        times = interleaved(fns, repeats=15)
+    return times, first, sum(cov["fallback"].values())
+
+
+def run(threads: int) -> list[dict[str, Any]]:
+    from torchburn.testing.models import readme_mlp, small_cnn, transformer_layer
+
+    torch.set_num_threads(threads)
+    rows = []
+    for batch in (32, 1):
+        model, (x,) = readme_mlp(batch=batch)
+        times, first, fb = _case(model.to(BF16), (x.to(BF16),), autocast=False, inductor=True)
+        rows.append(_row(f"README model bf16 (.to(bfloat16)), batch {batch}", threads, times, first, fb))
+        model, (x,) = readme_mlp(batch=batch)
+        times, first, fb = _case(model, (x,), autocast=True, inductor=True)
+        rows.append(_row(f"README model under autocast bf16, batch {batch}", threads, times, first, fb))
+    for name, factory in (("small CNN", small_cnn), ("transformer layer", transformer_layer)):
+        model, args = factory()
+        times, first, fb = _case(model.to(BF16), tuple(a.to(BF16) for a in args), autocast=False, inductor=False)
+        rows.append(_row(f"{name} bf16 (.to(bfloat16))", threads, times, first, fb))
+    return rows
+
+
+def main() -> None:
+    import argparse
+
+    from benchmarks.harness import fmt_time
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=2)
+    a = parser.parse_args()
+    for r in run(a.threads):
+        ratio = r["eager_s"] / r["torchburn_s"]
+        ind = f", inductor {fmt_time(r['inductor_s'])}" if r["inductor_s"] else ""
+        print(
+            f"{r['name']}: eager {fmt_time(r['eager_s'])}, torchburn {fmt_time(r['torchburn_s'])} "
+            f"({ratio:.2f}× eager){ind}; {r['notes']}; threads {r['threads']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
