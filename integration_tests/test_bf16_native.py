@@ -135,3 +135,35 @@ def test_turned_off_runs_in_eager() -> None:
     with torch.no_grad():
         check_close(compiled(*args), model(*args))
     assert "aten.addmm.default" in fallback()
+
+
+class _Head(torch.nn.Module):
+    """MLP, GELU, layer norm, log-softmax, softmax: forward and backward graphs with a rounding
+    point at every op, softmax backward ops that name the forward's dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = models.TrainMLP()
+        self.norm = torch.nn.LayerNorm(10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(torch.nn.functional.gelu(self.mlp(x)))
+        return torch.log_softmax(h, -1).softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("factory", [models.TrainMLP, _Head], ids=["mlp", "head"])
+def test_training_step_in_low_precision(dtype: torch.dtype, factory: Callable[[], torch.nn.Module]) -> None:
+    torch.manual_seed(0)
+    eager = factory().to(dtype)
+    model = factory().to(dtype)
+    model.load_state_dict(eager.state_dict())
+    x, y = torch.randn(16, 784).to(dtype), torch.randint(0, 10, (16,))
+    compiled = torch.compile(model, backend="torchburn", options={"engine": "native_cpu"})
+    for net, m in ((eager, eager), (compiled, model)):
+        torch.nn.functional.cross_entropy(net(x).float(), y).backward()
+        assert all(p.grad is not None and p.grad.dtype == dtype for p in m.parameters())
+    assert fallback() == {}
+    assert torchburn.op_coverage()["native"]["aten.mm.default"] > 0
+    for p, q in zip(eager.parameters(), model.parameters()):
+        check_close(q.grad, p.grad)

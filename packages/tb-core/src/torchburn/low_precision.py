@@ -54,6 +54,7 @@ _CATEGORIES = frozenset(
         "elementwise_binary",
         "elementwise_ternary",
         "reduction",
+        "backward",
     }
 )
 #: Copy-family ops computed as they are in float32 (exact).
@@ -81,6 +82,7 @@ EXACT = frozenset(
         "aten.round.default",
         "aten.trunc.default",
         "aten.sign.default",
+        "aten.threshold_backward.default",
         *_COPIES,
     }
 )
@@ -105,6 +107,8 @@ VIEWS = frozenset(
         "aten.as_strided.default",
     }
 )
+#: Backward ops whose fourth argument names the forward input's dtype (their result's dtype).
+_BACKWARD_INPUT_DTYPE = frozenset({"aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default"})
 #: Ops the catalog files under a widened family that must keep their own dtype rules.
 _NOT_WIDENED = frozenset({"aten.cumsum.default", "aten.prod.default", "aten.prod.dim_int"})
 
@@ -233,6 +237,8 @@ class _Widener:
         args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg)
         if op in ("aten._softmax.default", "aten._log_softmax.default") and len(args) > 2:
             args = (*args[:2], False)  # float32 in, float32 out: half_to_float has nothing left to do
+        if op in _BACKWARD_INPUT_DTYPE and len(args) > 3 and args[3] in LOW:
+            args = (*args[:3], F32)  # the forward's input dtype: its twin's, float32
         try:
             val = self.fake(node.target, tuple(args), kwargs)
         except Exception as exc:  # the op has no float32 form here: it stays as traced
