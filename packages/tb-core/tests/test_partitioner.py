@@ -63,6 +63,28 @@ def test_small_partitions_stay_eager_with_a_reason(toy: Any) -> None:
     assert explanation.native_ops["aten.sigmoid.default"] == 1
 
 
+def test_one_large_elementwise_op_is_worth_a_partition(toy: Any) -> None:
+    """The threshold counts work, not only ops: one sigmoid over 128k elements goes to the
+    engine; over 8 elements, or with the work rule off, it stays eager with the numbers."""
+    big, tiny = torch.randn(512, 256), torch.randn(8)
+    explanation = torchburn.explain(torch.sigmoid, big)
+    assert explanation.native_ops["aten.sigmoid.default"] == 1
+    torch.testing.assert_close(explanation.output, torch.sigmoid(big))
+    torch._dynamo.reset()
+    reasons = torchburn.explain(torch.sigmoid, tiny).fallback_reasons["aten.sigmoid.default"]
+    assert any("8 elements written < min_partition_work=65536" in r for r in reasons), reasons
+    torch._dynamo.reset()
+    off = torchburn.explain(torch.sigmoid, big, options={"min_partition_work": 0})
+    assert "aten.sigmoid.default" in off.fallback_reasons
+    torch._dynamo.reset()
+    at = torchburn.explain(torch.sigmoid, tiny, options={"min_partition_work": 8})
+    assert at.native_ops["aten.sigmoid.default"] == 1
+    with pytest.raises(ValueError, match="min_partition_work must be 0 or more"):
+        torchburn.Options.from_user({"min_partition_work": -1})
+    with pytest.raises(ValueError, match="min_partition_work must be an int"):
+        torchburn.Options.from_user({"min_partition_work": 1.5})
+
+
 def test_views_alone_go_to_the_engine_only_at_threshold_zero(toy: Any) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return x.permute(1, 0)  # a graph of one view: nothing to compute

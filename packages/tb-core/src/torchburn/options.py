@@ -27,6 +27,10 @@ class Options:
     #: Partitions with fewer compute ops than this (and no heavy op such as a GEMM) stay eager;
     #: 0 hands the engine even a partition of view ops alone (views of its inputs, no kernel).
     min_partition_size: int = 2
+    #: ... unless the partition's work (elements its compute ops write) reaches this: a single
+    #: elementwise op over a large tensor (GELU of 1024×1024) is worth a kernel call, a few ops
+    #: over a small one are not. 0 turns the work rule off (op count and heavy ops alone decide).
+    min_partition_work: int = 1 << 16
     #: Use the structural graph cache.
     cache: bool = True
     #: "eager": fall back on any engine error; "error": raise it (for engine development).
@@ -63,6 +67,10 @@ class Options:
             raise ValueError(f"fallback must be 'eager' or 'error', not {opts.fallback!r}")
         if opts.min_partition_size < 0:
             raise ValueError("min_partition_size must be 0 or more")
+        if isinstance(opts.min_partition_work, bool) or not isinstance(opts.min_partition_work, int):
+            raise ValueError(f"min_partition_work must be an int, not {opts.min_partition_work!r}")
+        if opts.min_partition_work < 0:
+            raise ValueError("min_partition_work must be 0 or more")
         if opts.shape_cache_size is not None and (
             isinstance(opts.shape_cache_size, bool)
             or not isinstance(opts.shape_cache_size, int)

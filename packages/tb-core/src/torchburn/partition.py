@@ -99,10 +99,40 @@ def is_compute(op: str) -> bool:
     return op != GETITEM and catalog.category(op) not in FREE_CATEGORIES
 
 
-def worth_a_partition(ops: list[str], min_size: int) -> bool:
+def worth_a_partition(ops: list[str], min_size: int, work: int = 0, min_work: int = 0) -> bool:
+    """A partition is worth a kernel call when it holds a heavy op (GEMM, convolution, attention,
+    a norm, a reduction, a loss, a backward), ``min_size`` compute ops or more, or, with
+    ``min_work`` set, when its compute ops write ``min_work`` elements or more."""
     if any(catalog.category(op) in HEAVY_CATEGORIES for op in ops):
         return True
-    return sum(1 for op in ops if is_compute(op)) >= min_size
+    if sum(1 for op in ops if is_compute(op)) >= min_size:
+        return True
+    return min_work > 0 and work >= min_work
+
+
+def partition_work(nodes: Any) -> int:
+    """Elements the compute nodes of a partition write (their outputs' numel, by the size hints
+    where sizes are symbolic): what an elementwise partition costs, roughly."""
+    total = 0
+    for n in nodes:
+        if n.op != "call_function" or not is_compute(op_name(n.target)):
+            continue
+        val = n.meta.get("val")
+        for v in val if isinstance(val, (list, tuple)) else (val,):
+            if isinstance(v, torch.Tensor):
+                total += _numel_hint(v)
+    return total
+
+
+def _numel_hint(t: torch.Tensor) -> int:
+    count = 1
+    for s in t.shape:
+        if isinstance(s, int):
+            count *= s
+        else:  # a SymInt: its hint (the example Dynamo traced with), else count it as large
+            hint = getattr(getattr(s, "node", None), "hint", None)
+            count *= int(hint) if isinstance(hint, int) else 1 << 16
+    return count
 
 
 class _EngineSupport(OperatorSupportBase):
@@ -199,12 +229,15 @@ def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts
         kept = []
         for part in proposed:
             ops = [op_name(n.target) for n in part.nodes]
-            if worth_a_partition(ops, opts.min_partition_size):
+            work = partition_work(part.nodes)
+            if worth_a_partition(ops, opts.min_partition_size, work, opts.min_partition_work):
                 kept.append(part)
             else:
                 for n in part.nodes:
                     small[n.name] = (
-                        f"{engine.name}: below cost threshold (min_partition_size={opts.min_partition_size})"
+                        f"{engine.name}: below cost threshold ({sum(1 for op in ops if is_compute(op))} compute ops "
+                        f"< min_partition_size={opts.min_partition_size}, {work} elements written "
+                        f"< min_partition_work={opts.min_partition_work})"
                     )
         if not kept:
             continue
