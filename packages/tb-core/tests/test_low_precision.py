@@ -18,7 +18,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchburn
-from torchburn.low_precision import LOW, TO_COPY, low_precision_ops, widen_low_precision
+from torchburn.low_precision import LOW, TO_COPY, low_precision_ops, taken_as_is, widen_low_precision
 from torchburn.options import Options
 from torchburn.testing.models import readme_mlp
 
@@ -236,6 +236,32 @@ def test_existing_casts_are_reused_as_twins() -> None:
     assert sum(1 for c in casts(gm) if c == ("aten._to_copy.default", torch.bfloat16, torch.float32)) == 1
     for got, want in zip(run_checked(gm, x), fn(x)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class _Checks:
+    """An engine's ``check``: float32 for every op, and ``low`` ops in float16 too."""
+
+    def __init__(self, name: str, low: set[str]) -> None:
+        self.name, self.low = name, low
+
+    def check(self, info: Any) -> str | None:
+        dtypes = {m.dtype for m in info.inputs}
+        if dtypes == {torch.float32} or (dtypes == {torch.float16} and info.op in self.low):
+            return None
+        return "dtype"
+
+
+def test_a_node_the_first_engine_takes_as_it_is_is_kept() -> None:
+    fn, args = mlp_fn(torch.float16)
+    f16_relu = _Checks("f16", {"aten.relu.default"})
+    f32_only = _Checks("f32", set())
+    for engines, relu_dtype in (([f16_relu], torch.float16), ([f32_only, f16_relu], torch.float32)):
+        gm = widen_low_precision(traced(fn, *args), keep=taken_as_is(engines))  # type: ignore[arg-type]
+        relu = next(n for n in gm.graph.nodes if n.target is aten.relu.default)
+        assert relu.meta["val"].dtype == relu_dtype
+        addmms = [n for n in gm.graph.nodes if n.target is aten.addmm.default]
+        assert [n.meta["val"].dtype for n in addmms] == [torch.float32] * 2
+        torch.testing.assert_close(run_checked(gm, *args), fn(*args), **tol(torch.float16))
 
 
 # -- through torch.compile ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch.fx
 from torchburn import direct_inference
 from torchburn.cache import graph_cache, traced_graph_key
 from torchburn.catalog import kept_op_names
-from torchburn.low_precision import widen_low_precision
+from torchburn.low_precision import taken_as_is, widen_low_precision
 from torchburn.options import Options, TorchburnFallbackWarning, select_engines
 from torchburn.partition import compile_graph, make_record, warn_fallbacks
 
@@ -51,7 +51,7 @@ def torchburn_backend(
         """The partitioned graph as the callable AOTAutograd (boxed: one list argument) or Dynamo
         (direct inference: the arguments) calls, counted in telemetry."""
         if opts.widen_low_precision():
-            graph = widen_low_precision(graph)
+            graph = widen_low_precision(graph, keep=taken_as_is(engines))
         runnable, report = compile_graph(graph, engines, opts, kind)
         warn_fallbacks(report, opts)
         if opts.report_sink is not None:

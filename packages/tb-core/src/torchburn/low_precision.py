@@ -25,16 +25,20 @@ running the pass twice changes nothing the second time. ``TORCHBURN_LOW_PRECISIO
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
 from torchburn import catalog
+from torchburn.engine import Engine
+from torchburn.nodeinfo import NodeInfo
+from torchburn.plan import TensorMeta
 
 log = logging.getLogger("torchburn")
 
@@ -171,7 +175,8 @@ def _is_cast_to_f32(node: torch.fx.Node) -> bool:
 
 
 class _Widener:
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, keep: Callable[[torch.fx.Node], bool]) -> None:
+        self.keep = keep
         self.gm = gm
         self.graph = gm.graph
         # the mode of the graph's own values (not the tracing context's: Dynamo hands backends a
@@ -275,8 +280,9 @@ class _Widener:
     def run(self) -> bool:
         if self.fake_mode is None:
             return False
-        candidates = [n for n in self.graph.nodes if _wants_widening(n) or _is_cast_to_f32(n)]
-        if not any(_wants_widening(n) for n in candidates):
+        wanted = {n for n in self.graph.nodes if _wants_widening(n) and not self.keep(n)}
+        candidates = [n for n in self.graph.nodes if n in wanted or _is_cast_to_f32(n)]
+        if not wanted:
             return False
         for node in candidates:
             if _is_cast_to_f32(node):
@@ -292,12 +298,15 @@ class _Widener:
         return True
 
 
-def widen_low_precision(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def widen_low_precision(
+    gm: torch.fx.GraphModule, keep: Callable[[torch.fx.Node], bool] | None = None
+) -> torch.fx.GraphModule:
     """Rewrite ``gm`` in place (and return it) so its bfloat16 / float16 compute runs in float32
     between casts at eager's rounding points. A graph the pass cannot type (no fake tensors) or
     with nothing to widen is returned unchanged; a node whose float32 form cannot be typed stays
-    as traced."""
-    widener = _Widener(gm)
+    as traced, and so does a node ``keep`` says to keep (``taken_as_is``: an engine in force
+    computes it in its own dtype, as wgpu does float16)."""
+    widener = _Widener(gm, keep or (lambda node: False))
     if widener.run():
         log.debug("torchburn: computed in float32: %s", dict(widener.widened))
     return gm
@@ -306,3 +315,45 @@ def widen_low_precision(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def low_precision_ops(nodes: Iterable[torch.fx.Node]) -> Counter[str]:
     """Ops of ``nodes`` that read or write bfloat16 / float16 and the pass would widen."""
     return Counter(str(n.target) for n in nodes if _wants_widening(n))
+
+
+def _as_float32(info: NodeInfo) -> NodeInfo:
+    """What the engine would be asked about the node's float32 form (its low metas widened)."""
+
+    def widen(meta: Any) -> Any:
+        if isinstance(meta, TensorMeta) and meta.dtype in LOW:
+            return dataclasses.replace(meta, dtype=F32)
+        if isinstance(meta, tuple):
+            return tuple(widen(m) for m in meta)
+        return meta
+
+    return dataclasses.replace(info, inputs=[widen(m) for m in info.inputs], out=widen(info.out))
+
+
+def taken_as_is(engines: Sequence[Engine]) -> Callable[[torch.fx.Node], bool]:
+    """``keep`` for ``widen_low_precision``: in the engines' priority order, the first engine that
+    takes the node either in its own low-precision dtype or in float32 decides; a node it takes as
+    it is (wgpu's float16 kernels) is left to that engine. Asked as the partitioner asks: as it is,
+    or as its hint when its sizes are symbolic."""
+
+    def takes(engine: Engine, info: NodeInfo) -> bool:
+        try:
+            return engine.check(info) is None
+        except Exception:  # a buggy checker means "no", as in the partitioner
+            return False
+
+    def keep(node: torch.fx.Node) -> bool:
+        info: NodeInfo | str = NodeInfo.of(node)
+        if isinstance(info, NodeInfo) and info.symbolic:
+            info = NodeInfo.hinted(node)
+        if not isinstance(info, NodeInfo):
+            return False
+        wide = _as_float32(info)
+        for engine in engines:
+            if takes(engine, info):
+                return True
+            if takes(engine, wide):
+                return False
+        return False
+
+    return keep
