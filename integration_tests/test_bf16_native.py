@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import ENGINES
 
 import torchburn
-from conftest import ENGINES
 from torchburn import catalog
 from torchburn.partition import HEAVY_CATEGORIES
 from torchburn.testing import models
