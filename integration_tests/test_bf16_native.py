@@ -49,8 +49,15 @@ def check_close(out: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(out, expected, rtol=rtol, atol=atol * scale, equal_nan=True)
 
 
-def run(model: torch.nn.Module, args: tuple[Any, ...], engine: str, mode: str, backend: str = "torchburn") -> Any:
-    options = {"options": {"engine": engine}} if backend == "torchburn" else {}
+def run(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    engine: str,
+    mode: str,
+    backend: str = "torchburn",
+    sink: list[Any] | None = None,
+) -> Any:
+    options = {"options": {"engine": engine, "report_sink": sink}} if backend == "torchburn" else {}
     compiled = torch.compile(model, backend=backend, **options)
     with torch.no_grad(), context(mode):
         return compiled(*args)
@@ -81,8 +88,12 @@ def test_model_set_in_low_precision(engine: str, name: str, mode: str) -> None:
     model, args = prepared(name, mode)
     with torch.no_grad(), context(mode):
         expected = model(*args)
-    out = run(model, args, engine, mode)
+    sink: list[Any] = []
+    out = run(model, args, engine, mode, sink=sink)
     check_coverage(engine, mode)
+    if engine == "native_cpu":
+        # the casts are Cast steps inside the partition: the whole graph is one engine call
+        assert [len(g.partitions) for g in sink] == [1], sink
     if mode == "autocast" and name == "transformer_layer":
         # eager's fused encoder layer returns bfloat16 under autocast, its decomposition float32
         # (as with backend="aot_eager"): torch.compile's dtype is PyTorch's, not the engine's
