@@ -181,3 +181,18 @@ def test_training_step_in_low_precision(dtype: torch.dtype, factory: Callable[[]
     assert torchburn.op_coverage()["native"]["aten.mm.default"] > 0
     for p, q in zip(eager.parameters(), model.parameters()):
         check_close(q.grad, p.grad)
+
+
+def test_tiny_llama_in_bf16() -> None:
+    """A 2-layer Llama (RMSNorm, RoPE, SDPA with GQA, SiLU gate) in bf16 on native_cpu: every op
+    but the embedding gather, which is left in eager (widening it would cast the whole table on
+    every call, more than the gather costs)."""
+    model, args = models.tiny_causal_lm()
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        expected = model(*args)
+    out = run(model, args, "native_cpu", "bf16")
+    assert out.dtype == torch.bfloat16
+    check_close(out, expected)
+    assert fallback() == {"aten.embedding.default": 1}
+    assert torchburn.op_coverage()["native"]["aten.mm.default"] > 0
