@@ -206,5 +206,33 @@ def test_a_malformed_step_is_refused_at_the_boundary(step: dict[str, Any], messa
         _native.Executor(json.dumps(plan))
 
 
+def _default_step(cls: type[S.Step]) -> S.Step:
+    """A step of kind ``cls`` with its parameters' defaults, reading value 0 and writing value 1."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        wire = f.metadata.get("wire")
+        if wire is not None:
+            value = 0 if wire == "ins" else 1
+            kwargs[f.name] = [value] if f.metadata.get("many") else value
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[f.name] = {"str": "f32", "int": 0, "bool": False, "float": 0.0}[f.metadata["param"]]
+    return cls(**kwargs)
+
+
+@pytest.mark.parametrize("tag", sorted(S.step_kinds()))
+def test_the_executor_reads_every_field_python_writes(tag: str) -> None:
+    """Python's fields of each kind are the ones its Rust family reads: the family's builder reads
+    its parameters before it looks at the operands (here float32 vectors that fit few kernels), so
+    a step that fails to build fails on its shapes, never on a missing, unknown or mistyped field."""
+    from tb_cpu_rust import _native
+
+    plan = _copy_plan()
+    plan["steps"] = [S.wire(_default_step(S.step_kinds()[tag]))]
+    try:
+        _native.Executor(json.dumps(plan))
+    except ValueError as exc:
+        assert not any(m in str(exc) for m in ("unknown field", "missing field", "invalid type", "unknown step")), exc
+
+
 def test_the_engine_version_carries_the_step_schema() -> None:
     assert NativeCpuEngine().version().endswith(f"+steps{S.SCHEMA_VERSION}")

@@ -274,10 +274,10 @@ mod steps {
     }
 
     fn pool2d(a: &Args) -> Built {
+        let (vals, include_pad, divisor) = pool_window::<2>(a)?;
         let (x, y) = (a.take(0)?, a.out(0)?);
         f32s(&[&x, &y])?;
         need(x.rank() == 4 && y.rank() == 4 && x.sizes[..2] == y.sizes[..2], "pool takes 4-d tensors")?;
-        let (vals, include_pad, divisor) = pool_window::<2>(a)?;
         need(vals[0] > 0 && vals[1] > 0 && vals[2] > 0 && vals[3] > 0, "pool kernel/stride must be positive")?;
         need(vals[4] <= vals[0] / 2 && vals[5] <= vals[1] / 2, "pool padding larger than half the kernel")?;
         if a.op == "max_pool2d" {
@@ -294,10 +294,10 @@ mod steps {
     }
 
     fn pool3d_step(a: &Args) -> Built {
+        let (vals, include_pad, divisor) = pool_window::<3>(a)?;
         let (x, y) = (a.take(0)?, a.out(0)?);
         f32s(&[&x, &y])?;
         need(x.rank() == 5 && y.rank() == 5 && x.sizes[..2] == y.sizes[..2], "3-d pooling takes 5-d tensors")?;
-        let (vals, include_pad, divisor) = pool_window::<3>(a)?;
         need(vals[..6].iter().all(|&v| v > 0), "pool kernel/stride must be positive")?;
         need((0..3).all(|d| vals[6 + d] <= vals[d] / 2), "pool padding larger than half the kernel")?;
         if a.op == "max_pool3d" {
