@@ -2,8 +2,10 @@
 model under ``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against
 eager in the same dtype (and inductor on the README rows), interleaved in one run.
 
-torchburn computes bfloat16 graphs in float32 between casts at eager's rounding points
-(torchburn.low_precision); the notes column says how many ops fell back to eager.
+The torchburn column is the opt-in low-precision path (``options={"low_precision": True}``, off by
+default): bfloat16 graphs computed in float32 between casts at eager's rounding points
+(torchburn.low_precision); the notes column says how many ops fell back to eager. By default
+those graphs run in eager PyTorch.
 
     python -m benchmarks.bench_bf16 [--threads 2]
 """
@@ -55,7 +57,7 @@ def _case(
     with torch.no_grad():
         torch._dynamo.reset()
         torchburn.reset_stats()
-        tb = torch.compile(model, backend="torchburn", options={"warn": False})
+        tb = torch.compile(model, backend="torchburn", options={"warn": False, "low_precision": True})
         first = first_call(call(tb))
         cov = torchburn.op_coverage()
         fns = {"eager": call(model), "torchburn": call(tb)}

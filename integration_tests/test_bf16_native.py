@@ -23,6 +23,14 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "transformer_layer": models.transformer_layer,
 }
 MODES = ["bf16", "fp16", "autocast"]
+
+
+@pytest.fixture(autouse=True)
+def _low_precision_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass is opt-in (off by default: slower than eager bfloat16 today); these tests turn it on."""
+    monkeypatch.setenv("TORCHBURN_LOW_PRECISION", "1")
+
+
 #: engines that carry bfloat16 values (casts to and from float32); wgpu has no bfloat16 buffers,
 #: so there the casts of a bfloat16 graph stay in eager PyTorch and the heavy compute runs on it
 BF16_STORAGE = {"native_cpu", "cython_dispatch"}

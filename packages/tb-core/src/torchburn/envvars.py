@@ -43,9 +43,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "TORCHBURN_LOW_PRECISION",
-        "1",
+        "0",
         "tb-core",
-        "`0` or `off`: bfloat16 / float16 compute is not rewritten to float32 between casts for the engines (torchburn.low_precision); it then runs where an engine takes that dtype itself, else in eager PyTorch. `options={'low_precision': ...}` overrides it.",
+        "`1` or `on`: bfloat16 / float16 compute is rewritten to float32 between casts at eager's rounding points so the engines run it (torchburn.low_precision); off by default because it measured slower than eager bfloat16 (a cast of every weight per call, no bfloat16 GEMM yet). Off, such nodes run where an engine takes that dtype itself, else in eager PyTorch. `options={'low_precision': ...}` overrides it.",
     ),
     EnvVar(
         "TORCHBURN_LOAD_PLUGINS",
