@@ -30,10 +30,14 @@ LLAMA_TYPES = ["F32", "F16", "Q8_0", "Q4_0"]
 
 
 def llama_perplexity_tool() -> Path:
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.bench_llama_cpp import _tool, llama_cpp_build
+    import os
 
-    build = llama_cpp_build()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_llama_cpp import _tool, cache_root, llama_cpp_build
+
+    build = Path(os.environ.get("LLAMA_CPP_BUILD") or cache_root() / "llama.cpp" / "build")
+    if not (_tool(build, "llama-perplexity") and _tool(build, "llama-quantize")):
+        build = llama_cpp_build()
     tool = _tool(build, "llama-perplexity")
     if tool is None:
         cmake = shutil.which("cmake") or "cmake"
@@ -61,7 +65,21 @@ def llama_cpp_rows(gguf: Path, ctx: int, threads: int) -> list[dict[str, Any]]:
     rows = []
     for name, path in files.items():
         run = subprocess.run(
-            [str(tool), "-m", str(path), "-f", str(TEXT), "-c", str(ctx), "-b", str(ctx), "-t", str(threads)],
+            # --no-repack: llama.cpp's AMX repacked matmul segfaulted on this VM (it advertises AMX)
+            [
+                str(tool),
+                "-m",
+                str(path),
+                "-f",
+                str(TEXT),
+                "-c",
+                str(ctx),
+                "-b",
+                str(ctx),
+                "-t",
+                str(threads),
+                "--no-repack",
+            ],
             capture_output=True,
             text=True,
             check=True,
