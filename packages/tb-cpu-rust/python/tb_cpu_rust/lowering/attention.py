@@ -11,12 +11,21 @@ from tb_cpu_rust.lowering.lowerer import Lowerer
 from tb_cpu_rust.lowering.registry import register_lowering
 
 
-def _no_dropout(info: Any) -> str | None:
-    return "dropout" if len(info.args) > 3 and info.args[3] else None
+def _sdpa_check(info: Any) -> str | None:
+    """No dropout, and as many key/value heads as query heads: the kernel has no grouped-query
+    (GQA) indexing yet, so such a node stays eager on its own instead of failing the partition."""
+    if len(info.args) > 3 and info.args[3]:
+        return "dropout"
+    q, k, v = info.inputs[:3]
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        return "sdpa needs 4-d query, key and value"
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        return f"grouped-query attention ({q.shape[1]} query heads, {k.shape[1]} key/value heads)"
+    return None
 
 
 @register_lowering(
-    "aten._scaled_dot_product_flash_attention_for_cpu.default", check=kernel_check(float_only=True, extra=_no_dropout)
+    "aten._scaled_dot_product_flash_attention_for_cpu.default", check=kernel_check(float_only=True, extra=_sdpa_check)
 )
 def _sdpa(lw: Lowerer, node: Any) -> tuple[int, ...]:
     a, kw = list(node.args), dict(node.kwargs)
