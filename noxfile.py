@@ -133,7 +133,10 @@ def tests(session: nox.Session, engine: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6", "mypy>=1.10", "pytest>=8", "transformers>=4.40", "-e", CORE)
+    # uvicorn / starlette: tb-llm's server subclasses uvicorn.Server, which strict mypy must see typed
+    session.install(
+        "ruff>=0.6", "mypy>=1.10", "pytest>=8", "transformers>=4.40", "uvicorn>=0.30", "starlette>=0.37", "-e", CORE
+    )
     session.run("ruff", "check", *LINTED)
     session.run("ruff", "format", "--check", *LINTED)
     session.run("mypy", *TYPED)
