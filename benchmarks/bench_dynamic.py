@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import functools
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from benchmarks.harness import fmt_time
+from benchmarks.harness import fmt_time, interleaved_samples
 
 SIZES = (8, 16, 24, 32, 48)
 
@@ -43,25 +42,9 @@ def _fresh(model: torch.nn.Module, name: str) -> Callable[[torch.Tensor], torch.
 
 
 def _interleaved(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float) -> dict[str, tuple[float, float]]:
-    """(median, best) seconds per call of each function, sampled in alternation (A B C … A B C …).
-
-    As ``benchmarks.harness.interleaved``, and also the best sample: on a machine shared with other
-    work the median moves with the neighbours' load, the best sample much less."""
-    inner = {}
-    for name, fn in fns.items():
-        fn()
-        start = time.perf_counter()
-        fn()
-        inner[name] = max(1, int(min_time / max(time.perf_counter() - start, 1e-7)))
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            n = inner[name]
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples[name].append((time.perf_counter() - start) / n)
-    return {k: (statistics.median(v), min(v)) for k, v in samples.items()}
+    """(median, best) seconds per call of each function, sampled in alternation: on a machine
+    shared with other work the median moves with the neighbours' load, the best sample much less."""
+    return {k: (statistics.median(v), min(v)) for k, v in interleaved_samples(fns, repeats, min_time).items()}
 
 
 def run(threads: int, repeats: int = 301, min_time: float = 0.0) -> list[dict[str, Any]]:

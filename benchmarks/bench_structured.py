@@ -24,72 +24,10 @@ from typing import Any
 
 import torch
 
-_NAME = {"type": "string", "minLength": 1, "maxLength": 24}
-SCHEMAS: dict[str, tuple[str, Any]] = {
-    "person": (
-        "Give a person's name, age and whether they are a student, as JSON.",
-        {
-            "type": "object",
-            "properties": {"name": _NAME, "age": {"type": "integer"}, "student": {"type": "boolean"}},
-            "required": ["name", "age", "student"],
-            "additionalProperties": False,
-        },
-    ),
-    "enum": (
-        "Pick a colour and a T-shirt size, as JSON.",
-        {
-            "type": "object",
-            "properties": {"colour": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L", "XL"]}},
-            "required": ["colour", "size"],
-            "additionalProperties": False,
-        },
-    ),
-    "array_of_objects": (
-        "List three cities with their country, as a JSON array.",
-        {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"city": _NAME, "country": _NAME},
-                "required": ["city", "country"],
-                "additionalProperties": False,
-            },
-            "minItems": 3,
-            "maxItems": 3,
-        },
-    ),
-    "nested": (
-        "Describe a book (title, and an author with name and birth year), as JSON.",
-        {
-            "type": "object",
-            "properties": {
-                "title": _NAME,
-                "author": {
-                    "type": "object",
-                    "properties": {"name": _NAME, "born": {"type": "integer", "minimum": 1000, "maximum": 2025}},
-                    "required": ["name", "born"],
-                    "additionalProperties": False,
-                },
-            },
-            "required": ["title", "author"],
-            "additionalProperties": False,
-        },
-    ),
-    "numbers": (
-        "Give a temperature in Celsius, a humidity percentage and a day of the month, as JSON.",
-        {
-            "type": "object",
-            "properties": {
-                "celsius": {"type": "number", "minimum": -50, "maximum": 60},
-                "humidity": {"type": "integer", "minimum": 0, "maximum": 100},
-                "day": {"type": "integer", "minimum": 1, "maximum": 31},
-            },
-            "required": ["celsius", "humidity", "day"],
-            "additionalProperties": False,
-        },
-    ),
-    "json_object": ("Describe your favourite fruit as a JSON object.", True),
-}
+from tb_llm.testing import json_schemas
+
+#: the tests' schemas (tb_llm.testing.json_schemas), with longer strings and a longer array
+SCHEMAS = json_schemas(name_max_length=24, cities=3)
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:

@@ -17,6 +17,14 @@ from typing import Any
 
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 9, min_time: float = 0.02) -> dict[str, float]:
     """Median seconds per call of each function, measured in alternation."""
+    return {k: statistics.median(v) for k, v in interleaved_samples(fns, repeats, min_time).items()}
+
+
+def interleaved_samples(
+    fns: dict[str, Callable[[], Any]], repeats: int = 9, min_time: float = 0.02
+) -> dict[str, list[float]]:
+    """Every sample (seconds per call) of each function, taken in alternation (A B C … A B C …)
+    after one warm-up call; a sample times enough calls to last ``min_time`` (at least one)."""
     inner = {}
     for name, fn in fns.items():
         fn()  # warm-up (and compile)
@@ -32,7 +40,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 9, min_time: f
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - start) / n)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
 
 
 def first_call(fn: Callable[[], Any]) -> float:

@@ -33,73 +33,9 @@ from tb_llm.structured import (
     constraint_for,
     grammar_tokenizer,
 )
+from tb_llm.testing import json_schemas
 
-_NAME = {"type": "string", "minLength": 1, "maxLength": 12}
-SCHEMAS: dict[str, tuple[str, Any]] = {
-    "typed_object": (
-        "Give a person's name, age and whether they are a student, as JSON.",
-        {
-            "type": "object",
-            "properties": {"name": _NAME, "age": {"type": "integer"}, "student": {"type": "boolean"}},
-            "required": ["name", "age", "student"],
-            "additionalProperties": False,
-        },
-    ),
-    "enum": (
-        "Pick a colour and a T-shirt size, as JSON.",
-        {
-            "type": "object",
-            "properties": {"colour": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L", "XL"]}},
-            "required": ["colour", "size"],
-            "additionalProperties": False,
-        },
-    ),
-    "array_of_objects": (
-        "List two cities with their country, as a JSON array.",
-        {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"city": _NAME, "country": _NAME},
-                "required": ["city", "country"],
-                "additionalProperties": False,
-            },
-            "minItems": 2,
-            "maxItems": 2,
-        },
-    ),
-    "nested": (
-        "Describe a book (title, and an author with name and birth year), as JSON.",
-        {
-            "type": "object",
-            "properties": {
-                "title": _NAME,
-                "author": {
-                    "type": "object",
-                    "properties": {"name": _NAME, "born": {"type": "integer", "minimum": 1000, "maximum": 2025}},
-                    "required": ["name", "born"],
-                    "additionalProperties": False,
-                },
-            },
-            "required": ["title", "author"],
-            "additionalProperties": False,
-        },
-    ),
-    "number_ranges": (
-        "Give a temperature in Celsius, a humidity percentage and a day of the month, as JSON.",
-        {
-            "type": "object",
-            "properties": {
-                "celsius": {"type": "number", "minimum": -50, "maximum": 60},
-                "humidity": {"type": "integer", "minimum": 0, "maximum": 100},
-                "day": {"type": "integer", "minimum": 1, "maximum": 31},
-            },
-            "required": ["celsius", "humidity", "day"],
-            "additionalProperties": False,
-        },
-    ),
-    "json_object": ("Describe your favourite fruit as a JSON object.", True),
-}
+SCHEMAS = json_schemas()
 ANY_OBJECT = {"type": "object"}
 
 

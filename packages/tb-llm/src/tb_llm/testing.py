@@ -210,3 +210,76 @@ def smollm2_gguf() -> Path:
             shutil.copyfileobj(src, dst)
         tmp.replace(target)
     return target
+
+
+def json_schemas(name_max_length: int = 12, cities: int = 2) -> dict[str, tuple[str, Any]]:
+    """Six JSON schemas with a prompt each (typed object, enum, array of objects, nested object,
+    number ranges, any JSON object), for structured-output tests and benchmarks: the tests keep
+    strings short and the array at 2 items, the benchmark lets the model write more."""
+    name = {"type": "string", "minLength": 1, "maxLength": name_max_length}
+    cities_word = {2: "two", 3: "three"}.get(cities, str(cities))
+    return {
+        "typed_object": (
+            "Give a person's name, age and whether they are a student, as JSON.",
+            {
+                "type": "object",
+                "properties": {"name": name, "age": {"type": "integer"}, "student": {"type": "boolean"}},
+                "required": ["name", "age", "student"],
+                "additionalProperties": False,
+            },
+        ),
+        "enum": (
+            "Pick a colour and a T-shirt size, as JSON.",
+            {
+                "type": "object",
+                "properties": {"colour": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L", "XL"]}},
+                "required": ["colour", "size"],
+                "additionalProperties": False,
+            },
+        ),
+        "array_of_objects": (
+            f"List {cities_word} cities with their country, as a JSON array.",
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"city": name, "country": name},
+                    "required": ["city", "country"],
+                    "additionalProperties": False,
+                },
+                "minItems": cities,
+                "maxItems": cities,
+            },
+        ),
+        "nested": (
+            "Describe a book (title, and an author with name and birth year), as JSON.",
+            {
+                "type": "object",
+                "properties": {
+                    "title": name,
+                    "author": {
+                        "type": "object",
+                        "properties": {"name": name, "born": {"type": "integer", "minimum": 1000, "maximum": 2025}},
+                        "required": ["name", "born"],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["title", "author"],
+                "additionalProperties": False,
+            },
+        ),
+        "number_ranges": (
+            "Give a temperature in Celsius, a humidity percentage and a day of the month, as JSON.",
+            {
+                "type": "object",
+                "properties": {
+                    "celsius": {"type": "number", "minimum": -50, "maximum": 60},
+                    "humidity": {"type": "integer", "minimum": 0, "maximum": 100},
+                    "day": {"type": "integer", "minimum": 1, "maximum": 31},
+                },
+                "required": ["celsius", "humidity", "day"],
+                "additionalProperties": False,
+            },
+        ),
+        "json_object": ("Describe your favourite fruit as a JSON object.", True),
+    }
