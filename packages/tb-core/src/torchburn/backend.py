@@ -39,7 +39,7 @@ def torchburn_backend(
 ) -> Callable[..., Any]:
     """``torch.compile(model, backend="torchburn", options={...})``.
 
-    Options: ``engine`` (name or priority list), ``min_partition_size``, ``cache``,
+    Options: ``engine`` (name or priority list), ``min_partition_size``, ``min_partition_work``, ``cache``,
     ``fallback`` ("eager" or "error"), ``warn``. See ``torchburn.options.Options``.
     """
     from torch._dynamo.backends.common import aot_autograd
