@@ -217,14 +217,14 @@ class LLM:
         weights = CheckpointWeights(folder)
         check_weights(cfg, weights, str(folder / "config.json"))
         tokenizer = Tokenizer(folder, cfg.raw) if (folder / "tokenizer.json").is_file() else None
-        backend = select_backend(resolve_device(device), engine, requested=device)
+        backend, chosen = _choose_backend(device, engine, cfg, quant, group_size)
         bar = _progress_bar(Decoder.linear_count(cfg), f"loading {quant}", progress)
         try:
             model = Decoder(cfg, weights, backend, quant, group_size, progress=bar.update if bar is not None else None)
         finally:
             if bar is not None:
                 bar.close()
-        return cls(model, tokenizer, folder, quant, time.perf_counter() - start)
+        return cls(model, tokenizer, folder, quant, time.perf_counter() - start, {"format": "safetensors", **chosen})
 
     @classmethod
     def _from_gguf(
@@ -239,20 +239,30 @@ class LLM:
     ) -> LLM:
         from tb_llm.gguf.loader import load_gguf
 
-        backend = select_backend(resolve_device(device), engine, requested=device)
+        chosen: dict[str, Any] = {}
+
+        def choose(cfg: ModelConfig) -> LLMKernels:  # the config is read from the file first
+            backend, record = _choose_backend(device, engine, cfg, quant, group_size)
+            chosen.update(record)
+            return backend
+
         bar = _progress_bar(0, f"loading {path.name} as {quant}", progress)  # tensor count unknown until read
         try:
-            loaded = load_gguf(path, backend, quant, group_size, progress=bar.update if bar is not None else None)
+            loaded = load_gguf(path, choose, quant, group_size, progress=bar.update if bar is not None else None)
         finally:
             if bar is not None:
                 bar.close()
-        return cls(loaded.model, loaded.tokenizer, path, quant, time.perf_counter() - start, loaded.info())
+        info = {**loaded.info(), **chosen}
+        return cls(loaded.model, loaded.tokenizer, path, quant, time.perf_counter() - start, info)
 
     def info(self) -> dict[str, Any]:
         """How this model was loaded: checkpoint format, quant, engine, device; for a GGUF file
         also the GGML tensor types and, per type, whether its tensors were ``kept``,
         ``dequantized``, ``requantized``, ``converted`` (float to float) or ``quantized``. With a
-        prefix cache, its state and counters under ``prefix_cache``."""
+        prefix cache, its state and counters under ``prefix_cache``. Loaded with ``device="auto"``
+        (and no ``engine``): ``device_choice``, the backend chosen, how (``measured``, ``cached``
+        or ``only candidate``), why, and each candidate's probe figures (``ms_per_token``, the
+        estimate for this model) or the ``error`` that kept it out (see :mod:`tb_llm.auto_device`)."""
         out = {
             "path": str(self.path),
             "quant": self.quant,
@@ -706,6 +716,19 @@ class ChatSession:
         self.cached = ids + seq.ids[:-1]
         self.messages.append({"role": "assistant", "content": seq.text})
         self.last = Generation(seq.text, seq.ids, ids, seq.finish_reason or "length", timing)
+
+
+def _choose_backend(
+    device: str, engine: str | None, cfg: ModelConfig, quant: str, group_size: int
+) -> tuple[LLMKernels, dict[str, Any]]:
+    """The kernel backend for a load, and what ``info()`` says about the choice: ``device="auto"``
+    without an engine measures the installed backends (:mod:`tb_llm.auto_device`)."""
+    if device == "auto" and engine is None:
+        from tb_llm.auto_device import auto_select
+
+        backend, record = auto_select(cfg, quant, group_size)
+        return backend, {"device_choice": record}
+    return select_backend(resolve_device(device), engine, requested=device), {}
 
 
 def _load_blocks(cache: Any, blocks: Sequence[Any], dev: torch.device) -> int:

@@ -113,14 +113,18 @@ def check_tensors(f: GGUFFile, cfg: ModelConfig, weights: GGUFWeights) -> None:
 
 def load_gguf(
     path: Path,
-    backend: LLMKernels,
+    backend: LLMKernels | Callable[[ModelConfig], LLMKernels],
     quant: str,
     group_size: int = 32,
     progress: Callable[[int], None] | None = None,
 ) -> GGUFLoad:
+    """``backend``: the kernel backend, or a function of the file's config that returns it
+    (``device="auto"`` measures on the model's shape before any weight is read)."""
     f = GGUFFile(path)
     arch, _ = architecture_of(f)
     cfg = config_from_metadata(f)
+    if not hasattr(backend, "linear"):
+        backend = backend(cfg)  # type: ignore[operator]
     weights = GGUFWeights(f, tensor_plan(f, cfg))
     check_tensors(f, cfg, weights)
     notes: list[str] = []
