@@ -10,53 +10,119 @@ not fully native.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from torchburn._version import PLUGIN_API_VERSION, __version__
-from torchburn.backend import torchburn_backend
-from torchburn.cache import graph_cache
-from torchburn.engine import Availability, Engine
-from torchburn.explain import Explanation, explain
 from torchburn.hookspecs import hookimpl
-from torchburn.interop import PreparedProgram
-from torchburn.nodeinfo import NodeInfo, accepts
-from torchburn.options import EngineNotFoundError, Options, TorchburnFallbackWarning, select_engines
-from torchburn.plan import Plan, PlanNode, Ref, TensorMeta
-from torchburn.plugins import TorchburnPluginWarning, register_plugin, unregister_plugin
-from torchburn.registry import KernelRegistry
-from torchburn.telemetry import op_coverage, reset_stats
+
+if TYPE_CHECKING:
+    from torchburn.backend import torchburn_backend
+    from torchburn.cache import graph_cache as graph_cache
+    from torchburn.engine import Availability, Engine
+    from torchburn.explain import Explanation, explain
+    from torchburn.interop import PreparedProgram
+    from torchburn.nodeinfo import NodeInfo, accepts
+    from torchburn.options import EngineNotFoundError, Options, TorchburnFallbackWarning
+    from torchburn.options import select_engines as select_engines
+    from torchburn.plan import Plan, PlanNode, Ref, TensorMeta
+    from torchburn.plugins import TorchburnPluginWarning, register_plugin, unregister_plugin
+    from torchburn.registry import KernelRegistry
+    from torchburn.telemetry import op_coverage, reset_stats
+
+# The public names and the module that defines each. They load on first use, not at
+# ``import torchburn``: that imports neither torch nor a plugin, so ``torchburn engines``
+# can answer from its cached listing without paying for torch (about a second).
+_LAZY = {
+    "torchburn_backend": "torchburn.backend",
+    "graph_cache": "torchburn.cache",
+    "Availability": "torchburn.engine",
+    "Engine": "torchburn.engine",
+    "Explanation": "torchburn.explain",
+    "explain": "torchburn.explain",
+    "PreparedProgram": "torchburn.interop",
+    "NodeInfo": "torchburn.nodeinfo",
+    "accepts": "torchburn.nodeinfo",
+    "EngineNotFoundError": "torchburn.options",
+    "Options": "torchburn.options",
+    "TorchburnFallbackWarning": "torchburn.options",
+    "select_engines": "torchburn.options",
+    "Plan": "torchburn.plan",
+    "PlanNode": "torchburn.plan",
+    "Ref": "torchburn.plan",
+    "TensorMeta": "torchburn.plan",
+    "TorchburnPluginWarning": "torchburn.plugins",
+    "register_plugin": "torchburn.plugins",
+    "unregister_plugin": "torchburn.plugins",
+    "KernelRegistry": "torchburn.registry",
+    "op_coverage": "torchburn.telemetry",
+    "reset_stats": "torchburn.telemetry",
+}
 
 
 def active_engine() -> str:
     """Name of the engine that takes nodes first under the current settings, or "eager"."""
+    from torchburn.options import select_engines
+
     engines = select_engines()
     return engines[0].name if engines else "eager"
 
 
 def active_engines() -> list[str]:
     """Every engine in force, in priority order (empty: eager only)."""
+    from torchburn.options import select_engines
+
     return [e.name for e in select_engines()]
 
 
 def cache_info() -> dict[str, Any]:
     """Hits, misses, disk hits, evictions and size of the structural graph cache."""
+    from torchburn.cache import graph_cache as graph_cache
+
     return graph_cache().info()
 
 
 def clear_cache(disk: bool = True) -> None:
     """Forget every compiled partition: the in-memory cache, and (``disk``) the persistent compile
     cache's entries on disk, so the next compile traces, lowers and compiles again."""
+    from torchburn.cache import graph_cache as graph_cache
+
     graph_cache().clear(disk=disk)
 
 
 def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
     if name == "LLM":
         try:
             from tb_llm import LLM
         except ImportError as exc:
             raise ImportError("torchburn.LLM needs the tb-llm package: pip install tb-llm") from exc
         return LLM
+    # a submodule not imported yet: ``import torchburn`` then ``torchburn.plugins.engines()``
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'torchburn' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps ``torchburn.explain`` the function: importing the ``torchburn.explain`` module, which
+    the lazy loading no longer follows with ``from torchburn.explain import explain``, would
+    otherwise bind the module over it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def _register_backend() -> None:

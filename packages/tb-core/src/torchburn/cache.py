@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from torchburn.engine import Engine
+from torchburn.paths import user_cache_dir as user_cache_dir  # re-exported: engines import it from here
 from torchburn.plan import Plan
 
 if TYPE_CHECKING:
@@ -438,21 +439,6 @@ def _torch_target(target: Any) -> bool:
         return True
     module = getattr(target, "__module__", None) or ""
     return module.split(".")[0] in ("torch", "_operator", "operator", "math", "builtins")
-
-
-def user_cache_dir() -> pathlib.Path | None:
-    """The folder for facts worth keeping across processes (an engine's adapter list, say).
-
-    ``TORCHBURN_CACHE_DIR`` when set (``0`` or ``off``: keep nothing), else ``$XDG_CACHE_HOME/torchburn``
-    (``~/.cache/torchburn``). Not created here: a writer makes it when it first stores something.
-    """
-    raw = os.environ.get("TORCHBURN_CACHE_DIR", "").strip()
-    if raw.lower() in ("0", "off", "false", "no"):
-        return None
-    if raw:
-        return pathlib.Path(raw).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "torchburn"
 
 
 def compile_cache_dir() -> pathlib.Path | None:

@@ -30,14 +30,18 @@ def build_parser(commands: list[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from torchburn.plugins import state
-
+    argv = list(sys.argv[1:] if argv is None else argv)
     commands = builtin_commands()
     names = {c.name for c in commands}
-    for command in state().commands:
-        if isinstance(command, Command) and command.name not in names:
-            commands.append(command)
-            names.add(command.name)
+    # Plugin commands need every plugin loaded (and with them torch): only for a command that is
+    # not built in, or for help that lists them all.
+    if next((a for a in argv if not a.startswith("-")), None) not in names:
+        from torchburn.plugins import state
+
+        for command in state().commands:
+            if isinstance(command, Command) and command.name not in names:
+                commands.append(command)
+                names.add(command.name)
     parser = build_parser(commands)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

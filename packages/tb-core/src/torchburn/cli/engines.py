@@ -1,9 +1,17 @@
-"""``torchburn engines``: installed engines, availability, and every plugin with its status."""
+"""``torchburn engines``: installed engines, availability, and every plugin with its status.
+
+A fresh process answers from the listing remembered by the last live probe when nothing it
+depends on changed (``torchburn.cli.listing_cache``), without importing torch or any plugin;
+``--refresh`` probes live. A process that has loaded plugins already always lists them live.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from typing import Any
 
 from torchburn.cli.command import Command
 from torchburn.cli.table import render_table
@@ -56,8 +64,25 @@ def collect() -> dict[str, object]:
     return {"in_force": in_force, "engines": engines, "plugins": plugins}
 
 
-def run(args: argparse.Namespace) -> int:
+def listing(refresh: bool = False) -> dict[str, Any]:
+    """``collect()``'s answer, from the remembered listing when it still holds (``probed_at`` set)."""
+    from torchburn.cli import listing_cache
+
+    plugins = sys.modules.get("torchburn.plugins")
+    if plugins is not None and (plugins._state is not None or plugins._extra):
+        return collect()  # this process's own plugins (and any registered in-process) are the truth
+    key = listing_cache.fingerprint()
+    if not refresh:
+        cached = listing_cache.load(key)
+        if cached is not None:
+            return cached
     data = collect()
+    listing_cache.store(data, key)
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    data = listing(refresh=bool(getattr(args, "refresh", True)))
     if args.format == "json":
         print(json.dumps(data, indent=2, default=str))
         return 0
@@ -82,11 +107,20 @@ def run(args: argparse.Namespace) -> int:
         print()
         rows = [[p["name"], p["distribution"], p["version"], p["status"], p["reason"]] for p in plugins]
         print(render_table(["plugin", "distribution", "version", "status", "reason"], rows))
+    probed_at = data.get("probed_at")
+    if isinstance(probed_at, float):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(probed_at))
+        print(f"\n(as probed at {when}, nothing relevant changed since; `torchburn engines --refresh` probes again)")
     return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["text", "json"], default="text")
+    parser.add_argument(
+        "--refresh",
+        action="store_true",
+        help="load the plugins and probe the engines now, not the listing remembered from the last probe",
+    )
 
 
 COMMAND = Command("engines", "List engines and plugins, with availability and why not.", run, add_arguments)
