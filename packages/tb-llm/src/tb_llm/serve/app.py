@@ -45,6 +45,7 @@ from tb_llm.serve.request_schema import GenerationRequest, parse
 from tb_llm.serve.row_sampler import RequestSampling
 from tb_llm.serve.scheduler import Busy, Delta, Event, Failed, Finished, Job, Scheduler
 from tb_llm.serve.settings import ServeSettings
+from tb_llm.speculative import Speculative, parse_speculative
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -79,6 +80,11 @@ class OpenAIServer:
         self.created = int(time.time())
         self.fingerprint = f"tb-llm-{__version__}-{llm.engine}"
         self._key = settings.api_key.encode() if settings.api_key else None
+        self._default_speculative = (
+            parse_speculative({"method": settings.speculative, "num_tokens": settings.draft_tokens})
+            if settings.speculative not in (None, "none", "off")
+            else None
+        )
         self.app = Starlette(
             routes=[
                 Route("/health", self.health, methods=["GET"]),
@@ -294,9 +300,16 @@ class OpenAIServer:
             if self.draining:
                 raise server_error("the server is shutting down; retry on another instance", 503)
             self._authorize(request)
-            req = parse(await self._read_json(request), chat, self.settings.max_stop, self.settings.max_n)
+            req = parse(
+                await self._read_json(request),
+                chat,
+                self.settings.max_stop,
+                self.settings.max_n,
+                self.settings.draft_tokens,
+            )
             self._check_model(req.model)
             self._bind_grammar(req)
+            speculative = self._speculative(req)
             prompt_ids = await self._encode(req)
             max_tokens = self._max_tokens(req, len(prompt_ids))
             loop = asyncio.get_running_loop()
@@ -311,6 +324,7 @@ class OpenAIServer:
                     _emitter(loop, queue, i),
                     logprobs=req.logprobs,
                     prompt_logprobs=req.echo and req.logprobs is not None,
+                    speculative=speculative,
                 )
                 for i in range(req.n)
             ]
@@ -328,6 +342,32 @@ class OpenAIServer:
                 self._stream(req, out, queue, rid), media_type="text/event-stream", headers=SSE_HEADERS
             )
         return await self._complete(request, req, out, queue, rid)
+
+    def _speculative(self, req: GenerationRequest) -> Speculative | None:
+        """The request's own ``speculative``, else the server's default. Drafts are verified with
+        tb-llm's sampler (temperature, top-k / top-p / min-p, repetition penalty); a request with
+        OpenAI's additive penalties, ``logit_bias`` or ``response_format`` decodes plainly under
+        the server's default, and is a 400 when it asked for speculation itself."""
+        spec = req.speculative if req.speculative_given else self._default_speculative
+        if spec is None:
+            return None
+        s = req.sampling
+        conflict = (
+            "response_format"
+            if s.grammar is not None
+            else "logit_bias"
+            if s.logit_bias
+            else "frequency_penalty"
+            if s.frequency_penalty
+            else "presence_penalty"
+            if s.presence_penalty
+            else None
+        )
+        if conflict is None:
+            return spec
+        if req.speculative_given:
+            raise bad_request(f"'speculative' cannot be combined with '{conflict}'", "speculative")
+        return None
 
     def _bind_grammar(self, req: GenerationRequest) -> None:
         """``response_format``'s schema -> the sampling's grammar for this model's tokenizer."""

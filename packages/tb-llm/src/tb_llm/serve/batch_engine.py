@@ -79,6 +79,21 @@ class BatchEngine:
         return logits.float().cpu()
 
     @torch.inference_mode()
+    def extend(self, row: int, tokens: list[int]) -> torch.Tensor:
+        """Feed ``tokens`` to row ``row`` after what it holds (a speculative verify step: the last
+        token and the drafts); return float32 logits ``[len(tokens), V]`` on CPU, one per token."""
+        start = self.cache.lens[row]
+        x = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        pos = torch.arange(start, start + len(tokens), dtype=torch.long, device=self.device)[None]
+        logits = self.model.forward(x, pos, self.cache.prefill_view(row), last_only=False)  # type: ignore[arg-type]
+        return logits[0].float().cpu()
+
+    @torch.inference_mode()
+    def truncate(self, row: int, length: int) -> None:
+        """Keep only the first ``length`` tokens of row ``row`` (drafts the model rejected go)."""
+        self.cache.truncate(row, length)
+
+    @torch.inference_mode()
     def release(self, row: int, last: int) -> None:
         """Free ``row``; the live row ``last`` (the highest one) moves into it."""
         if row == last:

@@ -38,6 +38,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         default=30.0,
         help="on SIGTERM: seconds running requests may take to finish before they are ended",
     )
+    p.add_argument(
+        "--speculative",
+        default="none",
+        choices=["none", "ngram"],
+        help="speculative decoding for requests that do not set 'speculative' themselves: 'ngram' (prompt "
+        "lookup; runs while a request is alone in the batch; greedy output unchanged)",
+    )
+    p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per speculative step (1..32)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(llm_command="serve")
     return p
@@ -67,6 +75,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         print("error: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
+    if not 1 <= args.draft_tokens <= 32:
+        print("error: --draft-tokens must be in 1..32", file=sys.stderr)
+        return 2
     try:
         llm = LLM.from_pretrained(
             args.model,
@@ -91,6 +102,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         prefix_cache_mb=args.prefix_cache_mb,
         drain_timeout=args.drain_timeout,
+        speculative=None if args.speculative == "none" else args.speculative,
+        draft_tokens=args.draft_tokens,
     )
     print(
         f"serving {name!r} ({llm!r}) on http://{args.host}:{args.port}/v1"

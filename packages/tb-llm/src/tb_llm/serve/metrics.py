@@ -131,6 +131,13 @@ class ServerMetrics:
         )
         self.itl = Histogram("inter_token_latency_seconds", "Between consecutive tokens of one sequence.", ITL_BUCKETS)
         self.e2e = Histogram("sequence_duration_seconds", "From a sequence's arrival to its end.", E2E_BUCKETS)
+        self.spec_steps = Counter(
+            "speculative_steps_total", "Speculative verify steps (the last token and its drafts in one forward pass)."
+        )
+        self.spec_proposed = Counter("speculative_draft_tokens_total", "Draft tokens proposed (prompt lookup).")
+        self.spec_accepted = Counter(
+            "speculative_accepted_tokens_total", "Draft tokens the model accepted (each one a decode step saved)."
+        )
         self.gauges: list[Gauge] = []
 
     def render(self) -> str:
@@ -143,6 +150,9 @@ class ServerMetrics:
             self.ttft,
             self.itl,
             self.e2e,
+            self.spec_steps,
+            self.spec_proposed,
+            self.spec_accepted,
             *self.gauges,
         ]
         return "\n".join(line for m in metrics for line in m.render()) + "\n"

@@ -6,7 +6,9 @@ OpenAI's API does. Parameters OpenAI defines but this server does not implement 
 ``response_format`` takes OpenAI's ``text``, ``json_object`` and ``json_schema`` shapes; a schema
 the grammar engine cannot use is a 400 naming the problem.
 Extensions other OpenAI-compatible servers accept are honoured: ``top_k``, ``min_p``,
-``repetition_penalty``, ``ignore_eos``.
+``repetition_penalty``, ``ignore_eos``. tb-llm's own: ``speculative`` (``"ngram"``, an object
+``{"method": "ngram", "num_tokens": K, "ngram": N, "min_ngram": M}``, or ``null`` / ``"none"`` to
+turn a server default off): prompt-lookup speculative decoding for this request.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tb_llm.logprobs import MAX_TOP_LOGPROBS
 from tb_llm.serve.api_error import bad_request
 from tb_llm.serve.row_sampler import RequestSampling
+from tb_llm.speculative import Speculative
 
 if TYPE_CHECKING:
     from tb_llm.structured import Schema
@@ -41,6 +44,8 @@ class GenerationRequest:
     logprobs: int | None = None  # None: off; k: each token's log-prob and its k likeliest alternatives
     echo: bool = False  # /v1/completions: the prompt (and its log-probs) before the completion
     response_format: Schema | None = None  # json_object / json_schema: the output must match it
+    speculative: Speculative | None = None  # prompt lookup asked for by the request
+    speculative_given: bool = False  # the request set 'speculative' (null: off, whatever the server's default)
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -184,6 +189,44 @@ def _response_format(body: dict[str, Any]) -> Schema | None:
         raise bad_request(str(exc), param) from None
 
 
+SPECULATIVE_FIELDS = ("method", "num_tokens", "ngram", "min_ngram")
+
+
+def _speculative(body: dict[str, Any], draft_tokens: int) -> tuple[Speculative | None, bool]:
+    """The ``speculative`` extension -> (the drafting to use or None, whether the request set it)."""
+    if "speculative" not in body:
+        return None, False
+    value = body["speculative"]
+    if value is None or value is False or value in ("none", "off"):
+        return None, True
+    fields: dict[str, Any]
+    if isinstance(value, str):
+        fields = {"method": value}
+    elif isinstance(value, dict):
+        fields = dict(value)
+        unknown = sorted(set(fields) - set(SPECULATIVE_FIELDS))
+        if unknown:
+            raise bad_request(
+                f"unknown 'speculative' field(s) {', '.join(unknown)}; known: {', '.join(SPECULATIVE_FIELDS)}",
+                "speculative",
+            )
+    else:
+        raise bad_request("'speculative' must be 'ngram', an object, or null", "speculative")
+    method = fields.setdefault("method", "ngram")
+    if method == "prompt_lookup":
+        fields["method"] = "ngram"
+    elif method != "ngram":
+        raise bad_request(
+            f"'speculative' method must be 'ngram' (prompt lookup; the server has no draft model), got {method!r}",
+            "speculative.method",
+        )
+    fields.setdefault("num_tokens", draft_tokens)
+    try:
+        return Speculative(**fields), True
+    except ValueError as exc:
+        raise bad_request(str(exc), "speculative") from None
+
+
 def _content(message: dict[str, Any], i: int) -> str:
     content = message.get("content")
     if content is None:
@@ -232,7 +275,8 @@ def _prompt(body: dict[str, Any]) -> Any:
     raise bad_request("'prompt' must be a non-empty string or a list of token ids", "prompt")
 
 
-def parse(body: Any, chat: bool, max_stop: int = 16, max_n: int = 16) -> GenerationRequest:
+def parse(body: Any, chat: bool, max_stop: int = 16, max_n: int = 16, draft_tokens: int = 4) -> GenerationRequest:
+    """``draft_tokens``: the drafts per step of a ``"speculative": "ngram"`` that names no ``num_tokens``."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = body.get("model")
@@ -262,6 +306,7 @@ def parse(body: Any, chat: bool, max_stop: int = 16, max_n: int = 16) -> Generat
     if opts is not None and not isinstance(opts, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     include_usage = bool(opts and opts.get("include_usage"))
+    speculative, speculative_given = _speculative(body, draft_tokens)
     return GenerationRequest(
         model=model,
         prompt=prompt,
@@ -277,4 +322,6 @@ def parse(body: Any, chat: bool, max_stop: int = 16, max_n: int = 16) -> Generat
         logprobs=_logprobs(body, chat),
         echo=echo,
         response_format=_response_format(body),
+        speculative=speculative,
+        speculative_given=speculative_given,
     )

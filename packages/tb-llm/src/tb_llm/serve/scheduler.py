@@ -5,6 +5,13 @@ rows (prefilling each into its row), then runs one decode step for all live rows
 Finished and cancelled requests leave the batch at the next boundary and their row is reused
 at once. The thread never waits on a client: results go out through a per-request callback
 that must not block (the HTTP layer puts them on the request's own asyncio queue).
+
+Speculative decoding (prompt lookup, a job's ``speculative``) runs when that job is the only one
+in the batch: its step feeds the last token and the drafts as one forward pass over its row and
+keeps what the model accepts (:func:`tb_llm.speculative.verify`). With other rows live, a verify
+step per speculating row would read the weights once more per row and slow every other request,
+so such a job decodes in the shared step like any other until it is alone again (greedy output is
+the same either way).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from tb_llm.serve.completion_text import CompletionText
 from tb_llm.serve.metrics import ServerMetrics
 from tb_llm.serve.prefix_cache import PrefixCache, reuse_blocker
 from tb_llm.serve.row_sampler import RequestSampling, RowSampler
+from tb_llm.speculative import PAUSE, Speculative, lookup_draft, verify
 from tb_llm.structured import StructuredOutputError
 
 log = logging.getLogger("tb_llm.serve")
@@ -70,8 +78,14 @@ class Job:
         emit: Callable[[Event], None],
         logprobs: int | None = None,
         prompt_logprobs: bool = False,
+        speculative: Speculative | None = None,
     ) -> None:
         self.prompt_ids = prompt_ids
+        self.speculative = speculative  # prompt lookup when alone in the batch (see the module)
+        # the draft length adapts as in tb_llm.speculative.run: doubled after a step that
+        # accepted every draft, halved after one that accepted none, retried after PAUSE plain steps
+        self.spec_width = speculative.num_tokens if speculative is not None else 0
+        self.spec_plain_steps = 0
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.stop = list(stop)
@@ -275,6 +289,8 @@ class Scheduler:
 
     def _decode(self) -> None:
         jobs = self._active
+        if len(jobs) == 1 and jobs[0].speculative is not None and not jobs[0].done and self._speculate(jobs[0]):
+            return
         logits = self.engine.decode([j.ids[-1] for j in jobs])
         self.steps += 1
         greedy = None
@@ -297,6 +313,40 @@ class Scheduler:
                     self._close(job, "error")
                     continue
             self._accept(job, tok, logits[i])
+
+    def _speculate(self, job: Job) -> bool:
+        """One verify step for ``job``, alone in row 0; False (nothing done) when there is no
+        draft to verify this step: the caller runs the plain step."""
+        spec, sampler = job.speculative, job.sampler
+        assert spec is not None and sampler is not None
+        if sampler.constraint is not None or sampler.counts is not None or sampler.bias is not None:
+            return False  # logits the verify step's sampler does not reproduce (the app refuses these)
+        if job.spec_width == 0:
+            job.spec_plain_steps += 1
+            if job.spec_plain_steps > PAUSE:
+                job.spec_width, job.spec_plain_steps = 1, 0
+        k = min(job.spec_width, job.max_tokens - len(job.ids) - 1)  # the bonus token needs room too
+        draft = lookup_draft(job.prompt_ids + job.ids, k, spec.ngram, spec.min_ngram) if k > 0 else []
+        if not draft:
+            return False
+        held = self.engine.cache.lens[0]  # every token but the last emitted one
+        logits = self.engine.extend(0, [job.ids[-1], *draft])
+        emitted, accepted = verify(logits, draft, [None] * len(draft), sampler.params, sampler.generator, sampler.seen)
+        self.engine.truncate(0, held + 1 + accepted)
+        self.steps += 1
+        self.metrics.spec_steps.inc()
+        self.metrics.spec_proposed.inc(len(draft))
+        self.metrics.spec_accepted.inc(accepted)
+        if accepted == len(draft):
+            job.spec_width = min(spec.num_tokens, 2 * job.spec_width)
+        elif accepted == 0:
+            job.spec_width //= 2
+        for j, tok in enumerate(emitted):
+            if job.done:
+                break
+            sampler.observe(tok)
+            self._accept(job, tok, logits[j])
+        return True
 
     def _accept(self, job: Job, tok: int, logits: torch.Tensor) -> None:
         assert job.text is not None

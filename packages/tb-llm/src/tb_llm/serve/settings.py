@@ -35,6 +35,11 @@ class ServeSettings:
     """Tokens per prefix-cache block: a prefix is reused in whole blocks."""
     drain_timeout: float = 30.0
     """On SIGTERM, seconds the server lets running requests finish before it ends them."""
+    speculative: str | None = None
+    """``"ngram"``: prompt-lookup speculative decoding for requests that do not set ``speculative``
+    themselves; None: only for those that ask."""
+    draft_tokens: int = 4
+    """Tokens drafted per step when speculating (a request's ``num_tokens`` overrides it)."""
 
     @staticmethod
     def api_key_from_env(value: str | None) -> str | None:

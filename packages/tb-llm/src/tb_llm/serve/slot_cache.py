@@ -65,6 +65,13 @@ class SlotCache:
         self.pos[row] = -1
         self.lens[row] = 0
 
+    def truncate(self, row: int, length: int) -> None:
+        """Forget row ``row``'s slots from ``length`` on (they read as padding: position -1)."""
+        if not 0 <= length <= self.lens[row]:
+            raise ValueError(f"row {row} holds {self.lens[row]} tokens; cannot keep {length}")
+        self.pos[row, length:] = -1
+        self.lens[row] = length
+
     def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` into row ``dst`` and free ``src`` (keeps live rows packed)."""
         if src == dst:
