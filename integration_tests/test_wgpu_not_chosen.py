@@ -1,4 +1,5 @@
-"""With native_cpu installed beside tb-wgpu, compiling on the default engines opens no wgpu device."""
+"""With native_cpu installed beside tb-wgpu, compiling on the default engines opens no wgpu device,
+and imports no part of inductor that Dynamo's own capture does not."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ import textwrap
 from pathlib import Path
 
 CODE = """
-    import json, torch, torchburn
+    import json, sys, torch, torchburn
+
+    def inductor():
+        return {m for m in sys.modules if m.startswith("torch._inductor")}
+
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     x = torch.randn(4, 16)
     with torch.no_grad():
+        torch.compile(model, backend="eager")(x)  # what Dynamo itself imports
+        dynamo = inductor()
+        torch._dynamo.reset()
+        torchburn.reset_stats()
         out = torch.compile(model, backend="torchburn")(x)
         torch.testing.assert_close(out, model(x))
     from tb_wgpu import device
-    print(json.dumps({"in_force": torchburn.active_engines(), "device_opened": device._CONTEXT is not None}))
+    print(json.dumps({"in_force": torchburn.active_engines(), "device_opened": device._CONTEXT is not None,
+                      "fallback": torchburn.op_coverage()["fallback"], "inductor": sorted(inductor() - dynamo)}))
 """
 
 
@@ -30,3 +40,6 @@ def test_default_compile_on_native_cpu_opens_no_wgpu_device(tmp_path: Path) -> N
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["in_force"][0] == "native_cpu" and "wgpu" in got["in_force"], got
     assert not got["device_opened"], got
+    assert got["fallback"] == {}, got  # native_cpu took the whole model
+    # make_fx itself (torch's tracer, not ours) imports this one pass module
+    assert set(got["inductor"]) <= {"torch._inductor.fx_passes", "torch._inductor.fx_passes.dedupe_symint_uses"}, got
