@@ -49,15 +49,8 @@ def fingerprint() -> dict[str, Any]:
     """Everything the listing depends on that can be read without importing torch or a plugin."""
     plugins = []
     for ep in sorted(metadata.entry_points(group="torchburn"), key=lambda e: (e.name, e.value)):
-        dist = ep.dist
         plugins.append(
-            [
-                ep.name,
-                ep.value,
-                dist.name if dist is not None else "",
-                dist.version if dist is not None else "",
-                _package_files(ep.value.split(":")[0].split(".")[0]),
-            ]
+            [ep.name, ep.value, _distribution(ep.dist), _package_files(ep.value.split(":")[0].split(".")[0])]
         )
     return {
         "format": FORMAT,
@@ -116,9 +109,20 @@ def _path() -> Path | None:
     return None if folder is None else folder / CACHE_FILE
 
 
+def _distribution(dist: metadata.Distribution | None) -> str:
+    """Which distribution, at which version: the ``name-version.dist-info`` folder it was read from
+    (parsing its metadata for the two would cost a few ms per plugin), else its parsed metadata."""
+    if dist is None:
+        return ""
+    folder = getattr(dist, "_path", None)  # a PathDistribution, what a site-packages install is
+    if isinstance(folder, Path):
+        return str(folder)
+    return f"{dist.name}=={dist.version}"
+
+
 def _version(dist: str) -> str:
     try:
-        return metadata.version(dist)
+        return _distribution(metadata.distribution(dist))
     except metadata.PackageNotFoundError:
         return ""
 
