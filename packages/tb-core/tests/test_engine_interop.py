@@ -260,7 +260,7 @@ def test_op_coverage_reports_delegated_nodes_apart() -> None:
         out = torch.compile(model, backend="torchburn", options={"engine": "delegating", "warn": False})(x)
     torch.testing.assert_close(out, model(x))
     cov = torchburn.op_coverage()
-    assert set(cov) == {"native", "delegated", "fallback"}
+    assert set(cov) == {"native", "delegated", "routed", "fallback"}
     assert "aten.addmm.default" in cov["native"] and "aten.relu.default" not in cov["native"]
     assert cov["delegated"]["aten.relu.default"] >= 1
     by_engine = torchburn.op_coverage(by_engine=True)

@@ -6,6 +6,9 @@ default in ``~/.cache/torchburn/compile``; ``TORCHBURN_CACHE_DIR`` moves it, ``0
 
 * ``*.tbplan``: an engine's ``serialize()`` bytes of one compiled partition (native_cpu: its
   lowered executor spec), restored by ``deserialize()`` without lowering again;
+* ``*.tbroute``: a routing decision (``torchburn.routing``): whether a partition runs on its
+  engine or in eager PyTorch at a thread count, and the two median times that decided it, keyed
+  by the partition's structural key, the engine's cache tag and the thread count;
 * ``*.tbgraph``: the ATen graph direct inference traced from a Dynamo graph, as the JSON of a
   ``Plan`` (op names, literal arguments, tensor metas), so a later process skips the
   decomposition table and the trace. Keyed by the Dynamo graph's code, its inputs' shapes,
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
 
 MAGIC = "torchburn-plan"
 GRAPH_MAGIC = "torchburn-graph"
+ROUTE_MAGIC = "torchburn-route"
+MAX_ROUTES = 4096
 FORMAT = 2
 DEFAULT_MAXSIZE = 512
 DEFAULT_MAX_MB = 256
@@ -68,6 +73,8 @@ class CacheStats:
     graph_writes: int = 0
     graph_rejected: int = 0
     disk_evictions: int = 0
+    route_hits: int = 0
+    route_writes: int = 0
 
 
 class GraphCache:
@@ -82,6 +89,7 @@ class GraphCache:
         self.max_bytes = max_bytes
         self.stats = CacheStats()
         self._entries: OrderedDict[str, Callable[..., Any]] = OrderedDict()
+        self._routes: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -111,6 +119,7 @@ class GraphCache:
         """Empty the in-memory cache and its counters; ``disk``: remove the disk entries too."""
         with self._lock:
             self._entries.clear()
+            self._routes.clear()
             self.stats = CacheStats()
         if disk and self.disk_dir is not None:
             shutil.rmtree(self.disk_dir / f"v{FORMAT}", ignore_errors=True)
@@ -238,6 +247,40 @@ class GraphCache:
         }
         if self._write_entry(self._path(key, engine), header, payload):
             self.stats.disk_writes += 1
+
+    # -- routing decisions (memory and disk) ------------------------------------------------
+    def load_route(self, key: str) -> dict[str, Any] | None:
+        """The routing decision stored under ``key`` (``routing.route_key``), as its JSON; or None."""
+        with self._lock:
+            data = self._routes.get(key)
+        if data is None and self.disk_dir is not None:
+            try:
+                entry = self._read_entry(self._entry_path(key, "tbroute", "routes"), ROUTE_MAGIC, key)
+                data = json.loads(entry[1]) if entry is not None else None
+            except Exception:  # corrupt or foreign: measured again
+                data = None
+            if not isinstance(data, dict):
+                return None
+            self._remember_route(key, data)
+        if data is not None:
+            self.stats.route_hits += 1
+        return data
+
+    def store_route(self, key: str, data: dict[str, Any]) -> None:
+        """Keep a routing decision in memory and, with a disk folder, on disk."""
+        self._remember_route(key, data)
+        if self.disk_dir is None:
+            return
+        payload = json.dumps(data, sort_keys=True).encode()
+        if self._write_entry(self._entry_path(key, "tbroute", "routes"), {"magic": ROUTE_MAGIC, "key": key}, payload):
+            self.stats.route_writes += 1
+
+    def _remember_route(self, key: str, data: dict[str, Any]) -> None:
+        with self._lock:
+            self._routes[key] = data
+            self._routes.move_to_end(key)
+            while len(self._routes) > MAX_ROUTES:
+                self._routes.popitem(last=False)
 
     # -- disk: traced graphs ---------------------------------------------------------------
     def load_graph(self, key: str) -> torch.fx.GraphModule | None:

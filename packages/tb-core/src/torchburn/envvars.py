@@ -48,6 +48,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "`1` or `on`: bfloat16 / float16 compute is rewritten to float32 between casts at eager's rounding points so the engines run it (torchburn.low_precision); off by default because it measured slower than eager bfloat16 (a cast of every weight per call, no bfloat16 GEMM yet). Off, such nodes run where an engine takes that dtype itself, else in eager PyTorch. `options={'low_precision': ...}` overrides it.",
     ),
     EnvVar(
+        "TORCHBURN_ROUTING",
+        "measure",
+        "tb-core",
+        "`measure`: during its first calls each compiled partition is timed on the engine and in eager PyTorch (its FX sub-graph) and the faster is kept, per thread count, the decision stored in the compile cache (torchburn.routing; `torchburn.explain` shows the times). `off`: the engine always runs (engine tests and the conformance suite). `options={'routing': ...}` overrides it.",
+    ),
+    EnvVar(
         "TORCHBURN_LOAD_PLUGINS",
         "(unset: all)",
         "tb-core",

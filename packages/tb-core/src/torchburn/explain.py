@@ -3,7 +3,9 @@
 A partition's ops that its engine hands to PyTorch's own kernels are listed as delegated
 (``Engine.delegated_ops``): they ran inside an engine, but on no kernel of its own. A partition
 with symbolic sizes (dynamic shapes) says how many concrete shapes it was specialised to, how many
-its cache holds, and why any shape ran in eager PyTorch (``torchburn.specialise``).
+its cache holds, and why any shape ran in eager PyTorch (``torchburn.specialise``). Each partition
+says how it is routed (``torchburn.routing``): the engine's and eager's median times and the
+decision, per thread count (per shape for a specialised partition), or why it is not measured.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from torchburn.partition import GraphReport
+from torchburn.routing import MAX_CALLS
 
 
 @dataclass
@@ -47,9 +50,20 @@ class Explanation:
         return c
 
     @property
+    def routed_ops(self) -> Counter[str]:
+        """Nodes of compiled partitions that run in eager PyTorch because it measured faster."""
+        c: Counter[str] = Counter()
+        for g in self.graphs:
+            c.update(g.routed_ops())
+        return c
+
+    @property
     def fully_native(self) -> bool:
-        """Every node ran on an engine's own kernel: no eager fallback and nothing delegated."""
-        return bool(self.graphs) and all(not g.fallbacks and not g.delegated_ops() for g in self.graphs)
+        """Every node ran on an engine's own kernel: no eager fallback, nothing delegated, nothing
+        routed to eager PyTorch by measurement."""
+        return bool(self.graphs) and all(
+            not g.fallbacks and not g.delegated_ops() and not g.routed_ops() for g in self.graphs
+        )
 
     def __str__(self) -> str:
         lines = []
@@ -64,9 +78,13 @@ class Explanation:
                 handed = sorted(op for op in ops if op in p.delegated)
                 if handed and p.ran:
                     lines.append(f"    delegated to PyTorch's kernels by {p.engine}: {', '.join(handed)}")
+                if p.route is not None:
+                    lines.append(f"    routing: {p.route.describe()}")
                 if p.shapes is not None:
                     for shape, reason in p.shapes.eager_reasons.items():
                         lines.append(f"    eager for sizes {shape}: {reason}")
+                    for shape, route in p.shapes.routes.items():
+                        lines.append(f"    routing for sizes {shape}: {route.describe()}")
             if g.fallbacks:
                 lines.append("  eager fallback:")
                 for (op, reason), n in sorted(Counter(g.fallbacks).items()):
@@ -81,12 +99,19 @@ def explain(
     *example_args: Any,
     options: dict[str, Any] | None = None,
     dynamic: bool | None = False,
+    measure: bool = True,
     **example_kwargs: Any,
 ) -> Explanation:
-    """Compile ``fn`` with the torchburn backend, run it once, and report how it was split.
+    """Compile ``fn`` with the torchburn backend, run it, and report how it was split.
 
     ``dynamic`` is ``torch.compile``'s: True traces the sizes as symbols from the first call, so the
-    report shows the partitions specialised per shape (``torchburn.specialise``)."""
+    report shows the partitions specialised per shape (``torchburn.specialise``).
+
+    ``measure``: while a partition is still being timed against eager (``torchburn.routing``),
+    ``fn`` is called again with the same arguments (at most ``routing.MAX_CALLS`` calls in all), so
+    the report shows each partition's times and decision; never when a graph writes into its
+    inputs or draws random numbers (a second call would not be the same call). The output is the
+    first call's. False: one call, and the report says "measuring"."""
     from torchburn.backend import torchburn_backend
 
     sink: list[GraphReport] = []
@@ -97,4 +122,9 @@ def explain(
 
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
     output = compiled(*example_args, **example_kwargs)
+    if measure and all(g.repeatable for g in sink):
+        for _ in range(MAX_CALLS - 1):
+            if not any(g.pending_routes() for g in sink):
+                break
+            compiled(*example_args, **example_kwargs)
     return Explanation(sink, output)

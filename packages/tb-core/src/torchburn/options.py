@@ -10,6 +10,7 @@ from typing import Any
 from torchburn.engine import Engine
 
 DEFAULT_SHAPE_CACHE_SIZE = 8
+ROUTING_MODES = ("measure", "off")
 
 
 class EngineNotFoundError(ValueError):
@@ -48,6 +49,10 @@ class Options:
     #: points (``torchburn.low_precision``). None: ``TORCHBURN_LOW_PRECISION``, else off: measured
     #: slower than eager bfloat16 today (a cast of every weight per call, no bfloat16 GEMM).
     low_precision: bool | None = None
+    #: "measure": each compiled partition times its engine program against its eager sub-graph
+    #: during its first calls and keeps the faster (``torchburn.routing``); "off": the engine
+    #: always runs (engine tests). None: ``TORCHBURN_ROUTING``, else "measure".
+    routing: str | None = None
     #: Collects GraphReports (used by torchburn.explain).
     report_sink: list[Any] | None = field(default=None, repr=False)
 
@@ -80,7 +85,15 @@ class Options:
             raise ValueError(f"shape_cache_size must be an int, 0 or more, not {opts.shape_cache_size!r}")
         if opts.low_precision is not None and not isinstance(opts.low_precision, bool):
             raise ValueError(f"low_precision must be True, False or None, not {opts.low_precision!r}")
+        if opts.routing is not None:
+            if not isinstance(opts.routing, str):
+                raise ValueError(f"routing must be 'measure' or 'off', not {opts.routing!r}")
+            routing_mode(opts.routing)
         return opts
+
+    def routing_mode(self) -> str:
+        """``measure`` or ``off``: whether compiled partitions are timed against eager and routed."""
+        return routing_mode(self.routing)
 
     def widen_low_precision(self) -> bool:
         """Whether bfloat16 / float16 compute is rewritten to float32 for the engines."""
@@ -107,6 +120,16 @@ class Options:
         if bound < 0:
             raise ValueError(f"TORCHBURN_SHAPE_CACHE_SIZE must be an int, 0 or more, not {raw!r}")
         return bound
+
+
+def routing_mode(option: str | None) -> str:
+    """``option`` if set, else ``TORCHBURN_ROUTING``, else "measure"; checked."""
+    raw = option if option is not None else os.environ.get("TORCHBURN_ROUTING", "")
+    mode = raw.strip().lower() or "measure"
+    if mode not in ROUTING_MODES:
+        source = "the routing option" if option is not None else "TORCHBURN_ROUTING"
+        raise ValueError(f"{source} must be 'measure' or 'off', not {raw!r}")
+    return mode
 
 
 def _split(names: str) -> tuple[str, ...]:

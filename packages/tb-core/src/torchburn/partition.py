@@ -23,7 +23,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from torchburn import catalog, telemetry
+from torchburn import catalog, routing, telemetry
 from torchburn._version import PLUGIN_API_VERSION
 from torchburn.cache import graph_cache
 from torchburn.engine import Engine
@@ -59,12 +59,21 @@ class PartitionReport:
     status: str
     delegated: frozenset[str] = frozenset()  # ops the engine hands to PyTorch's kernels (Engine.delegated_ops)
     shapes: ShapeStats | None = None  # a partition with symbolic sizes: what its shape cache holds (live)
+    route: routing.RouteStats | None = None  # engine or eager by measurement (live; torchburn.routing)
 
     @property
     def ran(self) -> bool:
+        """The engine runs this partition (for some shapes, at some thread count)."""
         if self.shapes is not None:
-            return self.shapes.compiled > 0
-        return self.status in ("compiled", "cache hit")
+            return self.shapes.compiled > self.shapes.routed_eager
+        return self.status in ("compiled", "cache hit") and not (self.route is not None and self.route.eager_only)
+
+    @property
+    def routed(self) -> bool:
+        """Compiled, but eager PyTorch measured faster at every thread count decided so far."""
+        if self.shapes is not None:
+            return self.shapes.routed_eager > 0
+        return self.status in ("compiled", "cache hit") and self.route is not None and self.route.eager_only
 
 
 @dataclass
@@ -73,6 +82,9 @@ class GraphReport:
     partitions: list[PartitionReport] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (op, reason)
     engines: list[str] = field(default_factory=list)
+    #: An inference graph that writes no input, draws no random number and has no other side
+    #: effect: calling it again changes nothing (``explain`` may call it until routing decides).
+    repeatable: bool = False
 
     def native_ops(self) -> Counter[str]:
         """Nodes engines ran with their own kernels."""
@@ -89,6 +101,22 @@ class GraphReport:
             if p.ran:
                 c.update(op for op in p.ops if op != GETITEM and op in p.delegated)
         return c
+
+    def routed_ops(self) -> Counter[str]:
+        """Nodes of partitions an engine compiled that run in eager PyTorch, measured faster there."""
+        c: Counter[str] = Counter()
+        for p in self.partitions:
+            if p.routed and p.shapes is None:
+                c.update(op for op in p.ops if op != GETITEM)
+        return c
+
+    def pending_routes(self) -> bool:
+        """Some partition is still being measured (or not yet called)."""
+        return any(
+            (p.route is not None and p.route.pending)
+            or (p.shapes is not None and any(r.pending for r in p.shapes.routes.values()))
+            for p in self.partitions
+        )
 
     def engine_ops(self) -> Counter[str]:
         """Nodes an engine took, native or delegated (everything that did not fall back)."""
@@ -193,7 +221,7 @@ def compile_graph(
     gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, kind: str
 ) -> tuple[Callable[..., Any], GraphReport]:
     """Return (callable taking the graph's inputs, report). Never raises for engine trouble."""
-    report = GraphReport(kind, engines=[e.name for e in engines])
+    report = GraphReport(kind, engines=[e.name for e in engines], repeatable=_repeatable(gm, kind))
     if not engines:
         _record_fallbacks(gm, report, {}, "no engine selected")
         return gm, report
@@ -212,6 +240,20 @@ def compile_graph(
         report = GraphReport(kind, engines=[e.name for e in engines])
         _record_fallbacks(gm, report, {}, f"partitioning failed: {exc}")
         return gm, report
+
+
+def _repeatable(gm: torch.fx.GraphModule, kind: str) -> bool:
+    if kind != "inference":  # forward / backward graphs: autograd accumulates gradients at each call
+        return False
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.is_impure():
+            return False
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+            return False
+    return True
 
 
 def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, report: GraphReport) -> None:
@@ -267,7 +309,7 @@ def _compile_partition(
     plan = plan_from_graph_module(sub)
     ops = list(plan.ops())
     try:
-        compiled, status = _compile_plan(plan, engine, opts, cache)
+        compiled, status, key = _compile_plan(plan, engine, opts, cache)
     except Exception as exc:
         if opts.fallback == "error":
             raise
@@ -280,19 +322,40 @@ def _compile_partition(
         )
         report.partitions.append(PartitionReport(engine.name, ops, status))
         return  # the fused sub-module stays in the graph and runs eagerly
-    report.partitions.append(PartitionReport(engine.name, ops, status, _delegated(engine, plan)))
-    runner = _runner(compiled, sub, engine.name, len(report.partitions), opts)
-    _replace(gm, node, runner)
+    delegated = _delegated(engine, plan)
+    part = PartitionReport(engine.name, ops, status, delegated)
+    report.partitions.append(part)
+    route, part.route = routing.build_route(
+        compiled,
+        sub.forward,
+        sub,
+        plan,
+        engine=engine,
+        opts=opts,
+        cache=cache,
+        delegated=delegated,
+        plan_key=lambda: key,
+    )
+    if route is not None:
+        route.__name__ = route.__qualname__ = f"tb_{engine.name}_routed_partition_{len(report.partitions)}"  # type: ignore[attr-defined]
+        _replace(gm, node, route)
+    else:
+        _replace(gm, node, _runner(compiled, sub, engine.name, len(report.partitions), opts))
 
 
-def _compile_plan(plan: Plan, engine: Engine, opts: Options, cache: Any) -> tuple[Callable[..., Any], str]:
-    """The engine's callable for ``plan`` (through the structural cache) and "compiled" / "cache hit"."""
+def _plan_key(plan: Plan, engine: Engine) -> str:
+    return plan.key(engine.name, engine.version(), torch.__version__, str(PLUGIN_API_VERSION))
+
+
+def _compile_plan(plan: Plan, engine: Engine, opts: Options, cache: Any) -> tuple[Callable[..., Any], str, str | None]:
+    """The engine's callable for ``plan`` (through the structural cache), "compiled" / "cache hit",
+    and the structural key (None without the cache)."""
     if not opts.cache:
-        return engine.compile(plan), "compiled"
-    key = plan.key(engine.name, engine.version(), torch.__version__, str(PLUGIN_API_VERSION))
+        return engine.compile(plan), "compiled", None
+    key = _plan_key(plan, engine)
     hits_before = cache.stats.hits + cache.stats.disk_hits
     compiled = cache.get_or_compile(key, engine, plan)
-    return compiled, "cache hit" if cache.stats.hits + cache.stats.disk_hits > hits_before else "compiled"
+    return compiled, "cache hit" if cache.stats.hits + cache.stats.disk_hits > hits_before else "compiled", key
 
 
 def _specialise_partition(
@@ -311,6 +374,22 @@ def _specialise_partition(
     def check(info: NodeInfo) -> str | None:
         return engine.check(info)
 
+    def route(
+        static: torch.fx.GraphModule, plan: Plan, run: Callable[..., Any], delegated: frozenset[str]
+    ) -> tuple[Callable[..., Any] | None, routing.RouteStats]:
+        # one decision per concrete shape: the eager side is the symbolic sub-graph, with every argument
+        return routing.build_route(
+            run,
+            sub.forward,
+            static,
+            plan,
+            engine=engine,
+            opts=opts,
+            cache=cache,
+            delegated=delegated,
+            plan_key=lambda: _plan_key(plan, engine),
+        )
+
     specialised = SpecialisedPartition(
         sub,
         engine=engine.name,
@@ -320,6 +399,7 @@ def _specialise_partition(
         strict=opts.fallback == "error",
         warn=opts.warn,
         on_compiled=on_compiled,
+        route=route,
     )
     part.status = "specialised per shape"
     part.shapes = specialised.stats
@@ -427,8 +507,9 @@ def make_record(report: GraphReport) -> telemetry.GraphRecord:
     native: Counter[str] = Counter()
     delegated: Counter[str] = Counter()
     for p in report.partitions:
-        # a specialised partition counts each call itself, as native or fallback by its shapes
-        if p.ran and p.shapes is None:
+        # a specialised partition counts each call itself, as native or fallback by its shapes,
+        # and so does a measured one (a routing.Route), as native or routed by the path each call took
+        if p.ran and p.shapes is None and (p.route is None or not p.route.measured):
             for op in p.ops:
                 if op != GETITEM:
                     (delegated if op in p.delegated else native)[f"{p.engine}:{op}"] += 1

@@ -41,6 +41,11 @@ from torchburn.plan import GETITEM, Plan, TensorMeta, op_name, plan_from_graph_m
 #: Compiles a static plan: (the engine's callable, the ops it delegates to PyTorch's kernels).
 CompilePlan = Callable[[Plan], tuple[Callable[..., Any], frozenset[str]]]
 Checker = Callable[[NodeInfo], "str | None"]
+#: Routes one signature's program (``torchburn.routing``): (the static graph, its plan, the program
+#: taking every argument, delegated ops) -> (the callable to run instead, or None; its stats).
+RoutePlan = Callable[
+    [torch.fx.GraphModule, Plan, Callable[..., Any], frozenset[str]], tuple["Callable[..., Any] | None", Any]
+]
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 MAX_REASONS = 8  # eager signatures whose reason the report keeps
@@ -60,9 +65,18 @@ class ShapeStats:
     evictions: int = 0
     entries: int = 0
     eager_reasons: dict[str, str] = field(default_factory=dict)  # signature -> why it runs eagerly
+    # signature -> its routing.RouteStats (engine or eager by measurement, per shape), the first MAX_REASONS
+    routes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def routed_eager(self) -> int:
+        """Compiled signatures that eager PyTorch measured faster (among those ``routes`` keeps)."""
+        return sum(1 for r in self.routes.values() if r.eager_only)
 
     def describe(self) -> str:
         text = f"specialised per shape: {self.compiled} shape{'s' if self.compiled != 1 else ''} compiled"
+        if self.routed_eager:
+            text += f" ({self.routed_eager} routed to eager, measured faster)"
         if self.eager:
             text += f", {self.eager} eager"
         text += f", {self.entries} cached (bound {self.bound})"
@@ -72,10 +86,11 @@ class ShapeStats:
 
 
 class _Entry:
-    __slots__ = ("pick", "record", "run")
+    __slots__ = ("pick", "record", "routed", "run")
 
     def __init__(self, run: Callable[..., Any] | None, keep: tuple[int, ...], record: telemetry.GraphRecord) -> None:
         self.run = run  # None: the eager sub-graph, with every argument
+        self.routed: Callable[..., Any] | None = None  # a routing.Route taking every argument (it counts its calls)
         self.record = record
         # the arguments ``run`` takes (the tensors; the sizes are baked in), picked in C
         getter = operator.itemgetter(*keep) if keep else (lambda args: ())
@@ -98,6 +113,7 @@ class SpecialisedPartition:
         strict: bool = False,
         warn: bool = True,
         on_compiled: Callable[[frozenset[str]], None] | None = None,
+        route: RoutePlan | None = None,
     ) -> None:
         if bound < 1:
             raise ValueError("a specialised partition needs a cache of at least one entry")
@@ -108,6 +124,7 @@ class SpecialisedPartition:
         self._strict = strict
         self._warn = warn
         self._on_compiled = on_compiled
+        self._route = route
         self.stats = ShapeStats(bound)
         self._entries: OrderedDict[Any, _Entry] = OrderedDict()
         self._records: dict[Any, telemetry.GraphRecord] = {}
@@ -145,6 +162,8 @@ class SpecialisedPartition:
         if entry.run is None:
             entry.record.calls += 1
             return self.eager(*args)
+        if entry.routed is not None:
+            return entry.routed(*args)
         try:
             out = entry.run(*entry.pick(args))
         except (KeyboardInterrupt, SystemExit, GeneratorExit):
@@ -198,7 +217,25 @@ class SpecialisedPartition:
         native = Counter(f"{self.engine}:{op}" for op in ops if op not in delegated)
         handed = Counter(f"{self.engine}:{op}" for op in ops if op in delegated)
         record = self._record(("engine", tuple(sorted(native.items())), tuple(sorted(handed.items()))), native, handed)
-        return _Entry(run, keep, record)
+        entry = _Entry(run, keep, record)
+        if self._route is not None:
+            pick = entry.pick
+
+            def full(*args: Any) -> Any:
+                return run(*pick(args))
+
+            try:
+                entry.routed, stats = self._route(gm, plan, full, delegated)
+            except Exception as exc:
+                if self._strict:
+                    raise
+                entry.routed, stats = None, None
+                warnings.warn(
+                    f"torchburn: routing failed ({type(exc).__name__}: {exc})", TorchburnFallbackWarning, stacklevel=4
+                )
+            if stats is not None and len(self.stats.routes) < MAX_REASONS:
+                self.stats.routes[describe_signature(key, len(self._tensors))] = stats
+        return entry
 
     def _broken(self, key: tuple[Any, ...], exc: BaseException) -> _Entry:
         """The engine's program failed at run time: this signature runs eagerly from now on."""

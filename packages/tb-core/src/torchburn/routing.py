@@ -1,0 +1,457 @@
+"""Engine or eager, per partition, chosen by measurement.
+
+No static rule knows in advance whether an engine's kernels beat PyTorch's on a given partition at
+given sizes (a convolution the engine lowers less well than oneDNN, a tiny MLP whose crossing costs
+more than its arithmetic). So every compiled partition keeps, beside the engine's callable, its
+eager sub-graph (the same FX sub-module the safe fallback runs), and during its first calls a
+``Route`` times both on the real inputs, then pins the faster one:
+
+* calls 1 and 2 warm up the engine, then eager; then rounds of engine, eager, eager, engine
+  (``ROUNDS`` of them, at least ``MIN_ROUNDS``; it stops early once one path is ``DECISIVE`` times
+  the other). Each call runs one path only and returns that path's result, so nothing is computed
+  twice and the extra cost of measuring is, per call, the difference between the two paths.
+* the medians decide: eager is pinned only when the engine's median exceeds eager's by more than
+  ``MARGIN`` (3 %), so noise does not flip a partition back and forth.
+* decisions are per thread count (``torch.get_num_threads()``, read at each call: ~20 ns), kept with
+  the compiled graph and in the compile cache (``GraphCache.load_route`` / ``store_route``: in
+  memory and in the persistent cache folder) under the partition's structural key, which holds its
+  shapes and engine, plus the engine's cache tag and the thread count; a later compile or process
+  reuses them without measuring.
+
+Never measured (the engine always runs, as without routing), with the reason kept for
+``torchburn.explain``: routing off (``options={"routing": "off"}`` / ``TORCHBURN_ROUTING=off``, as
+the engine test suites run), a partition that writes into its inputs or has another side effect,
+one that draws random numbers (the two paths draw from different streams), inputs on a device
+whose kernels run asynchronously (the wall clock would not time them), an op with no CPU kernel in
+PyTorch (an engine-only op), and a partition whose eager sub-graph raises while measured.
+
+``op_coverage()`` counts the nodes of a partition routed to eager as "routed" (an engine took and
+compiled them; eager PyTorch measured faster), never as "fallback", which keeps meaning "no engine
+takes it".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import blake3
+import torch
+import torch.fx
+
+from torchburn import telemetry
+from torchburn.options import TorchburnFallbackWarning, routing_mode
+from torchburn.plan import Plan, op_name
+
+if TYPE_CHECKING:
+    from torchburn.cache import GraphCache
+    from torchburn.engine import Engine
+    from torchburn.options import Options
+
+#: Untimed calls of each path before the rounds (first-call allocations, oneDNN primitive creation).
+WARMUP = 1
+#: Rounds of engine, eager, eager, engine; medians of 2 × ROUNDS samples of each path decide.
+ROUNDS = 5
+#: Rounds after which a decisive ratio ends the measurement early.
+MIN_ROUNDS = 2
+#: One path this many times slower than the other after MIN_ROUNDS rounds: decided.
+DECISIVE = 1.5
+#: Eager is pinned only when the engine is slower than eager by more than this fraction.
+MARGIN = 0.03
+#: The most calls a measurement takes (warm-ups and full rounds).
+MAX_CALLS = 2 * WARMUP + 4 * ROUNDS
+#: Version of what a stored decision means; part of its key.
+FORMAT = 1
+
+ENGINE = "engine"
+EAGER = "eager"
+
+
+@dataclass
+class Decision:
+    choice: str  # ENGINE or EAGER
+    engine_s: float  # median seconds per call on the engine
+    eager_s: float  # ... in eager PyTorch
+    source: str = "measured"  # or "cache" (a former compile or process measured it)
+
+    def describe(self) -> str:
+        ratio = self.engine_s / self.eager_s if self.eager_s > 0 else float("inf")
+        if self.choice == EAGER:
+            why = f"eager faster by {100 * (1 - 1 / ratio):.0f}%" if ratio > 0 else "eager faster"
+        elif ratio > 1:
+            why = f"eager faster by only {100 * (1 - 1 / ratio):.1f}% (margin {100 * MARGIN:.0f}%)"
+        else:
+            why = f"engine faster by {100 * (1 - ratio):.0f}%"
+        cached = ", from the compile cache" if self.source == "cache" else ""
+        return f"{self.choice}: engine {_us(self.engine_s)}, eager {_us(self.eager_s)} ({why}{cached})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"choice": self.choice, "engine_s": self.engine_s, "eager_s": self.eager_s}
+
+    @staticmethod
+    def from_json(data: Any) -> Decision:
+        if not isinstance(data, dict) or data.get("choice") not in (ENGINE, EAGER):
+            raise ValueError("not a routing decision")
+        engine_s, eager_s = float(data["engine_s"]), float(data["eager_s"])
+        if not (engine_s >= 0 and eager_s >= 0):
+            raise ValueError("negative or NaN time in a routing decision")
+        return Decision(data["choice"], engine_s, eager_s, "cache")
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
+
+
+@dataclass
+class RouteStats:
+    """What routing did with one partition (live: decisions arrive with the calls), for ``explain``."""
+
+    measured: bool  # False: never measured, the engine always runs
+    reason: str = ""  # why not measured, or why measuring stopped (the eager sub-graph failed...)
+    decisions: dict[int, Decision] = field(default_factory=dict)  # thread count -> decision
+    measuring: dict[int, int] = field(default_factory=dict)  # thread count -> calls measured so far
+
+    @property
+    def pending(self) -> bool:
+        """Still measuring at some thread count, or measured but not yet called."""
+        return self.measured and not self.reason and (bool(self.measuring) or not self.decisions)
+
+    @property
+    def eager_only(self) -> bool:
+        """Every decision so far is eager: the partition runs no engine kernel now."""
+        return bool(self.decisions) and all(d.choice == EAGER for d in self.decisions.values())
+
+    def describe(self) -> str:
+        if not self.measured:
+            return f"engine, not measured: {self.reason}"
+        parts = [f"{n} thread{'s' if n != 1 else ''}: {d.describe()}" for n, d in sorted(self.decisions.items())]
+        parts += [
+            f"{n} thread{'s' if n != 1 else ''}: measuring ({calls} of at most {MAX_CALLS} calls)"
+            for n, calls in sorted(self.measuring.items())
+        ]
+        if self.reason:
+            parts.append(self.reason)
+        return "; ".join(parts) or "not called yet"
+
+
+def not_measured_reason(sub: torch.fx.GraphModule, plan: Plan, mode: str) -> str | None:
+    """Why this partition must not be measured (the engine always runs it), or None."""
+    if mode == "off":
+        return "routing is off (options={'routing': 'off'} or TORCHBURN_ROUTING=off)"
+    for node in sub.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        name = op_name(target)
+        if isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable:
+                return f"it writes into its inputs ({name})"
+            if torch.Tag.nondeterministic_seeded in target.tags:
+                return f"it draws random numbers ({name}): the two paths draw different streams"
+            if not _runs_on_cpu(target):
+                return f"{name} has no CPU kernel in PyTorch (an engine-only op)"
+        if node.is_impure():
+            return f"it has side effects ({name})"
+    for meta in plan.inputs:
+        if meta is not None and meta.device not in ("cpu", "meta"):
+            return f"an input lives on {meta.device}: its kernels run asynchronously, the wall clock cannot time them"
+    if any(m is not None and m.symbolic for m in plan.inputs):
+        return "the engine takes its symbolic sizes as they are: one decision cannot fit every size"
+    return None
+
+
+def _runs_on_cpu(op: torch._ops.OpOverload) -> bool:
+    if op.namespace in ("aten", "prims"):
+        return True
+    name = op.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return any(has(name, key) for key in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd"))
+
+
+def route_key(plan_key: str, engine_tag: str, threads: int) -> str:
+    """The key of a stored decision: the partition's structural key (its ops, shapes, engine and
+    versions), the engine's cache tag (build, ISA), the thread count, the machine."""
+    material = [plan_key, engine_tag, threads, FORMAT, platform.machine(), os.cpu_count()]
+    return blake3.blake3(json.dumps(material).encode()).hexdigest()
+
+
+def decide(engine: Sequence[float], eager: Sequence[float]) -> str:
+    """EAGER when the engine's median exceeds eager's by more than ``MARGIN``, else ENGINE."""
+    return EAGER if statistics.median(engine) > statistics.median(eager) * (1 + MARGIN) else ENGINE
+
+
+def _decisive(engine: Sequence[float], eager: Sequence[float]) -> bool:
+    e, x = statistics.median(engine), statistics.median(eager)
+    return e > x * DECISIVE or x > e * DECISIVE
+
+
+class _Measurement:
+    """The schedule and samples of one partition at one thread count."""
+
+    __slots__ = ("calls", "samples")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.samples: dict[str, list[float]] = {ENGINE: [], EAGER: []}
+
+    def next_path(self) -> tuple[str, bool]:
+        """The path of the next call and whether its time counts (False: a warm-up)."""
+        i = self.calls
+        self.calls += 1
+        if i < 2 * WARMUP:
+            return (ENGINE if i % 2 == 0 else EAGER), False
+        return (ENGINE if (i - 2 * WARMUP) % 4 in (0, 3) else EAGER), True
+
+    def done(self) -> bool:
+        n = min(len(self.samples[ENGINE]), len(self.samples[EAGER]))
+        if n >= 2 * ROUNDS:
+            return True
+        return n >= 2 * MIN_ROUNDS and _decisive(self.samples[ENGINE], self.samples[EAGER])
+
+
+class _Always:
+    """A pin table that gives the same path at every thread count (after a failure)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: tuple[Callable[..., Any], telemetry.GraphRecord]) -> None:
+        self.value = value
+
+    def get(self, _threads: int) -> tuple[Callable[..., Any], telemetry.GraphRecord]:
+        return self.value
+
+
+Store = Callable[[int, Decision], None]
+Lookup = Callable[[int], "Decision | None"]
+
+
+class Route:
+    """The callable that replaces a measured partition in the graph: the engine's program or the
+    eager sub-graph, whichever measured faster at the calling thread count."""
+
+    def __init__(
+        self,
+        engine_fn: Callable[..., Any],
+        eager_fn: Callable[..., Any],
+        *,
+        engine: str,
+        ops: Sequence[str],
+        delegated: frozenset[str] = frozenset(),
+        lookup: Lookup | None = None,
+        store: Store | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.engine_fn = engine_fn
+        self.eager_fn = eager_fn
+        self.engine = engine
+        self.stats = RouteStats(measured=True)
+        self._lookup = lookup
+        self._store = store
+        self._strict = strict
+        counted = [op for op in ops if op != "getitem"]
+        self.engine_record = telemetry.new_record(
+            Counter(f"{engine}:{op}" for op in counted if op not in delegated),
+            Counter(),
+            Counter(f"{engine}:{op}" for op in counted if op in delegated),
+        )
+        self.eager_record = telemetry.new_record(
+            Counter(), Counter(), routed=Counter(f"{engine}:{op}" for op in counted)
+        )
+        self._pinned: Any = {}  # thread count -> (callable, record); or an _Always after a failure
+        self._runs: dict[int, _Measurement] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        pinned = self._pinned.get(torch.get_num_threads())
+        if pinned is None:
+            return self._measured_call(args)
+        fn, record = pinned
+        record.calls += 1
+        if fn is self.eager_fn:
+            return fn(*args)
+        try:
+            return fn(*args)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:  # a native panic (pyo3's PanicException) is a BaseException
+            return self._engine_failed(exc, args)
+
+    # -- measuring ---------------------------------------------------------------------------
+    def _measured_call(self, args: tuple[Any, ...]) -> Any:
+        threads = torch.get_num_threads()
+        with self._lock:
+            run = self._runs.get(threads)
+            if run is None and threads not in self._pinned_threads():
+                decision = self._lookup(threads) if self._lookup is not None else None
+                if decision is not None:
+                    self._pin(threads, decision)
+                else:
+                    run = self._runs[threads] = _Measurement()
+            if run is None:  # pinned meanwhile (another thread, or the cache)
+                path, timed = None, False
+            else:
+                path, timed = run.next_path()
+                self.stats.measuring[threads] = run.calls
+        if path is None:
+            return self(*args)
+        start = time.perf_counter()
+        if path == EAGER:
+            try:
+                out = self.eager_fn(*args)
+            except Exception as exc:
+                self._eager_failed(exc)
+                return self(*args)
+            elapsed = time.perf_counter() - start
+            self.eager_record.calls += 1
+        else:
+            try:
+                out = self.engine_fn(*args)
+            except (KeyboardInterrupt, SystemExit, GeneratorExit):
+                raise
+            except BaseException as exc:
+                return self._engine_failed(exc, args)
+            elapsed = time.perf_counter() - start
+            self.engine_record.calls += 1
+        if timed:
+            self._sample(threads, run, path, elapsed)  # type: ignore[arg-type]
+        return out
+
+    def _pinned_threads(self) -> Any:
+        return self._pinned if isinstance(self._pinned, dict) else ()
+
+    def _sample(self, threads: int, run: _Measurement, path: str, elapsed: float) -> None:
+        decision = None
+        with self._lock:
+            if self._runs.get(threads) is not run:
+                return  # decided (or failed) meanwhile
+            run.samples[path].append(elapsed)
+            if run.done():
+                engine, eager = run.samples[ENGINE], run.samples[EAGER]
+                decision = Decision(decide(engine, eager), statistics.median(engine), statistics.median(eager))
+                self._pin(threads, decision)
+        if decision is not None and self._store is not None:
+            self._store(threads, decision)
+
+    def _pin(self, threads: int, decision: Decision) -> None:
+        """Called with the lock held."""
+        self._runs.pop(threads, None)
+        self.stats.measuring.pop(threads, None)
+        self.stats.decisions[threads] = decision
+        if isinstance(self._pinned, dict):
+            path = (
+                (self.eager_fn, self.eager_record) if decision.choice == EAGER else (self.engine_fn, self.engine_record)
+            )
+            # a new dict, not an update: __call__ reads the table without the lock
+            self._pinned = {**self._pinned, threads: path}
+
+    # -- failures ------------------------------------------------------------------------------
+    def _eager_failed(self, exc: Exception) -> None:
+        """The eager sub-graph cannot run these inputs: the engine runs this partition from now on."""
+        with self._lock:
+            self._runs.clear()
+            self.stats.measuring.clear()
+            self.stats.reason = (
+                f"not measured further: its eager sub-graph raised {type(exc).__name__}: {exc}; the engine runs it"
+            )
+            self._pinned = _Always((self.engine_fn, self.engine_record))
+
+    def _engine_failed(self, exc: BaseException, args: tuple[Any, ...]) -> Any:
+        """The engine's program failed: eager PyTorch runs this partition from now on (or raise)."""
+        if self._strict:
+            raise exc
+        with self._lock:
+            first = not isinstance(self._pinned, _Always) or self._pinned.value[0] is not self.eager_fn
+            self._runs.clear()
+            self.stats.measuring.clear()
+            self.stats.reason = f"the engine failed while running ({type(exc).__name__}: {exc}); eager from now on"
+            self._pinned = _Always((self.eager_fn, self.eager_record))
+        if first:
+            warnings.warn(
+                f"torchburn engine {self.engine!r} failed while running a partition "
+                f"({type(exc).__name__}: {exc}); this partition runs in eager PyTorch from now on",
+                TorchburnFallbackWarning,
+                stacklevel=3,
+            )
+        self.eager_record.calls += 1
+        return self.eager_fn(*args)
+
+
+__all__ = [
+    "MAX_CALLS",
+    "Decision",
+    "Route",
+    "RouteStats",
+    "build_route",
+    "decide",
+    "not_measured_reason",
+    "route_key",
+    "routing_mode",
+]
+
+
+def build_route(
+    compiled: Callable[..., Any],
+    eager_fn: Callable[..., Any],
+    sub: torch.fx.GraphModule,
+    plan: Plan,
+    *,
+    engine: Engine,
+    opts: Options,
+    cache: GraphCache,
+    delegated: frozenset[str],
+    plan_key: Callable[[], str | None],
+) -> tuple[Route | None, RouteStats]:
+    """The Route of a compiled partition (``sub``: the static graph ``plan`` was made from), or None
+    with the reason it is not measured."""
+    from torchburn.cache import engine_tag
+
+    reason = not_measured_reason(sub, plan, opts.routing_mode())
+    if reason is not None:
+        return None, RouteStats(measured=False, reason=reason)
+    lookup: Lookup | None = None
+    store: Store | None = None
+    if opts.cache:
+        keys: dict[int, str | None] = {}
+
+        def key_of(threads: int) -> str | None:
+            if threads not in keys:
+                try:
+                    base = plan_key()
+                    keys[threads] = route_key(base, engine_tag(engine), threads) if base is not None else None
+                except Exception:  # a plan without a canonical form: decided in memory only
+                    keys[threads] = None
+            return keys[threads]
+
+        def lookup(threads: int) -> Decision | None:
+            key = key_of(threads)
+            data = cache.load_route(key) if key is not None else None
+            try:
+                return Decision.from_json(data) if data is not None else None
+            except (ValueError, KeyError, TypeError):
+                return None
+
+        def store(threads: int, decision: Decision) -> None:
+            key = key_of(threads)
+            if key is not None:
+                cache.store_route(key, decision.to_json())
+
+    route = Route(
+        compiled,
+        eager_fn,
+        engine=engine.name,
+        ops=list(plan.ops()),
+        delegated=delegated,
+        lookup=lookup,
+        store=store,
+        strict=opts.fallback == "error",
+    )
+    return route, route.stats
