@@ -53,3 +53,4 @@ def test_exported_names_are_the_defining_modules_objects() -> None:
     assert torchburn.Engine is Engine and torchburn.explain is explain
     assert torchburn.select_engines is select_engines and torchburn.op_coverage is op_coverage
     assert not hasattr(torchburn, "no_such_name")
+    assert set(torchburn.__all__) <= set(dir(torchburn))

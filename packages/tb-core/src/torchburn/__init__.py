@@ -17,13 +17,13 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from torchburn._version import PLUGIN_API_VERSION, __version__
-from torchburn.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from torchburn.backend import torchburn_backend
     from torchburn.cache import graph_cache as graph_cache
     from torchburn.engine import Availability, Engine
     from torchburn.explain import Explanation, explain
+    from torchburn.hookspecs import hookimpl
     from torchburn.interop import PreparedProgram
     from torchburn.nodeinfo import NodeInfo, accepts
     from torchburn.options import EngineNotFoundError, Options, TorchburnFallbackWarning
@@ -43,6 +43,7 @@ _LAZY = {
     "Engine": "torchburn.engine",
     "Explanation": "torchburn.explain",
     "explain": "torchburn.explain",
+    "hookimpl": "torchburn.hookspecs",
     "PreparedProgram": "torchburn.interop",
     "NodeInfo": "torchburn.nodeinfo",
     "accepts": "torchburn.nodeinfo",
@@ -111,6 +112,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torchburn' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 class _Package(types.ModuleType):
     """Keeps ``torchburn.explain`` the function: importing the ``torchburn.explain`` module, which
     the lazy loading no longer follows with ``from torchburn.explain import explain``, would
@@ -128,13 +133,18 @@ sys.modules[__name__].__class__ = _Package
 def _register_backend() -> None:
     """Make ``backend="torchburn"`` resolvable.
 
-    Installed distributions declare the ``torch_dynamo_backends`` entry point, which Dynamo reads
-    on lookup, so nothing needs importing here (importing torch._dynamo costs seconds). Only a
-    source tree on ``sys.path`` without dist metadata registers explicitly.
+    An installed tb-core declares the ``torch_dynamo_backends`` entry point, which Dynamo reads on
+    lookup, so nothing needs importing here (importing torch._dynamo costs seconds). Only a source
+    tree on ``sys.path`` without dist metadata registers explicitly. tb-core's own metadata is read,
+    not every distribution's entry points (tens of ms at each ``import torchburn``).
     """
     from importlib import metadata
 
-    if any(ep.name == "torchburn" for ep in metadata.entry_points(group="torch_dynamo_backends")):
+    try:
+        eps = metadata.distribution("tb-core").entry_points
+    except metadata.PackageNotFoundError:
+        eps = metadata.EntryPoints(())
+    if any(ep.group == "torch_dynamo_backends" and ep.name == "torchburn" for ep in eps):
         return
     from torchburn.backend import register
 
