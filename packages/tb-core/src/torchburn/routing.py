@@ -290,7 +290,7 @@ class Route:
         threads = torch.get_num_threads()
         with self._lock:
             run = self._runs.get(threads)
-            if run is None and threads not in self._pinned_threads():
+            if run is None and isinstance(self._pinned, dict) and threads not in self._pinned:
                 decision = self._lookup(threads) if self._lookup is not None else None
                 if decision is not None:
                     self._pin(threads, decision)
@@ -324,9 +324,6 @@ class Route:
         if timed:
             self._sample(threads, run, path, elapsed)  # type: ignore[arg-type]
         return out
-
-    def _pinned_threads(self) -> Any:
-        return self._pinned if isinstance(self._pinned, dict) else ()
 
     def _sample(self, threads: int, run: _Measurement, path: str, elapsed: float) -> None:
         decision = None
