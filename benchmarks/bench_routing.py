@@ -1,6 +1,7 @@
 """Routing by measurement (torchburn.routing): small graphs against eager, and what measuring costs.
 
     python -m benchmarks.bench_routing [--threads 2]
+    python -m benchmarks.bench_routing --models [--threads 1] [--only mlp,cnn]
 
 For each workload (inference, direct-inference path): eager, torchburn with ``routing="off"`` (the
 engine always) and torchburn with routing by measurement (the default), interleaved medians once
@@ -8,6 +9,10 @@ the measurement is over; the decision of each partition; and the cost of measuri
 ``routing.MAX_CALLS`` calls after the compiling call, with routing on minus with it off (the same
 calls run the engine or eager PyTorch, one path each), in a fresh compile each time without the
 compile cache (so nothing decided earlier is reused).
+
+``--models``: the model set of ``bench_models``, eager, torchburn with routing off and torchburn with
+routing on interleaved in one run (same-run ratios: before and after routing), with each model's
+decisions (a fresh compile cache, so every partition measures).
 """
 
 from __future__ import annotations
@@ -138,12 +143,72 @@ def run(threads: int = 2, only: set[str] | None = None, repeats: int = 9) -> lis
     return rows
 
 
+def _model_row(key: str, model: nn.Module, inputs: tuple[torch.Tensor, ...], repeats: int) -> dict[str, Any]:
+    torch._dynamo.reset()
+    sink: list[Any] = []
+    with torch.no_grad():
+        off = _compile(model, "off", [], cache=False)
+        on = _compile(model, "measure", sink, cache=False)
+        expected = model(*inputs)
+        for _ in range(30):  # past the measurement
+            torch.testing.assert_close(on(*inputs), expected, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(off(*inputs), expected, rtol=1e-3, atol=1e-3)
+        times = interleaved(
+            {"eager": lambda: model(*inputs), "off": lambda: off(*inputs), "on": lambda: on(*inputs)},
+            repeats=repeats,
+        )
+    return {
+        "model": key,
+        "threads": torch.get_num_threads(),
+        "eager_s": times["eager"],
+        "off": times["eager"] / times["off"],
+        "on": times["eager"] / times["on"],
+        "decided": _decisions(sink),
+    }
+
+
+def models(threads: int = 1, only: set[str] | None = None, repeats: int = 7) -> list[dict[str, Any]]:
+    """The model set, routing off vs on, in one interleaved run per model and thread count."""
+    import torchburn
+    from benchmarks.bench_models import MODELS
+
+    warnings.filterwarnings("ignore", category=torchburn.TorchburnFallbackWarning)
+    rows = []
+    previous = torch.get_num_threads()
+    for key, (_desc, build) in MODELS.items():
+        if only and key not in only:
+            continue
+        torch.manual_seed(0)
+        model, inputs = build()
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            rows.append(_model_row(key, model, inputs, repeats))
+    torch.set_num_threads(previous)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma list of: " + ",".join(WORKLOADS))
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--models", action="store_true", help="the model set, routing off vs on")
     args = ap.parse_args()
+    if args.models:
+        import math
+        import statistics
+
+        rows = models(args.threads, set(args.only.split(",")) if args.only else None, args.repeats)
+        for r in rows:
+            print(
+                f"{r['model']:<18} {r['threads']}t  eager {r['eager_s'] * 1e3:8.3f} ms  routing off {r['off']:.2f}×  "
+                f"routing on {r['on']:.2f}×  decided: {r['decided']}"
+            )
+        for n in sorted({r["threads"] for r in rows}):
+            sel = [r for r in rows if r["threads"] == n]
+            geo = {k: math.exp(statistics.fmean(math.log(r[k]) for r in sel)) for k in ("off", "on")}
+            print(f"geomean {n}t over {len(sel)} models: routing off {geo['off']:.2f}×, routing on {geo['on']:.2f}×")
+        return
     for r in run(args.threads, set(args.only.split(",")) if args.only else None, args.repeats):
         print(
             f"{r['workload']:<11} {r['threads']}t  eager {r['eager_s'] * 1e6:9.1f} µs  "
