@@ -75,8 +75,10 @@ class PluginState:
         allow = _env_list("TORCHBURN_LOAD_PLUGINS")
         deny = set(_env_list("TORCHBURN_DISABLED_PLUGINS"))
         for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            dist = ep.dist.name if ep.dist is not None else "?"
-            version = ep.dist.version if ep.dist is not None else "?"
+            # one parse of the distribution's metadata (``dist.name`` and ``dist.version`` parse it each)
+            meta = ep.dist.metadata if ep.dist is not None else None
+            dist = str(meta["Name"]) if meta is not None else "?"
+            version = str(meta["Version"]) if meta is not None else "?"
             if ep.name in deny or dist in deny:
                 self.records.append(PluginRecord(ep.name, dist, version, "disabled", "in TORCHBURN_DISABLED_PLUGINS"))
                 continue
