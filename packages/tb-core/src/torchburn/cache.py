@@ -7,7 +7,7 @@ default in ``~/.cache/torchburn/compile``; ``TORCHBURN_CACHE_DIR`` moves it, ``0
 * ``*.tbplan``: an engine's ``serialize()`` bytes of one compiled partition (native_cpu: its
   lowered executor spec), restored by ``deserialize()`` without lowering again;
 * ``*.tbroute``: a routing decision (``torchburn.routing``): whether a partition runs on its
-  engine or in eager PyTorch at a thread count, and the two median times that decided it, keyed
+  engine or in eager PyTorch at a thread count, and the two times that decided it, keyed
   by the partition's structural key, the engine's cache tag and the thread count;
 * ``*.tbgraph``: the ATen graph direct inference traced from a Dynamo graph, as the JSON of a
   ``Plan`` (op names, literal arguments, tensor metas), so a later process skips the

@@ -10,7 +10,10 @@ eager sub-graph (the same FX sub-module the safe fallback runs), and during its 
   (``ROUNDS`` of them, at least ``MIN_ROUNDS``; it stops early once one path is ``DECISIVE`` times
   the other). Each call runs one path only and returns that path's result, so nothing is computed
   twice and the extra cost of measuring is, per call, the difference between the two paths.
-* the medians decide: eager is pinned only when the engine's median exceeds eager's by more than
+* each path's lower quartile decides (``estimate``): noise on a shared machine only ever adds time
+  (a call descheduled for a time slice takes 5-9 ms more at a load of 7 on 2 cores, one call in
+  five), and a median of a few samples half of which were hit is no estimate; the lowest quarter of
+  the samples is. Eager is pinned only when the engine's estimate exceeds eager's by more than
   ``MARGIN`` (3 %), so noise does not flip a partition back and forth.
 * decisions are per thread count (``torch.get_num_threads()``, read at each call: ~20 ns), kept with
   the compiled graph and in the compile cache (``GraphCache.load_route`` / ``store_route``: in
@@ -35,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import threading
 import time
 import warnings
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
 
 #: Untimed calls of each path before the rounds (first-call allocations, oneDNN primitive creation).
 WARMUP = 1
-#: Rounds of engine, eager, eager, engine; medians of 2 × ROUNDS samples of each path decide.
+#: Rounds of engine, eager, eager, engine; the lower quartiles of 2 × ROUNDS samples of each path decide.
 ROUNDS = 5
 #: Rounds after which a decisive ratio ends the measurement early.
 MIN_ROUNDS = 2
@@ -70,7 +72,7 @@ MARGIN = 0.03
 #: The most calls a measurement takes (warm-ups and full rounds).
 MAX_CALLS = 2 * WARMUP + 4 * ROUNDS
 #: Version of what a stored decision means; part of its key.
-FORMAT = 1
+FORMAT = 2
 
 ENGINE = "engine"
 EAGER = "eager"
@@ -79,7 +81,7 @@ EAGER = "eager"
 @dataclass
 class Decision:
     choice: str  # ENGINE or EAGER
-    engine_s: float  # median seconds per call on the engine
+    engine_s: float  # seconds per call on the engine (lower quartile of the samples: ``estimate``)
     eager_s: float  # ... in eager PyTorch
     source: str = "measured"  # or "cache" (a former compile or process measured it)
 
@@ -184,13 +186,18 @@ def route_key(plan_key: str, engine_tag: str, threads: int) -> str:
     return blake3.blake3(json.dumps(material).encode()).hexdigest()
 
 
+def estimate(samples: Sequence[float]) -> float:
+    """Seconds per call of a path: the lower quartile of its samples (noise only adds time)."""
+    return sorted(samples)[len(samples) // 4]
+
+
 def decide(engine: Sequence[float], eager: Sequence[float]) -> str:
-    """EAGER when the engine's median exceeds eager's by more than ``MARGIN``, else ENGINE."""
-    return EAGER if statistics.median(engine) > statistics.median(eager) * (1 + MARGIN) else ENGINE
+    """EAGER when the engine's estimate exceeds eager's by more than ``MARGIN``, else ENGINE."""
+    return EAGER if estimate(engine) > estimate(eager) * (1 + MARGIN) else ENGINE
 
 
 def _decisive(engine: Sequence[float], eager: Sequence[float]) -> bool:
-    e, x = statistics.median(engine), statistics.median(eager)
+    e, x = estimate(engine), estimate(eager)
     return e > x * DECISIVE or x > e * DECISIVE
 
 
@@ -333,7 +340,7 @@ class Route:
             run.samples[path].append(elapsed)
             if run.done():
                 engine, eager = run.samples[ENGINE], run.samples[EAGER]
-                decision = Decision(decide(engine, eager), statistics.median(engine), statistics.median(eager))
+                decision = Decision(decide(engine, eager), estimate(engine), estimate(eager))
                 self._pin(threads, decision)
         if decision is not None and self._store is not None:
             self._store(threads, decision)
@@ -389,6 +396,7 @@ __all__ = [
     "RouteStats",
     "build_route",
     "decide",
+    "estimate",
     "not_measured_reason",
     "route_key",
     "routing_mode",
