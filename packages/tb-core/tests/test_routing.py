@@ -276,7 +276,7 @@ def _graph(build: Callable[[torch.fx.Graph, torch.fx.Node], Any]) -> torch.fx.Gr
     graph.output(build(graph, x))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     mode = FakeTensorMode()
-    FakeTensorProp(gm, mode).propagate(mode.from_tensor(torch.randn(4, 4)))
+    FakeTensorProp(gm, mode).propagate(mode.from_tensor(torch.randn(1, 1, 4, 4)))
     return gm
 
 
@@ -295,6 +295,21 @@ def _graph(build: Callable[[torch.fx.Graph, torch.fx.Node], Any]) -> torch.fx.Gr
         (
             lambda g, x: g.call_function(torch.ops.aten.bernoulli.p, (x, 0.5)),
             "draws random numbers (aten.bernoulli.p)",
+        ),
+        # dropout that cannot drop: inference graphs hold these, and they draw nothing
+        (lambda g, x: g.call_function(torch.ops.aten.native_dropout.default, (x, 0.5, False)), None),
+        (lambda g, x: g.call_function(torch.ops.aten.native_dropout.default, (x, 0.0, True)), None),
+        (
+            lambda g, x: g.call_function(
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (x, x, x), {"dropout_p": 0.0}
+            ),
+            None,
+        ),
+        (
+            lambda g, x: g.call_function(
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (x, x, x, 0.1)
+            ),
+            "draws random numbers (aten._scaled_dot_product_flash_attention_for_cpu.default)",
         ),
         (
             lambda g, x: [
@@ -501,3 +516,23 @@ def test_corrupt_stored_decision_is_measured_again(sleepy: type[Sleepy], tmp_pat
     run_until_decided(again, (x,), chain)
     decision = only_partition(sink).route.decisions[torch.get_num_threads()]
     assert decision.choice == "eager" and decision.source == "measured"
+
+
+def test_explain_calls_once_when_a_graph_draws_random_numbers(sleepy: type[Sleepy]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return chain(x) + torch.randn_like(x)  # randn_like: no kernel in sleepy, eager; the graph draws
+
+    report = torchburn.explain(f, torch.randn(8, 8), options={**MEASURE, "cache": False})
+    assert not report.graphs[0].repeatable
+    assert sleepy.calls == 1 and "measuring (1 of at most" in str(report)
+
+
+def test_training_graphs_are_not_replayed_by_explain(sleepy: type[Sleepy]) -> None:
+    w = torch.randn(8, requires_grad=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return chain(x * w)
+
+    report = torchburn.explain(f, torch.randn(8), options={**MEASURE, "cache": False})
+    assert {g.kind for g in report.graphs} == {"forward"} and not report.graphs[0].repeatable
+    assert sleepy.calls == 1

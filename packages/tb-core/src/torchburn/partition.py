@@ -245,15 +245,7 @@ def compile_graph(
 def _repeatable(gm: torch.fx.GraphModule, kind: str) -> bool:
     if kind != "inference":  # forward / backward graphs: autograd accumulates gradients at each call
         return False
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.is_impure():
-            return False
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
-            return False
-    return True
+    return all(routing.node_effect(node) is None for node in gm.graph.nodes if node.op == "call_function")
 
 
 def _partition_and_compile(gm: torch.fx.GraphModule, engines: list[Engine], opts: Options, report: GraphReport) -> None:

@@ -152,23 +152,57 @@ def not_measured_reason(sub: torch.fx.GraphModule, plan: Plan, mode: str) -> str
     for node in sub.graph.nodes:
         if node.op != "call_function":
             continue
-        target = node.target
-        name = op_name(target)
-        if isinstance(target, torch._ops.OpOverload):
-            if target._schema.is_mutable:
-                return f"it writes into its inputs ({name})"
-            if torch.Tag.nondeterministic_seeded in target.tags:
-                return f"it draws random numbers ({name}): the two paths draw different streams"
-            if not _runs_on_cpu(target):
-                return f"{name} has no CPU kernel in PyTorch (an engine-only op)"
-        if node.is_impure():
-            return f"it has side effects ({name})"
+        effect = node_effect(node)
+        if effect is not None:
+            return effect
+        if isinstance(node.target, torch._ops.OpOverload) and not _runs_on_cpu(node.target):
+            return f"{op_name(node.target)} has no CPU kernel in PyTorch (an engine-only op)"
     for meta in plan.inputs:
         if meta is not None and meta.device not in ("cpu", "meta"):
             return f"an input lives on {meta.device}: its kernels run asynchronously, the wall clock cannot time them"
     if any(m is not None and m.symbolic for m in plan.inputs):
         return "the engine takes its symbolic sizes as they are: one decision cannot fit every size"
     return None
+
+
+def node_effect(node: torch.fx.Node) -> str | None:
+    """What makes running ``node`` twice not the same as once: a write into its inputs, a random
+    draw, another side effect; None for a pure node."""
+    target = node.target
+    name = op_name(target)
+    if isinstance(target, torch._ops.OpOverload):
+        if target._schema.is_mutable:
+            return f"it writes into its inputs ({name})"
+        if torch.Tag.nondeterministic_seeded in target.tags and _draws(node, target):
+            return f"it draws random numbers ({name}): the two paths draw different streams"
+    if _side_effect(node):
+        return f"it has side effects ({name})"
+    return None
+
+
+def _side_effect(node: torch.fx.Node) -> bool:
+    """FX's impure nodes, less random ops (``Node.is_impure`` counts them; ``_draws`` decides those)."""
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target in torch.fx.node._side_effectful_functions
+    return node.is_impure()
+
+
+def _draws(node: torch.fx.Node, op: torch._ops.OpOverload) -> bool:
+    """Whether a node of a random op draws: attention with ``dropout_p=0`` and dropout with
+    ``p=0`` or ``train=False`` (inference graphs hold them) do not."""
+    values = {}
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name in node.kwargs:
+            values[arg.name] = node.kwargs[arg.name]
+        elif i < len(node.args) and not arg.kwarg_only:
+            values[arg.name] = node.args[i]
+        elif arg.has_default_value():
+            values[arg.name] = arg.default_value
+    if "dropout_p" in values:
+        return bool(values["dropout_p"] != 0)
+    if "p" in values and "train" in values:
+        return values["train"] is not False and bool(values["p"] != 0)
+    return True
 
 
 def _runs_on_cpu(op: torch._ops.OpOverload) -> bool:
@@ -397,6 +431,7 @@ __all__ = [
     "build_route",
     "decide",
     "estimate",
+    "node_effect",
     "not_measured_reason",
     "route_key",
     "routing_mode",
