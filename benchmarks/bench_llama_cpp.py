@@ -232,14 +232,22 @@ def read_bandwidth_gb_s(threads: int, gib: float = 1.0, repeat: int = 5) -> floa
 
 
 def llama_bench(
-    build: Path, model: Path, threads: int, repetitions: int, prompt: int, new: int, depth: int = 0
+    build: Path,
+    model: Path,
+    threads: int,
+    repetitions: int,
+    prompt: int,
+    new: int,
+    depth: int = 0,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """Median tok/s of llama-bench's prefill of ``prompt`` tokens and decode of ``new`` (either
-    may be 0: not run), both after ``depth`` tokens already in the cache (``-d``, untimed)."""
+    may be 0: not run), both after ``depth`` tokens already in the cache (``-d``, untimed);
+    ``extra``: more llama-bench arguments (``("--repack", "0")``)."""
     bench = _tool(build, "llama-bench")
     assert bench is not None
     cmd = [str(bench), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(new)]
-    cmd += ["-fa", "1", "-r", str(repetitions), "-o", "json"]
+    cmd += ["-fa", "1", "-r", str(repetitions), "-o", "json", *extra]
     if depth:
         cmd += ["-d", str(depth)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

@@ -17,6 +17,17 @@ ratios' range.
 Same checkpoint, same llama.cpp build and GGUF files as ``bench_llama_cpp.py`` (cached under
 ``$TORCHBURN_CACHE_DIR/bench-llm``). ``run(threads)`` returns the rows; ImportError (a skipped
 suite) when ``gguf``, a C++ toolchain or tb-llm is missing.
+
+    python benchmarks/bench_llm_vs_llama_cpp.py --smollm2 [--threads 2] [--rounds 7] [--quant int4 ...]
+
+``--smollm2`` (or ``--gguf FILE``): a real checkpoint instead, both runtimes reading the same
+GGUF file: SmolLM2-135M-Instruct's Q4_1 file (``tb_llm.testing.smollm2_gguf``) against tb-llm's
+int4 loaded from it, and llama.cpp's own requantizations of that file (F32, F16, Q8_0, made once
+with ``llama-quantize --allow-requantize`` beside it) against fp32 / bf16 / int8 loaded from the
+Q4_1 file. The order alternates per round (llama.cpp first, then tb-llm first: A B B A ...), and
+llama-bench runs with ``--repack 0`` (its AMX repacked path segfaulted on one VM that advertises
+AMX). A small model decodes in milliseconds, so this is where tb-llm's per-token Python shows
+(``bench_llm_token_overhead.py`` measures it alone).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -109,6 +121,111 @@ def run(
     return rows
 
 
+# tb-llm quant -> the llama.cpp file it is held against, for one GGUF checkpoint (None: the file itself)
+GGUF_PAIRS: tuple[tuple[str, str | None], ...] = (("int4", None), ("int8", "Q8_0"), ("bf16", "F16"), ("fp32", "F32"))
+
+
+def run_gguf(
+    gguf_path: Path | None = None,
+    threads: int = 2,
+    rounds: int = 7,
+    prompt_tokens: int = 512,
+    new_tokens: int = 128,
+    quants: tuple[str, ...] = ("int4", "fp32"),
+    extra: tuple[str, ...] = ("--repack", "0"),
+) -> list[dict[str, Any]]:
+    """The head-to-head on one GGUF checkpoint (default: SmolLM2-135M-Instruct Q4_1), both
+    runtimes reading the same file (see the module)."""
+    import subprocess
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_llama_cpp import _tool, llama_cpp_build
+    from tb_llm import LLM
+    from tb_llm.testing import smollm2_gguf
+
+    torch.set_num_threads(threads)
+    path = Path(gguf_path) if gguf_path is not None else smollm2_gguf()
+    build = llama_cpp_build()
+    rows: list[dict[str, Any]] = []
+    for quant, fmt in GGUF_PAIRS:
+        if quant not in quants:
+            continue
+        cpp_file = path
+        if fmt is not None:
+            cpp_file = path.with_name(f"{path.stem}.requant-{fmt}.gguf")
+            if not cpp_file.exists():
+                quantize = _tool(build, "llama-quantize")
+                assert quantize is not None
+                cmd = [str(quantize), "--allow-requantize", str(path), str(cpp_file), fmt]
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        llm = LLM.from_pretrained(path, quant=quant, device="cpu")
+        got = _alternate(llm, build, cpp_file, threads, rounds, prompt_tokens, new_tokens, extra)
+        del llm
+        gc.collect()
+        med = {k: statistics.median(v) for k, v in got.items()}
+        row: dict[str, Any] = {
+            "head_to_head": True,
+            "checkpoint": path.name,
+            "quant": quant,
+            "matches": f"{fmt} (requantized)" if fmt is not None else f"{path.stem.rsplit('.', 1)[-1]} (the file)",
+            "threads": threads,
+            "rounds": rounds,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            "depth": 0,
+            "llama_bench_extra": list(extra),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            **med,
+            "samples": got,
+        }
+        for what in ("prefill", "decode"):
+            per_round = [t / c for t, c in zip(got[f"tb_{what}"], got[f"cpp_{what}"])]
+            row[f"{what}_ratio"] = med[f"tb_{what}"] / med[f"cpp_{what}"]
+            row[f"{what}_ratio_range"] = (min(per_round), max(per_round))
+        rows.append(row)
+        print(_fmt(row), flush=True)
+    return rows
+
+
+def _alternate(
+    llm: Any,
+    build: Path,
+    cpp_file: Path,
+    threads: int,
+    rounds: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    extra: tuple[str, ...],
+) -> dict[str, list[float]]:
+    """``rounds`` of llama-bench and tb-llm, llama.cpp first in even rounds, tb-llm first in odd ones."""
+    import torch
+
+    from benchmarks.bench_llama_cpp import llama_bench
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = llm.config.vocab_size
+    prompt = torch.randint(0, vocab, (prompt_tokens,), generator=gen).tolist()
+    short = torch.randint(0, vocab, (1,), generator=gen).tolist()
+    llm.generate(prompt, max_new_tokens=1, ignore_eos=True)  # warm-up (llama-bench warms up too)
+    got: dict[str, list[float]] = {k: [] for k in ("cpp_prefill", "cpp_decode", "tb_prefill", "tb_decode")}
+
+    def cpp() -> None:
+        out = llama_bench(build, cpp_file, threads, 1, prompt_tokens, new_tokens, extra=extra)
+        got["cpp_prefill"].append(out["prefill"])
+        got["cpp_decode"].append(out["decode"])
+
+    def tb() -> None:
+        got["tb_prefill"].append(llm.generate(prompt, max_new_tokens=1, ignore_eos=True).timing.prefill_tok_s)
+        got["tb_decode"].append(llm.generate(short, max_new_tokens=new_tokens, ignore_eos=True).timing.decode_tok_s)
+
+    for i in range(rounds):
+        for step in (cpp, tb) if i % 2 == 0 else (tb, cpp):
+            step()
+    return got
+
+
 def _fmt(r: dict[str, Any]) -> str:
     return (
         f"tb-llm {r['quant']:5s} vs llama.cpp {r['matches']:5s}: prefill {r['tb_prefill']:7.1f} vs {r['cpp_prefill']:7.1f} "
@@ -169,9 +286,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quant", action="append", choices=[q for q, _ in PAIRS])
     parser.add_argument("--depth", type=int, default=512, help="cached tokens for the second decode (0: skip)")
+    parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M's GGUF file in both runtimes")
+    parser.add_argument("--gguf", type=Path, default=None, help="this GGUF file in both runtimes")
     args = parser.parse_args()
-    quants = tuple(args.quant) if args.quant else tuple(q for q, _ in PAIRS)
-    rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants, args.depth)
+    if args.smollm2 or args.gguf is not None:
+        quants = tuple(args.quant) if args.quant else ("int4", "fp32")
+        rows = run_gguf(args.gguf, args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants)
+    else:
+        quants = tuple(args.quant) if args.quant else tuple(q for q, _ in PAIRS)
+        rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants, args.depth)
     print("\n".join(render(rows)))
     for row in rows:
         print(json.dumps(row))

@@ -25,6 +25,7 @@ from tb_llm.serve.prefix_cache import PrefixCache
 from tb_llm.speculative import Speculative, parse_speculative
 from tb_llm.speculative import run as speculative_run
 from tb_llm.tokenizer import IncrementalDecoder, Tokenizer
+from torchburn.llm.kv_cache import zeros
 
 if TYPE_CHECKING:
     from tb_llm.structured import Constraint, JsonSchemaSpec, Schema
@@ -561,26 +562,27 @@ class LLM:
         vocab = model.cfg.vocab_size
         seen = None
         if params.repetition_penalty != 1.0:
-            seen = torch.zeros(b, vocab, dtype=torch.bool)
+            seen = zeros((b, vocab), torch.bool, "cpu")
             for i, s in enumerate(seqs):
                 seen[i, torch.tensor(s.prompt_ids, dtype=torch.long).clamp(0, vocab - 1)] = True
         last = pos[:, -1].clone()
         t0 = time.perf_counter()
         logits = model.forward(ids.to(dev), pos.to(dev), cache)
         pieces = TokenPieces(self.tokenizer) if logprobs is not None else None
+        constrained = any(s.constraint is not None for s in seqs)
         for step in range(max_new_tokens):
             raw = log_softmax(logits).cpu() if logprobs is not None else None
             if seen is not None:
                 logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
             cpu = logits.float().cpu()
-            if any(s.constraint is not None for s in seqs):
+            if constrained:
                 # a copy (the model's logits may be inference tensors: no in-place writes) made by
                 # numpy, single-threaded: a torch copy of a [B, V] row wakes the intra-op pool,
                 # whose spinning threads then slow the next forward on a busy machine
                 cpu = torch.from_numpy(cpu.numpy().copy())
-            for i, s in enumerate(seqs):
-                if s.constraint is not None and s.finish_reason is None:
-                    s.constraint.mask(cpu[i])  # only what the grammar allows next (raw log-probs unaffected)
+                for i, s in enumerate(seqs):
+                    if s.constraint is not None and s.finish_reason is None:
+                        s.constraint.mask(cpu[i])  # only what the grammar allows next (raw log-probs unaffected)
             if generators is not None:
                 nxt = torch.cat([sample(cpu[i : i + 1], params, g) for i, g in enumerate(generators)])
             else:
@@ -592,9 +594,10 @@ class LLM:
             else:
                 timing.decode_tokens += sum(1 for s in seqs if s.finish_reason is None)
                 timing.decode_seconds += now - t0
+            chosen = nxt.tolist()  # one conversion for the batch, not a tensor index per row
             for i, s in enumerate(seqs):
                 if s.finish_reason is None:
-                    tok = int(nxt[i])
+                    tok = chosen[i]
                     if raw is not None and pieces is not None and logprobs is not None:
                         s.logprobs.append(token_logprob(raw[i], tok, logprobs, pieces))
                     s.add(tok, tok in eos)

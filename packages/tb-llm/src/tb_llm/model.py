@@ -248,7 +248,9 @@ class Decoder:
             freqs = pos[..., None].float() * inv.to(pos.device)
             emb = torch.cat((freqs, freqs), dim=-1)
             return (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
-        need = int(pos.max()) + 1
+        single = pos.numel() == 1  # a one-row decode step: slices, not a gather (per-token cost)
+        at = int(pos) if single else 0
+        need = at + 1 if single else int(pos.max()) + 1
         if self._rope_cache is None or self._rope_cache[0].shape[0] < need:
             n = max(need, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 256))
             t = torch.arange(n, dtype=torch.float32)
@@ -257,6 +259,8 @@ class Decoder:
             cos, sin = emb.cos() * scale, emb.sin() * scale
             self._rope_cache = (cos.to(self.device, self.dtype), sin.to(self.device, self.dtype))
         cos, sin = self._rope_cache
+        if single:
+            return cos[at : at + 1].view(*pos.shape, -1), sin[at : at + 1].view(*pos.shape, -1)
         return cos[pos], sin[pos]
 
     # -- forward ------------------------------------------------------------------------

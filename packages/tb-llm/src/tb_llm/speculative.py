@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tb_llm.sampling import SamplingParams, apply_repetition_penalty, distribution
+from tb_llm.sampling import SamplingParams, apply_repetition_penalty, distribution, greedy
+from torchburn.llm.kv_cache import zeros
 
 if TYPE_CHECKING:
     from tb_llm.llm import LLM
@@ -157,7 +158,7 @@ class DraftModel:
             logits = model.forward(ids.to(dev), pos.to(dev), self.cache).float().cpu()
             self.held += feed
             if params.temperature == 0:
-                tok = int(logits[0].argmax())
+                tok = int(greedy(logits)[0])
                 dists.append(None)
             else:
                 q = distribution(logits, params)[0]
@@ -186,7 +187,7 @@ def verify(
         if seen is not None:
             row = apply_repetition_penalty(row, seen, params.repetition_penalty)
         if params.temperature == 0:
-            best = int(row[0].argmax())
+            best = int(greedy(row)[0])
             if i < len(draft) and draft[i] == best:
                 out.append(best)
             else:
@@ -249,7 +250,7 @@ def run(
     vocab = model.cfg.vocab_size
     seen = None
     if params.repetition_penalty != 1.0:
-        seen = torch.zeros(1, vocab, dtype=torch.bool)
+        seen = zeros((1, vocab), torch.bool, "cpu")
         seen[0, torch.tensor(prompt, dtype=torch.long).clamp(0, vocab - 1)] = True
     pieces = TokenPieces(llm.tokenizer) if logprobs is not None else None
     tokens = list(prompt)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tb_llm.sampling import SamplingParams, apply_repetition_penalty, sample
+from torchburn.llm.kv_cache import zeros
 
 if TYPE_CHECKING:
     from tb_llm.structured import Grammar
@@ -61,14 +62,14 @@ class RowSampler:
         self.generator = torch.Generator().manual_seed(s.seed) if s.seed is not None else None
         self.seen: torch.Tensor | None = None
         if s.repetition_penalty != 1.0:
-            self.seen = torch.zeros(1, vocab, dtype=torch.bool)
+            self.seen = zeros((1, vocab), torch.bool, "cpu")
             self.seen[0, torch.tensor(prompt_ids, dtype=torch.long).clamp(0, vocab - 1)] = True
         self.counts: torch.Tensor | None = None
         if s.frequency_penalty or s.presence_penalty:
-            self.counts = torch.zeros(1, vocab, dtype=torch.float32)
+            self.counts = zeros((1, vocab), torch.float32, "cpu")
         self.bias: torch.Tensor | None = None
         if s.logit_bias:
-            self.bias = torch.zeros(1, vocab, dtype=torch.float32)
+            self.bias = zeros((1, vocab), torch.float32, "cpu")
             for tok, b in s.logit_bias.items():
                 if 0 <= tok < vocab:
                     self.bias[0, tok] = b

@@ -27,6 +27,7 @@ import torch
 
 from tb_llm.llm import LLM
 from tb_llm.logprobs import TokenLogprob, TokenPieces, log_softmax, token_logprob
+from tb_llm.sampling import greedy as argmax
 from tb_llm.serve.batch_engine import BatchEngine
 from tb_llm.serve.completion_text import CompletionText
 from tb_llm.serve.metrics import ServerMetrics
@@ -300,7 +301,7 @@ class Scheduler:
             assert job.sampler is not None
             if job.sampling.plain_greedy:
                 if greedy is None:
-                    greedy = logits.argmax(dim=-1)
+                    greedy = argmax(logits)
                 tok = int(greedy[i])
                 job.sampler.observe(tok)
             else:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from torchburn.llm.kv_cache import zeros
+
 
 class SlotCache:
     def __init__(
@@ -51,8 +53,8 @@ class SlotCache:
         new = max(capacity, 2 * self.capacity)
         shape = (self.num_layers, self.rows, self.kv_heads, new, self.head_dim)
         keep = max(self.lens) if self.capacity else 0
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        k = zeros(shape, self.dtype, self.device)  # calloc'd on the CPU: no parallel fill (see zeros)
+        v = zeros(shape, self.dtype, self.device)
         pos = torch.full((self.rows, new), -1, dtype=torch.long, device=self.device)
         if keep:
             k[:, :, :, :keep] = self.kbuf[:, :, :, :keep]
