@@ -66,7 +66,7 @@ ROUNDS = 5
 #: Rounds after which a decisive ratio ends the measurement early.
 MIN_ROUNDS = 2
 #: One path this many times slower than the other after MIN_ROUNDS rounds: decided.
-DECISIVE = 1.5
+DECISIVE = 1.25
 #: Eager is pinned only when the engine is slower than eager by more than this fraction.
 MARGIN = 0.03
 #: The most calls a measurement takes (warm-ups and full rounds).
