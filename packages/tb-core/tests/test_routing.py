@@ -218,6 +218,8 @@ def test_routing_option_and_env_var_are_checked(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TORCHBURN_ROUTING", "sometimes")
     with pytest.raises(ValueError, match="TORCHBURN_ROUTING must be 'measure' or 'off'"):
         Options.from_user({}).routing_mode()
+    with pytest.raises(Exception, match="TORCHBURN_ROUTING must be 'measure' or 'off'"):
+        torch.compile(chain, backend="torchburn")(torch.randn(3))
     monkeypatch.setenv("TORCHBURN_ROUTING", " OFF ")
     assert Options.from_user({}).routing_mode() == "off"
     assert Options.from_user({"routing": "measure"}).routing_mode() == "measure"

@@ -40,12 +40,14 @@ def torchburn_backend(
     """``torch.compile(model, backend="torchburn", options={...})``.
 
     Options: ``engine`` (name or priority list), ``min_partition_size``, ``min_partition_work``, ``cache``,
-    ``fallback`` ("eager" or "error"), ``warn``. See ``torchburn.options.Options``.
+    ``fallback`` ("eager" or "error"), ``warn``, ``routing`` ("measure" or "off"). See
+    ``torchburn.options.Options``.
     """
     from torch._dynamo.backends.common import aot_autograd
 
     opts = Options.from_user({**(options or {}), **kwargs})
     engines = select_engines(opts)
+    opts.routing_mode()  # a bad TORCHBURN_ROUTING fails here, not as a partitioning fallback later
 
     def runner(graph: torch.fx.GraphModule, kind: str, boxed: bool) -> Callable[..., Any]:
         """The partitioned graph as the callable AOTAutograd (boxed: one list argument) or Dynamo

@@ -454,7 +454,11 @@ def build_route(
     with the reason it is not measured."""
     from torchburn.cache import engine_tag
 
-    reason = not_measured_reason(sub, plan, opts.routing_mode())
+    mode = opts.routing_mode()
+    try:
+        reason = not_measured_reason(sub, plan, mode)
+    except Exception as exc:  # a node the checks cannot read: the engine runs it, as without routing
+        reason = f"its nodes could not be checked ({type(exc).__name__}: {exc})"
     if reason is not None:
         return None, RouteStats(measured=False, reason=reason)
     lookup: Lookup | None = None
