@@ -252,9 +252,15 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
         "",
         f"Each round runs `llama-bench -fa 1 -r 1 -p {first['prompt_tokens']} -n {first['new_tokens']} -t {first['threads']}` "
         f"and then tb-llm's prefill of {first['prompt_tokens']} tokens and decode of {first['new_tokens']} "
-        "(A B A B ...); medians over the rounds, ratio = tb-llm ÷ llama.cpp (> 1: tb-llm faster), "
-        "with the lowest and highest per-round ratio. Decode at depth: the same decode with "
-        f'{first.get("depth", 0)} tokens already in the cache (llama-bench `-d`); "-" where not measured.',
+        + ("(A B B A ..., the order alternating per round" if first.get("checkpoint") else "(A B A B ...")
+        + "); medians over the rounds, ratio = tb-llm ÷ llama.cpp (> 1: tb-llm faster), "
+        "with the lowest and highest per-round ratio. "
+        + (
+            f"Decode at depth: the same decode with {first['depth']} tokens already in the cache "
+            '(llama-bench `-d`); "-" where not measured.'
+            if first.get("depth")
+            else ""
+        ),
         "",
         "| tb-llm | llama.cpp | threads | rounds | prefill tok/s (tb / llama.cpp) | prefill ratio [range] "
         "| decode tok/s (tb / llama.cpp) | decode ratio [range] | decode at depth (tb / llama.cpp) | ratio [range] |",
