@@ -52,9 +52,13 @@ def _convolution(lw: Lowerer, node: Any) -> int:
         lw.steps.append(S.ConvTranspose2d(x=xv, weight=wv, bias=bv, y=target, stride=st, padding=pad, dilation=dil,
                                           groups=int(groups), output_padding=_ints(outpad[:2])))  # fmt: skip
     else:
-        lw.steps.append(
-            S.Conv2d(x=xv, weight=wv, bias=bv, y=target, stride=st, padding=pad, dilation=dil, groups=int(groups))
-        )
+        step = S.Conv2d(x=xv, weight=wv, bias=bv, res=None, bn_weight=None, bn_bias=None, bn_mean=None, bn_var=None,
+                        y=target, stride=st, padding=pad, dilation=dil, groups=int(groups))  # fmt: skip
+        lw.steps.append(step)
+        if target == o:
+            # open for an epilogue: a following eval batch norm (conv_fusion), an activation or a
+            # residual add (gemm.fuse_epilogue) folds into the convolution's output tiles
+            lw.gemm_open[o] = step
     return o
 
 

@@ -1,81 +1,19 @@
-//! Convolution as im2col + packed GEMM (bias and activation fused into the GEMM's output),
-//! and max / average pooling with PyTorch's window and padding rules.
+//! Convolution and max / average pooling with PyTorch's window and padding rules.
 //!
-//! Submodules: 3-d convolution and pooling, transposed convolution, adaptive pooling and
-//! upsampling (the resampling kernels over spatial dims).
+//! Submodules: 2-d convolution (`conv2d`: im2col + packed GEMM, a direct depthwise kernel,
+//! channels-last without a layout copy; bias, a folded inference batch norm, activations and a
+//! residual add fused into its epilogue), 3-d convolution and pooling, transposed convolution,
+//! adaptive pooling and upsampling (the resampling kernels over spatial dims).
 
 pub mod adaptive_pool;
+pub mod conv2d;
 pub mod conv3d;
 pub mod conv_transpose;
 pub mod pool3d;
 pub mod upsample;
 
-use crate::core::math::unary::Un;
-use crate::core::mem::{Mem, SPtr};
-use crate::kernels::gemm::{epilogue, sgemm, Mat};
+use crate::core::mem::Mem;
 use crate::core::tensor::View;
-
-/// # Safety
-/// Every view must have been validated by its step builder against the buffers of `mem`.
-pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &View, p: &[usize; 7], epi: &[Un], threads: usize) {
-    let [sh, sw, ph, pw, dh, dw, groups] = *p;
-    let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
-    let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
-    let (oh, ow) = (y.sizes[2], y.sizes[3]);
-    let ocg = oc / groups;
-    let kk = cg * kh * kw;
-    let (px, pwt, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(w), mem.ptr::<f32>(y));
-    let pb = bias.map(|b| (mem.ptr::<f32>(b), b.strides[0]));
-    let _ = c;
-    let direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && (x.strides[2] == ww * x.strides[3] || hh == 1);
-    let one = |ni: usize, t: usize| {
-        let mut col = if direct { Vec::new() } else { vec![0f32; kk * oh * ow] };
-        for g in 0..groups {
-            let xb = px.add(ni * x.strides[0] + g * cg * x.strides[1]);
-            let colm = if direct {
-                Mat { p: SPtr(xb), rs: x.strides[1] as isize, cs: x.strides[3] as isize }
-            } else {
-                for ci in 0..cg {
-                    for a in 0..kh {
-                        for bb in 0..kw {
-                            let row = &mut col[((ci * kh + a) * kw + bb) * oh * ow..][..oh * ow];
-                            for yo in 0..oh {
-                                let ih = (yo * sh + a * dh) as isize - ph as isize;
-                                for xo in 0..ow {
-                                    let iw = (xo * sw + bb * dw) as isize - pw as isize;
-                                    row[yo * ow + xo] = if ih >= 0 && (ih as usize) < hh && iw >= 0 && (iw as usize) < ww {
-                                        *xb.add(ci * x.strides[1] + ih as usize * x.strides[2] + iw as usize * x.strides[3])
-                                    } else {
-                                        0.0
-                                    };
-                                }
-                            }
-                        }
-                    }
-                }
-                Mat { p: SPtr(col.as_mut_ptr()), rs: (oh * ow) as isize, cs: 1 }
-            };
-            let yb = py.add(ni * y.strides[0] + g * ocg * y.strides[1]);
-            let ym = Mat { p: SPtr(yb), rs: y.strides[1] as isize, cs: y.strides[3] as isize };
-            if let Some((bp, bs)) = pb {
-                for o in 0..ocg {
-                    let bv = *bp.add((g * ocg + o) * bs);
-                    for j in 0..oh * ow {
-                        *yb.add(o * y.strides[1] + j * y.strides[3]) = bv;
-                    }
-                }
-            }
-            let wm = Mat { p: SPtr(pwt.add(g * ocg * w.strides[0])), rs: w.strides[0] as isize, cs: w.strides[3] as isize };
-            sgemm(ocg, oh * ow, kk, wm, colm, ym, 1.0, pb.is_some(), t);
-            epilogue(ocg, oh * ow, ym, epi);
-        }
-    };
-    if n >= threads && threads > 1 {
-        crate::core::par::for_each(n, |ni| one(ni, 1));
-    } else {
-        (0..n).for_each(|ni| one(ni, threads));
-    }
-}
 
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`.
@@ -170,28 +108,59 @@ mod steps {
 
     crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
 
+    crate::step_params!(struct Conv2dParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, epilogue: Vec<String>, eps: f64 });
+
+    /// operands: x, weight, bias?, res? (the residual the epilogue's add reads), and a folded
+    /// inference batch norm's weight?, bias?, mean?, var? (mean and var both or neither)
     fn conv2d_step(a: &Args) -> Built {
-        let ConvParams { stride, padding, dilation, groups } = a.params()?;
+        let Conv2dParams { stride, padding, dilation, groups, epilogue, eps } = a.params()?;
         let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
-        let bias = a.opt(2);
+        let (bias, res) = (a.opt(2), a.opt(3));
         f32s(&[&x, &w, &y])?;
         need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv2d takes 4-d tensors")?;
         let ([sh, sw], [ph, pw], [dh, dw]) = (uints(&stride, "stride")?, uints(&padding, "padding")?, uints(&dilation, "dilation")?);
         let g = uint(groups, "groups")?;
-        let p: [usize; 7] = [sh, sw, ph, pw, dh, dw, g];
         need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv2d stride/dilation/groups must be positive")?;
         let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
         let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
         need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0, "conv2d channel counts")?;
         let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d kernel larger than input")?;
         let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d kernel larger than input")?;
-        need(y.sizes == [n, oc, eh / sh + 1, ew_ / sw + 1], "conv2d output shape")?;
-        need(w.strides[1] == kh * w.strides[2] && w.strides[2] == kw * w.strides[3] || cg * kh * kw == 1, "conv2d weight layout")?;
-        need(y.strides[2] == y.sizes[3] * y.strides[3] || y.sizes[2] == 1, "conv2d output layout")?;
+        let (oh, ow) = (eh / sh + 1, ew_ / sw + 1);
+        need(y.sizes == [n, oc, oh, ow], "conv2d output shape")?;
+        need(y.strides[2] == ow * y.strides[3] || oh == 1, "conv2d output layout")?;
         if let Some(b) = &bias {
             need(b.sizes == [oc] && b.dtype == DType::F32, "conv2d bias shape")?;
         }
-        infallible(move |mem| unsafe { conv2d(mem, &x, &w, bias.as_ref(), &y, &p, &[], crate::core::par::threads()) })
+        let ops = epilogue.iter().map(|e| conv2d::epilogue_op(e)).collect::<Result<Vec<_>>>()?;
+        need(ops.len() <= crate::kernels::gemm::MAX_EPI, "too many conv2d epilogue steps")?;
+        let adds = ops.iter().filter(|e| **e == crate::kernels::gemm::EpiSpec::Residual).count();
+        need(adds == usize::from(res.is_some()), "conv2d residual operand and epilogue disagree")?;
+        if let Some(r) = &res {
+            f32s(&[r])?;
+            need(r.sizes == y.sizes, "conv2d residual shape")?;
+        }
+        let chan = |i: usize| -> Result<Option<View>> {
+            let v = a.opt(i);
+            if let Some(v) = &v {
+                f32s(&[v])?;
+                need(v.sizes == [oc], "conv2d batch norm operands are (out_channels,)")?;
+            }
+            Ok(v)
+        };
+        let (bn_w, bn_b, mean, var) = (chan(4)?, chan(5)?, chan(6)?, chan(7)?);
+        let bn = match (mean, var) {
+            (Some(mean), Some(var)) => Some(conv2d::FoldedBn { weight: bn_w, bias: bn_b, mean, var, eps: eps as f32 }),
+            (None, None) => {
+                need(bn_w.is_none() && bn_b.is_none(), "conv2d batch norm weight without its statistics")?;
+                None
+            }
+            _ => return Err("conv2d batch norm needs both mean and var".into()),
+        };
+        let geom = conv2d::Geom { sh, sw, ph, pw, dh, dw, groups: g };
+        infallible(move |mem| unsafe {
+            conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path())
+        })
     }
 
     fn conv3d_step(a: &Args) -> Built {
