@@ -38,6 +38,8 @@ pub struct FoldedBn {
 
 /// Floats of im2col buffer one task fills before its GEMM (1 MiB: a chunk that stays in L2).
 const COL_BUDGET: usize = 1 << 18;
+/// Output positions one channels-last GEMM takes (its m).
+const NHWC_ROWS: usize = 256;
 
 /// Which code path the direct (depthwise) kernel takes; the GEMM dispatches on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,7 +186,7 @@ pub unsafe fn conv2d(
                     Path::Avx512 => dw_plane_avx512(&args, pad, acc, &e),
                     #[cfg(target_arch = "x86_64")]
                     Path::Avx2 => dw_plane_avx2(&args, pad, acc, &e),
-                    _ => dw_plane(&args, pad, acc, &e),
+                    _ => dw_plane::<false>(&args, pad, acc, &e),
                 }
             });
         };
@@ -200,8 +202,12 @@ pub unsafe fn conv2d(
     let res_rows = res.is_none_or(|r| r.strides[2] == ow * r.strides[3] || oh == 1);
     let rows = if !res_rows {
         1
-    } else if direct {
+    } else if direct && !nhwc {
         oh
+    } else if nhwc {
+        // GEMM rows are output positions: at most the own kernel's few-rows block (A packed
+        // once, B panels packed next to their use)
+        (NHWC_ROWS / ow).min(COL_BUDGET / (kk * ow).max(1)).clamp(1, oh)
     } else {
         (COL_BUDGET / (kk * ow).max(1)).clamp(1, oh)
     };
@@ -341,20 +347,20 @@ struct DwArgs {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn dw_plane_avx512(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
-    dw_plane(d, pad, acc, e)
+    dw_plane::<true>(d, pad, acc, e)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dw_plane_avx2(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
-    dw_plane(d, pad, acc, e)
+    dw_plane::<true>(d, pad, acc, e)
 }
 
 /// One output plane of a depthwise convolution: the input plane is copied into `pad` with its
 /// zero border, then each output row accumulates kh × kw shifted rows of it (no bounds tests;
 /// stride 1 reads contiguous runs, so the loop vectorises along the width).
 #[inline(always)]
-unsafe fn dw_plane(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+unsafe fn dw_plane<const FMA: bool>(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
     let g = d.g;
     let hp = d.hh + 2 * g.ph;
     pad[..g.ph * d.wp].fill(0.0);
@@ -373,23 +379,55 @@ unsafe fn dw_plane(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
         }
     }
     let acc = &mut acc[..d.ow];
-    let ow = d.ow;
+    let (ow, taps) = (d.ow, d.kh * d.kw);
+    let mut wv = [0f32; 64];
+    let big = taps > wv.len();
+    if !big {
+        for (t, v) in wv[..taps].iter_mut().enumerate() {
+            *v = *d.w.add(t);
+        }
+    }
     for yo in 0..d.oh {
-        acc.fill(0.0);
-        for a in 0..d.kh {
-            let prow = &pad[(yo * g.sh + a * g.dh) * d.wp..];
-            for b in 0..d.kw {
-                let wv = *d.w.add(a * d.kw + b);
-                let src = &prow[b * g.dw..];
-                if g.sw == 1 {
-                    for (o, &v) in acc.iter_mut().zip(&src[..ow]) {
-                        *o += wv * v;
-                    }
-                } else {
+        let rows: [usize; 8] = std::array::from_fn(|a| if a < d.kh { (yo * g.sh + a * g.dh) * d.wp } else { 0 });
+        if big || d.kh > 8 {
+            // a kernel of more than 64 taps or 8 rows: row by row through memory
+            acc.fill(0.0);
+            for a in 0..d.kh {
+                let prow = &pad[(yo * g.sh + a * g.dh) * d.wp..];
+                for b in 0..d.kw {
+                    let w = *d.w.add(a * d.kw + b);
                     for (q, o) in acc.iter_mut().enumerate() {
-                        *o += wv * src[q * g.sw];
+                        *o = madd::<FMA>(w, prow[b * g.dw + q * g.sw], *o);
                     }
                 }
+            }
+        } else {
+            // up to 4 × V output columns at a time, their sums in registers across all taps
+            let mut xo = 0;
+            while xo < ow {
+                let left = ow - xo;
+                let v = if g.sw == 1 && left >= 4 * V {
+                    dw_block::<FMA, 4>(pad, &rows[..d.kh], d.kw, g.dw, &wv, xo, &mut acc[xo..])
+                } else if g.sw == 1 && left >= 2 * V {
+                    dw_block::<FMA, 2>(pad, &rows[..d.kh], d.kw, g.dw, &wv, xo, &mut acc[xo..])
+                } else if g.sw == 1 && left >= V {
+                    dw_block::<FMA, 1>(pad, &rows[..d.kh], d.kw, g.dw, &wv, xo, &mut acc[xo..])
+                } else {
+                    let v = V.min(left);
+                    let mut s = [0f32; V];
+                    for (a, &row) in rows[..d.kh].iter().enumerate() {
+                        for b in 0..d.kw {
+                            let w = wv[a * d.kw + b];
+                            let src = &pad[row + xo * g.sw + b * g.dw..];
+                            for q in 0..v {
+                                s[q] = madd::<FMA>(w, src[q * g.sw], s[q]);
+                            }
+                        }
+                    }
+                    acc[xo..xo + v].copy_from_slice(&s[..v]);
+                    v
+                };
+                xo += v;
             }
         }
         if !e.is_empty() {
@@ -403,6 +441,41 @@ unsafe fn dw_plane(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
                 *dst.add(q * d.ys[1]) = v;
             }
         }
+    }
+}
+
+/// NV × V output columns (stride 1) from the padded plane: every tap's weight times the run of
+/// inputs under it, summed in registers (`rows`: each kernel row's offset in `pad`).
+#[inline(always)]
+fn dw_block<const FMA: bool, const NV: usize>(pad: &[f32], rows: &[usize], kw: usize, dw: usize, wv: &[f32; 64], xo: usize, out: &mut [f32]) -> usize {
+    let mut s = [[0f32; V]; NV];
+    for (a, &row) in rows.iter().enumerate() {
+        for b in 0..kw {
+            let w = wv[a * kw + b];
+            let src = &pad[row + xo + b * dw..][..NV * V];
+            for (j, sj) in s.iter_mut().enumerate() {
+                for q in 0..V {
+                    sj[q] = madd::<FMA>(w, src[j * V + q], sj[q]);
+                }
+            }
+        }
+    }
+    for (j, sj) in s.iter().enumerate() {
+        out[j * V..(j + 1) * V].copy_from_slice(sj);
+    }
+    NV * V
+}
+
+/// Output columns one depthwise block keeps in registers.
+const V: usize = 16;
+
+/// w * x + acc, fused where the path has FMA.
+#[inline(always)]
+fn madd<const FMA: bool>(w: f32, x: f32, acc: f32) -> f32 {
+    if FMA {
+        w.mul_add(x, acc)
+    } else {
+        acc + w * x
     }
 }
 
