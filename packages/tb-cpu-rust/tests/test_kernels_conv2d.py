@@ -353,3 +353,13 @@ def test_conv2d_step_refuses_bad_operands() -> None:
     bad["steps"][0]["epilogue"] = ["hardtanh:0"]
     with pytest.raises(ValueError, match="epilogue"):
         _native.Executor(json.dumps(bad))
+
+
+@pytest.mark.parametrize(("k", "s", "p", "d"), [(2, 2, 0, 1), (3, 2, 0, 1), (3, 1, 1, 1), (2, 1, 0, 2), (3, 2, 1, 1)])
+def test_max_pool_values_and_indices(k: int, s: int, p: int, d: int) -> None:
+    """Max pooling (the windows-inside fast path and the padded one): values and indices, NaN."""
+    x = randn(2, 3, 9, 8)
+    x[0, 0, 1, 1] = float("nan")
+    x[1, 2, 4:6, 4:6] = 5.0  # ties: the first maximum's index
+    _check(lambda t: F.max_pool2d(t, k, s, p, d, return_indices=True), x)
+    _check(lambda t: F.max_pool2d(t[:, :, 1:, ::2], k, s, p, d, return_indices=True), x)

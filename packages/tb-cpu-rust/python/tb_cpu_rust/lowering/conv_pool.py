@@ -9,6 +9,7 @@ from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check, more_check, rank_in
 from tb_cpu_rust.lowering.lowerer import Lowerer
 from tb_cpu_rust.lowering.registry import LoweringError, register_lowering
+from torchburn.plan import GETITEM, Ref
 
 _CONV_RANKS = "only 1-d, 2-d and 3-d convolution, and 1-d and 2-d transposed convolution"
 
@@ -80,10 +81,17 @@ def _max_pool2d(lw: Lowerer, node: Any) -> tuple[int, ...]:
     k, s, p = _window(a, _pair)
     d = _pair(a[4] if len(a) > 4 else 1)
     y, idx = (lw.fresh(m) for m in node.out)
-    lw.steps.append(
-        S.MaxPool(x=x, y=y, indices=idx, kernel=tuple(k), stride=tuple(s), padding=tuple(p), dilation=tuple(d))
-    )
+    lw.steps.append(S.MaxPool(x=x, y=y, indices=idx, kernel=tuple(k), stride=tuple(s), padding=tuple(p),
+                              dilation=tuple(d), with_indices=_reads_item(lw, 1)))  # fmt: skip
     return y, idx
+
+
+def _reads_item(lw: Lowerer, item: int) -> bool:
+    """Whether the plan reads result ``item`` of the node being lowered."""
+    return any(
+        n.op == GETITEM and isinstance(n.args[0], Ref) and n.args[0].slot == lw.node_slot and n.args[1] == item
+        for n in lw.plan.nodes
+    )
 
 
 @register_lowering(

@@ -186,7 +186,8 @@ Conv2d = kind(
 )  # fmt: skip
 ConvTranspose2d = kind("conv_transpose2d", "x weight bias?", "y", "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 output_padding:ints=(0, 0)")
 Conv3d = kind("conv3d", "x weight bias?", "y", "stride:ints=(1, 1, 1) padding:ints=(0, 0, 0) dilation:ints=(1, 1, 1) groups:int=1")
-MaxPool = kind("max_pool2d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=()")
+# with_indices False: nothing reads the indices (inference), the kernel may leave them unwritten
+MaxPool = kind("max_pool2d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=() with_indices:bool=True")
 MaxPool3d = kind("max_pool3d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=()")
 # divisor: divisor_override, 0 for none
 AvgPool = kind("avg_pool2d", "x", "y", "kernel:ints=() stride:ints=() padding:ints=() count_include_pad:bool=True divisor:int=0")

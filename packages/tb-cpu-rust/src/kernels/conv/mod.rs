@@ -17,14 +17,29 @@ use crate::core::tensor::View;
 
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`.
-pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]) {
+pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8], write_idx: bool) {
     let [kh, kw, sh, sw, ph, pw, dh, dw] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oh, ow) = (y.sizes[2], y.sizes[3]);
     let (px, py, pi) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<i64>(idx));
+    // every window inside the input: no bounds tests (the CNNs' 2×2 / 3×3 pools without padding)
+    let inside = ph == 0 && pw == 0 && oh > 0 && ow > 0 && (oh - 1) * sh + (kh - 1) * dh < hh && (ow - 1) * sw + (kw - 1) * dw < ww;
     crate::core::par::for_each(n * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * x.strides[0] + ci * x.strides[1]);
+        if inside {
+            let yb = py.add(ni * y.strides[0] + ci * y.strides[1]);
+            let ib = if write_idx { pi.add(ni * idx.strides[0] + ci * idx.strides[1]) } else { std::ptr::null_mut() };
+            let pl = PoolPlane { xb, xs: [x.strides[2], x.strides[3]], ww, yb, ys: [y.strides[2], y.strides[3]], ib, is: [idx.strides[2], idx.strides[3]], oh, ow, sh, dh, dw };
+            // constant windows for the common pools, so the compiler unrolls and vectorises them
+            match (kh, kw, sw) {
+                (2, 2, 2) => max_pool_plane(&pl, 2, 2, 2),
+                (3, 3, 2) => max_pool_plane(&pl, 3, 3, 2),
+                (3, 3, 1) => max_pool_plane(&pl, 3, 3, 1),
+                _ => max_pool_plane(&pl, kh, kw, sw),
+            }
+            return;
+        }
         for yo in 0..oh {
             for xo in 0..ow {
                 let (mut best, mut at) = (f32::NEG_INFINITY, -1i64);
@@ -50,6 +65,66 @@ pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]
             }
         }
     });
+}
+
+/// One plane of a max pooling whose windows all lie inside the input (`ib` null: no indices).
+#[derive(Clone, Copy)]
+struct PoolPlane {
+    xb: *mut f32,
+    xs: [usize; 2],
+    ww: usize,
+    yb: *mut f32,
+    ys: [usize; 2],
+    ib: *mut i64,
+    is: [usize; 2],
+    oh: usize,
+    ow: usize,
+    sh: usize,
+    dh: usize,
+    dw: usize,
+}
+
+/// Q outputs of a row at a time: their compare-and-select chains are independent, and without
+/// a branch (on random data one mispredicts half the time). Ties keep the first maximum, the
+/// first NaN wins (the slow path's rules).
+#[inline(always)]
+unsafe fn max_pool_plane(p: &PoolPlane, kh: usize, kw: usize, sw: usize) {
+    const Q: usize = 8;
+    let PoolPlane { xb, xs: [xs2, xs3], ww, yb, ys, ib, is, oh, ow, sh, dh, dw } = *p;
+    for yo in 0..oh {
+        let h0 = yo * sh;
+        let mut xo = 0;
+        while xo < ow {
+            let q_n = Q.min(ow - xo);
+            let (mut best, mut at) = ([0f32; Q], [0usize; Q]);
+            for q in 0..Q {
+                let w0 = (xo + q.min(q_n - 1)) * sw;
+                best[q] = *xb.add(h0 * xs2 + w0 * xs3);
+                at[q] = h0 * ww + w0;
+            }
+            for a in 0..kh {
+                let h = h0 + a * dh;
+                let row = xb.add(h * xs2);
+                for b in 0..kw {
+                    for q in 0..Q {
+                        // past the row's end (a last partial block) the last output is recomputed
+                        let w = (xo + q.min(q_n - 1)) * sw + b * dw;
+                        let v = *row.add(w * xs3);
+                        let better = (v > best[q]) | (v.is_nan() & !best[q].is_nan());
+                        best[q] = if better { v } else { best[q] };
+                        at[q] = if better { h * ww + w } else { at[q] };
+                    }
+                }
+            }
+            for q in 0..q_n {
+                *yb.add(yo * ys[0] + (xo + q) * ys[1]) = best[q];
+                if !ib.is_null() {
+                    *ib.add(yo * is[0] + (xo + q) * is[1]) = at[q] as i64;
+                }
+            }
+            xo += q_n;
+        }
+    }
 }
 
 /// # Safety
@@ -222,18 +297,31 @@ mod steps {
     #[serde(tag = "op", deny_unknown_fields)]
     enum PoolParams {
         #[serde(rename = "max_pool2d", alias = "max_pool3d")]
-        Max { kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64> },
+        Max {
+            kernel: Vec<i64>,
+            stride: Vec<i64>,
+            padding: Vec<i64>,
+            dilation: Vec<i64>,
+            /// false: nothing reads the indices (inference), which are then not written
+            #[serde(default = "yes")]
+            with_indices: bool,
+        },
         #[serde(rename = "avg_pool2d", alias = "avg_pool3d")]
         Avg { kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<i64>, count_include_pad: bool, divisor: i64 },
     }
 
+    fn yes() -> bool {
+        true
+    }
+
     /// A pooling step's window as the kernels read it: kernel, stride, padding (and for max
-    /// pooling dilation) per spatial dim, then count_include_pad and the divisor of average pooling.
+    /// pooling dilation) per spatial dim, then count_include_pad (average pooling) or whether
+    /// the indices are written (max pooling), and the divisor of average pooling.
     fn pool_window<const N: usize>(a: &Args) -> Result<(Vec<usize>, bool, usize)> {
         Ok(match a.tagged::<PoolParams>()? {
-            PoolParams::Max { kernel, stride, padding, dilation } => {
+            PoolParams::Max { kernel, stride, padding, dilation, with_indices } => {
                 let w = [uints::<N>(&kernel, "pool kernel")?, uints(&stride, "pool stride")?, uints(&padding, "pool padding")?, uints(&dilation, "pool dilation")?];
-                (w.concat(), false, 0)
+                (w.concat(), with_indices, 0)
             }
             PoolParams::Avg { kernel, stride, padding, count_include_pad, divisor } => {
                 let w = [uints::<N>(&kernel, "pool kernel")?, uints(&stride, "pool stride")?, uints(&padding, "pool padding")?];
@@ -255,7 +343,7 @@ mod steps {
             need(vals[6] > 0 && vals[7] > 0, "pool dilation must be positive")?;
             let mut p = [0usize; 8];
             p.copy_from_slice(&vals);
-            return infallible(move |mem| unsafe { max_pool(mem, &x, &y, &idx, &p) });
+            return infallible(move |mem| unsafe { max_pool(mem, &x, &y, &idx, &p, include_pad) });
         }
         let mut p = [0usize; 6];
         p.copy_from_slice(&vals);
