@@ -490,3 +490,105 @@ pub fn epilogue_op(name: &str) -> Result<EpiSpec, String> {
     }
     crate::kernels::gemm::epilogue_by_name(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tensor::DType;
+
+    fn data(len: usize, mul: usize, md: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * mul % md) as f32 - (md / 2) as f32) / md as f32).collect()
+    }
+
+    /// x (N, C, H, W) NCHW, w (OC, C/groups, KH, KW): the direct sum in f64.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(x: &[f32], w: &[f32], dims: [usize; 8], g: Geom, oh: usize, ow: usize) -> Vec<f32> {
+        let [n, c, hh, ww, oc, kh, kw, _] = dims;
+        let (cg, ocg) = (c / g.groups, oc / g.groups);
+        let mut y = vec![0f32; n * oc * oh * ow];
+        for ni in 0..n {
+            for o in 0..oc {
+                for yo in 0..oh {
+                    for xo in 0..ow {
+                        let mut s = 0f64;
+                        for ci in 0..cg {
+                            for a in 0..kh {
+                                for b in 0..kw {
+                                    let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
+                                    let iw = (xo * g.sw + b * g.dw) as isize - g.pw as isize;
+                                    if ih >= 0 && (ih as usize) < hh && iw >= 0 && (iw as usize) < ww {
+                                        let xc = (o / ocg) * cg + ci;
+                                        s += x[((ni * c + xc) * hh + ih as usize) * ww + iw as usize] as f64 * w[((o * cg + ci) * kh + a) * kw + b] as f64;
+                                    }
+                                }
+                            }
+                        }
+                        y[((ni * oc + o) * oh + yo) * ow + xo] = s as f32;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// Depthwise (the direct kernel, every path this CPU has, the portable one always), grouped
+    /// and channels-last input against the direct sum.
+    #[test]
+    fn every_path_matches_the_direct_sum() {
+        let mut paths = vec![Path::Portable];
+        if crate::core::isa::has_avx2() {
+            paths.push(Path::Avx2);
+        }
+        if crate::core::isa::has_avx512() {
+            paths.push(Path::Avx512);
+        }
+        // (n, c, h, w, oc, k, stride, pad, dilation, groups, channels_last)
+        let cases = [
+            (2, 8, 9, 37, 8, 3, 1, 1, 1, 8, false),
+            (1, 4, 11, 70, 8, 5, 2, 2, 1, 4, false),
+            (2, 6, 7, 20, 6, 3, 1, 2, 2, 6, false),
+            (2, 6, 9, 9, 4, 3, 2, 1, 1, 2, false),
+            (2, 5, 6, 7, 3, 3, 1, 1, 1, 1, true),
+        ];
+        for &(n, c, hh, ww, oc, k, s, p, d, groups, cl) in &cases {
+            let g = Geom { sh: s, sw: s, ph: p, pw: p, dh: d, dw: d, groups };
+            let oh = (hh + 2 * p - d * (k - 1) - 1) / s + 1;
+            let ow = (ww + 2 * p - d * (k - 1) - 1) / s + 1;
+            let cg = c / groups;
+            let x = data(n * c * hh * ww, 7, 23);
+            let w = data(oc * cg * k * k, 5, 11);
+            let want = naive(&x, &w, [n, c, hh, ww, oc, k, k, 0], g, oh, ow);
+            // channels-last: the same values stored NHWC, read through NCHW-ordered strides
+            let (xbuf, xs) = if cl {
+                let mut t = vec![0f32; x.len()];
+                for ni in 0..n {
+                    for ci in 0..c {
+                        for h in 0..hh {
+                            for wi in 0..ww {
+                                t[((ni * hh + h) * ww + wi) * c + ci] = x[((ni * c + ci) * hh + h) * ww + wi];
+                            }
+                        }
+                    }
+                }
+                (t, vec![hh * ww * c, 1, ww * c, c])
+            } else {
+                (x.clone(), vec![c * hh * ww, hh * ww, ww, 1])
+            };
+            for &path in &paths {
+                let mut xb = xbuf.clone();
+                let mut wb = w.clone();
+                let mut y = vec![f32::NAN; n * oc * oh * ow];
+                let mem = Mem { ptrs: vec![xb.as_mut_ptr() as *mut u8, wb.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
+                let xv = View::new(0, &[n, c, hh, ww], &xs, DType::F32);
+                let wv = View::new(1, &[oc, cg, k, k], &[cg * k * k, k * k, k, 1], DType::F32);
+                let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+                for threads in [1, 2] {
+                    unsafe { conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path) };
+                    for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                        assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "{path:?} case c{c} g{groups} cl{cl} t{threads} [{i}]: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}
