@@ -55,8 +55,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-@pytest.mark.parametrize(("x_shape", "cout", "k", "kw"), CASES)
+#: cases also run channels_last (input and weight): 1x1, 3x3, strided 7x7, grouped, depthwise x2
+CHANNELS_LAST = {0, 1, 3, 6, 8, 13}
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "cout", "k", "kw", "layout"),
+    [(*case, "contiguous") for case in CASES] + [(*CASES[i], "channels_last") for i in sorted(CHANNELS_LAST)],
+)
 def test_conv2d_matches_torch(x_shape: tuple[int, ...], cout: int, k: Any, kw: dict[str, Any], layout: str) -> None:
     torch.manual_seed(0)
     conv = nn.Conv2d(x_shape[1], cout, k, **kw)
