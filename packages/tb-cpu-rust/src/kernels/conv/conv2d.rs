@@ -214,11 +214,17 @@ pub unsafe fn conv2d(
     let chunks = oh.div_ceil(rows);
     let items = n * chunks;
     let ocg = oc / g.groups;
+    // NCHW, single-threaded GEMMs on the own kernel: im2col writes its packed panels directly
+    let packed = if !nhwc && (threads == 1 || items >= threads) { crate::kernels::gemm::own::packed_b_layout(kk) } else { None };
     let one = |item: usize, t: usize| {
         let (ni, r0) = (item / chunks, (item % chunks) * rows);
         let r1 = (r0 + rows).min(oh);
         let cols = (r1 - r0) * ow;
-        let col_len = if direct { 0 } else { kk * cols };
+        let col_len = match packed {
+            _ if direct => 0,
+            Some((nr, _)) => kk * cols.div_ceil(nr) * nr,
+            None => kk * cols,
+        };
         with_scratch(col_len, |col| {
             let colp = SPtr(col.as_mut_ptr());
             if nhwc {
@@ -241,18 +247,24 @@ pub unsafe fn conv2d(
             }
             for gi in 0..g.groups {
                 let xb = px.add(ni * xs[0] + gi * cg * xs[1]);
-                let b = if direct {
-                    Mat { p: SPtr(xb.add(r0 * ow * xs[3])), rs: xs[1] as isize, cs: xs[3] as isize }
-                } else {
-                    im2col_nchw(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, col);
-                    Mat { p: colp, rs: cols as isize, cs: 1 }
-                };
                 let a = Mat { p: SPtr(wkp.add(gi * ocg * kk)), rs: kk as isize, cs: 1 };
                 let cm = Mat { p: SPtr(py.add(ni * ys[0] + gi * ocg * ys[1] + r0 * ys[2])), rs: ys[1] as isize, cs: ys[3] as isize };
                 let e = epi(
                     shift_p.map(|s| Mat { p: SPtr(s.add(gi * ocg)), rs: 1, cs: 0 }),
                     pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + gi * ocg * rs[1] + r0 * rs[2])), rs: rs[1] as isize, cs: rs[3] as isize }),
                 );
+                if let (false, Some((nr, kc))) = (direct, packed) {
+                    // im2col straight into the GEMM's packed panels: no second copy of B
+                    im2col_packed(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, nr, kc, col);
+                    crate::kernels::gemm::own::sgemm_packed_b(ocg, cols, kk, a, colp.get(), cm, &e);
+                    continue;
+                }
+                let b = if direct {
+                    Mat { p: SPtr(xb.add(r0 * ow * xs[3])), rs: xs[1] as isize, cs: xs[3] as isize }
+                } else {
+                    im2col_nchw(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, col);
+                    Mat { p: colp, rs: cols as isize, cs: 1 }
+                };
                 sgemm_epi(ocg, cols, kk, a, b, cm, 1.0, false, t, &e);
             }
         })
@@ -299,6 +311,85 @@ unsafe fn im2col_nchw(xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usiz
                     }
                 }
             }
+        }
+    }
+}
+
+/// `im2col_nchw` written as the own GEMM's packed B (`own::packed_b_layout`): row k of col,
+/// position j, lands at slice k / kc, panel j / nr, row k % kc, lane j % nr; lanes past the last
+/// position are zero.
+#[allow(clippy::too_many_arguments)]
+unsafe fn im2col_packed(
+    xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, nr: usize,
+    kc_: usize, col: &mut [f32],
+) {
+    let cols = (r1 - r0) * ow;
+    let npan = cols.div_ceil(nr);
+    let kk = cg * kh * kw;
+    let mut row = vec![0f32; ow];
+    for ci in 0..cg {
+        for a in 0..kh {
+            for b in 0..kw {
+                let k = (ci * kh + a) * kw + b;
+                let (slice, p) = (k / kc_, k % kc_);
+                let kc = kc_.min(kk - slice * kc_);
+                let base = slice * kc_ * npan * nr + p * nr;
+                let off = (b * g.dw) as isize - g.pw as isize;
+                let (lo, hi) = valid_cols(off, g.sw, ww, ow);
+                for yo in r0..r1 {
+                    let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
+                    let src = if ih >= 0 && (ih as usize) < hh { Some(xb.add(ci * xs[1] + ih as usize * xs[2])) } else { None };
+                    let j0 = (yo - r0) * ow;
+                    let (pan, lane) = (j0 / nr, j0 % nr);
+                    if lane + ow <= nr {
+                        // the output row lies in one panel: straight there
+                        let dst = &mut col[base + pan * kc * nr + lane..][..ow];
+                        input_row(src, dst, lo, hi, off, g.sw, xs[3]);
+                    } else {
+                        input_row(src, &mut row, lo, hi, off, g.sw, xs[3]);
+                        // the row's positions, split where they cross a panel
+                        let mut xo = 0;
+                        while xo < ow {
+                            let j = j0 + xo;
+                            let (pan, lane) = (j / nr, j % nr);
+                            let len = (nr - lane).min(ow - xo);
+                            for (d, &v) in col[base + pan * kc * nr + lane..][..len].iter_mut().zip(&row[xo..xo + len]) {
+                                *d = v;
+                            }
+                            xo += len;
+                        }
+                    }
+                }
+                // lanes past the last position of the last panel
+                let tail = cols % nr;
+                if tail != 0 {
+                    col[base + (npan - 1) * kc * nr + tail..][..nr - tail].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+/// One output row's inputs for one kernel tap: `dst[lo..hi]` from the input row at `src`
+/// (column `xo * sw + off`), zeros elsewhere (and everywhere when the row is padding).
+#[inline(always)]
+unsafe fn input_row(src: Option<*mut f32>, dst: &mut [f32], lo: usize, hi: usize, off: isize, sw: usize, xs3: usize) {
+    let Some(src) = src.filter(|_| lo < hi) else {
+        dst.fill(0.0);
+        return;
+    };
+    dst[..lo].fill(0.0);
+    dst[hi..].fill(0.0);
+    let first = (lo * sw) as isize + off;
+    if sw == 1 && xs3 == 1 {
+        for (d, q) in dst[lo..hi].iter_mut().zip(0..) {
+            *d = *src.offset(first + q);
+        }
+    } else {
+        let step = (sw * xs3) as isize;
+        let s0 = src.offset(first * xs3 as isize);
+        for (q, d) in dst[lo..hi].iter_mut().enumerate() {
+            *d = *s0.offset(q as isize * step);
         }
     }
 }
