@@ -145,9 +145,10 @@ pub unsafe fn conv2d(
         for ci in 0..cg {
             for a in 0..kh {
                 for b in 0..kw {
-                    let k = if nhwc { (a * kw + b) * cg + ci } else { (ci * kh + a) * kw + b };
+                    // NHWC: K × OC row-major (the GEMM's B, packed by plain row copies)
+                    let at = if nhwc { ((a * kw + b) * cg + ci) * oc + o } else { o * kk + (ci * kh + a) * kw + b };
                     let v = *pw_.add(o * ws[0] + ci * ws[1] + a * ws[2] + b * ws[3]);
-                    wk[o * kk + k] = if scale.is_some() { v * s } else { v };
+                    wk[at] = if scale.is_some() { v * s } else { v };
                 }
             }
         }
@@ -236,7 +237,7 @@ pub unsafe fn conv2d(
                     im2col_nhwc(xb, xs, c, hh, ww, kh, kw, g, r0, r1, ow, col);
                     Mat { p: colp, rs: kk as isize, cs: 1 }
                 };
-                let b = Mat { p: wkp, rs: 1, cs: kk as isize };
+                let b = Mat { p: wkp, rs: oc as isize, cs: 1 };
                 let cm = Mat { p: SPtr(py.add(ni * ys[0] + r0 * ys[2])), rs: ys[3] as isize, cs: ys[1] as isize };
                 let e = epi(
                     shift_p.map(|s| Mat { p: s, rs: 0, cs: 1 }),
