@@ -9,6 +9,7 @@ from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check, more_check, rank_in
 from tb_cpu_rust.lowering.lowerer import Lowerer
 from tb_cpu_rust.lowering.registry import LoweringError, register_lowering
+from torchburn.plan import GETITEM, Ref
 
 _CONV_RANKS = "only 1-d, 2-d and 3-d convolution, and 1-d and 2-d transposed convolution"
 
@@ -52,9 +53,13 @@ def _convolution(lw: Lowerer, node: Any) -> int:
         lw.steps.append(S.ConvTranspose2d(x=xv, weight=wv, bias=bv, y=target, stride=st, padding=pad, dilation=dil,
                                           groups=int(groups), output_padding=_ints(outpad[:2])))  # fmt: skip
     else:
-        lw.steps.append(
-            S.Conv2d(x=xv, weight=wv, bias=bv, y=target, stride=st, padding=pad, dilation=dil, groups=int(groups))
-        )
+        step = S.Conv2d(x=xv, weight=wv, bias=bv, res=None, bn_weight=None, bn_bias=None, bn_mean=None, bn_var=None,
+                        y=target, stride=st, padding=pad, dilation=dil, groups=int(groups))  # fmt: skip
+        lw.steps.append(step)
+        if target == o:
+            # open for an epilogue: a following eval batch norm (conv_fusion), an activation or a
+            # residual add (gemm.fuse_epilogue) folds into the convolution's output tiles
+            lw.gemm_open[o] = step
     return o
 
 
@@ -76,10 +81,17 @@ def _max_pool2d(lw: Lowerer, node: Any) -> tuple[int, ...]:
     k, s, p = _window(a, _pair)
     d = _pair(a[4] if len(a) > 4 else 1)
     y, idx = (lw.fresh(m) for m in node.out)
-    lw.steps.append(
-        S.MaxPool(x=x, y=y, indices=idx, kernel=tuple(k), stride=tuple(s), padding=tuple(p), dilation=tuple(d))
-    )
+    lw.steps.append(S.MaxPool(x=x, y=y, indices=idx, kernel=tuple(k), stride=tuple(s), padding=tuple(p),
+                              dilation=tuple(d), with_indices=_reads_item(lw, 1)))  # fmt: skip
     return y, idx
+
+
+def _reads_item(lw: Lowerer, item: int) -> bool:
+    """Whether the plan reads result ``item`` of the node being lowered."""
+    return any(
+        n.op == GETITEM and isinstance(n.args[0], Ref) and n.args[0].slot == lw.node_slot and n.args[1] == item
+        for n in lw.plan.nodes
+    )
 
 
 @register_lowering(

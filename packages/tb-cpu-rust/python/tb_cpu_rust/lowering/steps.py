@@ -178,10 +178,16 @@ Frexp = kind("frexp", "x", "mantissa exponent", "")
 Cdist = kind("cdist", "x1 x2", "out", "p:float=2.0")
 Pdist = kind("pdist", "x", "out", "p:float=2.0")
 Dist = kind("dist", "x y", "out", "p:float=2.0")
-Conv2d = kind("conv2d", "x weight bias?", "y", "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1")
+# the epilogue (GEMM epilogue names and ``hardtanh:lo:hi``) runs after the per-channel shift: the bias,
+# or with bn_mean / bn_var a folded inference batch norm; res: the residual its add reads
+Conv2d = kind(
+    "conv2d", "x weight bias? res? bn_weight? bn_bias? bn_mean? bn_var?", "y",
+    "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 epilogue:strs=() eps:float=0.0",
+)  # fmt: skip
 ConvTranspose2d = kind("conv_transpose2d", "x weight bias?", "y", "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 output_padding:ints=(0, 0)")
 Conv3d = kind("conv3d", "x weight bias?", "y", "stride:ints=(1, 1, 1) padding:ints=(0, 0, 0) dilation:ints=(1, 1, 1) groups:int=1")
-MaxPool = kind("max_pool2d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=()")
+# with_indices False: nothing reads the indices (inference), the kernel may leave them unwritten
+MaxPool = kind("max_pool2d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=() with_indices:bool=True")
 MaxPool3d = kind("max_pool3d", "x", "y indices", "kernel:ints=() stride:ints=() padding:ints=() dilation:ints=()")
 # divisor: divisor_override, 0 for none
 AvgPool = kind("avg_pool2d", "x", "y", "kernel:ints=() stride:ints=() padding:ints=() count_include_pad:bool=True divisor:int=0")

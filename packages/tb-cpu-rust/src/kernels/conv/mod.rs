@@ -1,92 +1,45 @@
-//! Convolution as im2col + packed GEMM (bias and activation fused into the GEMM's output),
-//! and max / average pooling with PyTorch's window and padding rules.
+//! Convolution and max / average pooling with PyTorch's window and padding rules.
 //!
-//! Submodules: 3-d convolution and pooling, transposed convolution, adaptive pooling and
-//! upsampling (the resampling kernels over spatial dims).
+//! Submodules: 2-d convolution (`conv2d`: im2col + packed GEMM, a direct depthwise kernel,
+//! channels-last without a layout copy; bias, a folded inference batch norm, activations and a
+//! residual add fused into its epilogue), 3-d convolution and pooling, transposed convolution,
+//! adaptive pooling and upsampling (the resampling kernels over spatial dims).
 
 pub mod adaptive_pool;
+pub mod conv2d;
 pub mod conv3d;
 pub mod conv_transpose;
 pub mod pool3d;
 pub mod upsample;
 
-use crate::core::math::unary::Un;
-use crate::core::mem::{Mem, SPtr};
-use crate::kernels::gemm::{epilogue, sgemm, Mat};
+use crate::core::mem::Mem;
 use crate::core::tensor::View;
 
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`.
-pub unsafe fn conv2d(mem: &Mem, x: &View, w: &View, bias: Option<&View>, y: &View, p: &[usize; 7], epi: &[Un], threads: usize) {
-    let [sh, sw, ph, pw, dh, dw, groups] = *p;
-    let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
-    let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
-    let (oh, ow) = (y.sizes[2], y.sizes[3]);
-    let ocg = oc / groups;
-    let kk = cg * kh * kw;
-    let (px, pwt, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(w), mem.ptr::<f32>(y));
-    let pb = bias.map(|b| (mem.ptr::<f32>(b), b.strides[0]));
-    let _ = c;
-    let direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && (x.strides[2] == ww * x.strides[3] || hh == 1);
-    let one = |ni: usize, t: usize| {
-        let mut col = if direct { Vec::new() } else { vec![0f32; kk * oh * ow] };
-        for g in 0..groups {
-            let xb = px.add(ni * x.strides[0] + g * cg * x.strides[1]);
-            let colm = if direct {
-                Mat { p: SPtr(xb), rs: x.strides[1] as isize, cs: x.strides[3] as isize }
-            } else {
-                for ci in 0..cg {
-                    for a in 0..kh {
-                        for bb in 0..kw {
-                            let row = &mut col[((ci * kh + a) * kw + bb) * oh * ow..][..oh * ow];
-                            for yo in 0..oh {
-                                let ih = (yo * sh + a * dh) as isize - ph as isize;
-                                for xo in 0..ow {
-                                    let iw = (xo * sw + bb * dw) as isize - pw as isize;
-                                    row[yo * ow + xo] = if ih >= 0 && (ih as usize) < hh && iw >= 0 && (iw as usize) < ww {
-                                        *xb.add(ci * x.strides[1] + ih as usize * x.strides[2] + iw as usize * x.strides[3])
-                                    } else {
-                                        0.0
-                                    };
-                                }
-                            }
-                        }
-                    }
-                }
-                Mat { p: SPtr(col.as_mut_ptr()), rs: (oh * ow) as isize, cs: 1 }
-            };
-            let yb = py.add(ni * y.strides[0] + g * ocg * y.strides[1]);
-            let ym = Mat { p: SPtr(yb), rs: y.strides[1] as isize, cs: y.strides[3] as isize };
-            if let Some((bp, bs)) = pb {
-                for o in 0..ocg {
-                    let bv = *bp.add((g * ocg + o) * bs);
-                    for j in 0..oh * ow {
-                        *yb.add(o * y.strides[1] + j * y.strides[3]) = bv;
-                    }
-                }
-            }
-            let wm = Mat { p: SPtr(pwt.add(g * ocg * w.strides[0])), rs: w.strides[0] as isize, cs: w.strides[3] as isize };
-            sgemm(ocg, oh * ow, kk, wm, colm, ym, 1.0, pb.is_some(), t);
-            epilogue(ocg, oh * ow, ym, epi);
-        }
-    };
-    if n >= threads && threads > 1 {
-        crate::core::par::for_each(n, |ni| one(ni, 1));
-    } else {
-        (0..n).for_each(|ni| one(ni, threads));
-    }
-}
-
-/// # Safety
-/// Every view must have been validated by its step builder against the buffers of `mem`.
-pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]) {
+pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8], write_idx: bool) {
     let [kh, kw, sh, sw, ph, pw, dh, dw] = *p;
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oh, ow) = (y.sizes[2], y.sizes[3]);
     let (px, py, pi) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y), mem.ptr::<i64>(idx));
+    // every window inside the input: no bounds tests (the CNNs' 2×2 / 3×3 pools without padding)
+    let inside = ph == 0 && pw == 0 && oh > 0 && ow > 0 && (oh - 1) * sh + (kh - 1) * dh < hh && (ow - 1) * sw + (kw - 1) * dw < ww;
     crate::core::par::for_each(n * c, |nc| {
         let (ni, ci) = (nc / c, nc % c);
         let xb = px.add(ni * x.strides[0] + ci * x.strides[1]);
+        if inside {
+            let yb = py.add(ni * y.strides[0] + ci * y.strides[1]);
+            let ib = if write_idx { pi.add(ni * idx.strides[0] + ci * idx.strides[1]) } else { std::ptr::null_mut() };
+            let pl = PoolPlane { xb, xs: [x.strides[2], x.strides[3]], ww, yb, ys: [y.strides[2], y.strides[3]], ib, is: [idx.strides[2], idx.strides[3]], oh, ow, sh, dh, dw };
+            // constant windows for the common pools, so the compiler unrolls and vectorises them
+            match (kh, kw, sw) {
+                (2, 2, 2) => max_pool_plane(&pl, 2, 2, 2),
+                (3, 3, 2) => max_pool_plane(&pl, 3, 3, 2),
+                (3, 3, 1) => max_pool_plane(&pl, 3, 3, 1),
+                _ => max_pool_plane(&pl, kh, kw, sw),
+            }
+            return;
+        }
         for yo in 0..oh {
             for xo in 0..ow {
                 let (mut best, mut at) = (f32::NEG_INFINITY, -1i64);
@@ -112,6 +65,66 @@ pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8]
             }
         }
     });
+}
+
+/// One plane of a max pooling whose windows all lie inside the input (`ib` null: no indices).
+#[derive(Clone, Copy)]
+struct PoolPlane {
+    xb: *mut f32,
+    xs: [usize; 2],
+    ww: usize,
+    yb: *mut f32,
+    ys: [usize; 2],
+    ib: *mut i64,
+    is: [usize; 2],
+    oh: usize,
+    ow: usize,
+    sh: usize,
+    dh: usize,
+    dw: usize,
+}
+
+/// Q outputs of a row at a time: their compare-and-select chains are independent, and without
+/// a branch (on random data one mispredicts half the time). Ties keep the first maximum, the
+/// first NaN wins (the slow path's rules).
+#[inline(always)]
+unsafe fn max_pool_plane(p: &PoolPlane, kh: usize, kw: usize, sw: usize) {
+    const Q: usize = 8;
+    let PoolPlane { xb, xs: [xs2, xs3], ww, yb, ys, ib, is, oh, ow, sh, dh, dw } = *p;
+    for yo in 0..oh {
+        let h0 = yo * sh;
+        let mut xo = 0;
+        while xo < ow {
+            let q_n = Q.min(ow - xo);
+            let (mut best, mut at) = ([0f32; Q], [0usize; Q]);
+            for q in 0..Q {
+                let w0 = (xo + q.min(q_n - 1)) * sw;
+                best[q] = *xb.add(h0 * xs2 + w0 * xs3);
+                at[q] = h0 * ww + w0;
+            }
+            for a in 0..kh {
+                let h = h0 + a * dh;
+                let row = xb.add(h * xs2);
+                for b in 0..kw {
+                    for q in 0..Q {
+                        // past the row's end (a last partial block) the last output is recomputed
+                        let w = (xo + q.min(q_n - 1)) * sw + b * dw;
+                        let v = *row.add(w * xs3);
+                        let better = (v > best[q]) | (v.is_nan() & !best[q].is_nan());
+                        best[q] = if better { v } else { best[q] };
+                        at[q] = if better { h * ww + w } else { at[q] };
+                    }
+                }
+            }
+            for q in 0..q_n {
+                *yb.add(yo * ys[0] + (xo + q) * ys[1]) = best[q];
+                if !ib.is_null() {
+                    *ib.add(yo * is[0] + (xo + q) * is[1]) = at[q] as i64;
+                }
+            }
+            xo += q_n;
+        }
+    }
 }
 
 /// # Safety
@@ -170,28 +183,59 @@ mod steps {
 
     crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
 
+    crate::step_params!(struct Conv2dParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, epilogue: Vec<String>, eps: f64 });
+
+    /// operands: x, weight, bias?, res? (the residual the epilogue's add reads), and a folded
+    /// inference batch norm's weight?, bias?, mean?, var? (mean and var both or neither)
     fn conv2d_step(a: &Args) -> Built {
-        let ConvParams { stride, padding, dilation, groups } = a.params()?;
+        let Conv2dParams { stride, padding, dilation, groups, epilogue, eps } = a.params()?;
         let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
-        let bias = a.opt(2);
+        let (bias, res) = (a.opt(2), a.opt(3));
         f32s(&[&x, &w, &y])?;
         need(x.rank() == 4 && w.rank() == 4 && y.rank() == 4, "conv2d takes 4-d tensors")?;
         let ([sh, sw], [ph, pw], [dh, dw]) = (uints(&stride, "stride")?, uints(&padding, "padding")?, uints(&dilation, "dilation")?);
         let g = uint(groups, "groups")?;
-        let p: [usize; 7] = [sh, sw, ph, pw, dh, dw, g];
         need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv2d stride/dilation/groups must be positive")?;
         let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
         let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
         need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0, "conv2d channel counts")?;
         let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d kernel larger than input")?;
         let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d kernel larger than input")?;
-        need(y.sizes == [n, oc, eh / sh + 1, ew_ / sw + 1], "conv2d output shape")?;
-        need(w.strides[1] == kh * w.strides[2] && w.strides[2] == kw * w.strides[3] || cg * kh * kw == 1, "conv2d weight layout")?;
-        need(y.strides[2] == y.sizes[3] * y.strides[3] || y.sizes[2] == 1, "conv2d output layout")?;
+        let (oh, ow) = (eh / sh + 1, ew_ / sw + 1);
+        need(y.sizes == [n, oc, oh, ow], "conv2d output shape")?;
+        need(y.strides[2] == ow * y.strides[3] || oh == 1, "conv2d output layout")?;
         if let Some(b) = &bias {
             need(b.sizes == [oc] && b.dtype == DType::F32, "conv2d bias shape")?;
         }
-        infallible(move |mem| unsafe { conv2d(mem, &x, &w, bias.as_ref(), &y, &p, &[], crate::core::par::threads()) })
+        let ops = epilogue.iter().map(|e| conv2d::epilogue_op(e)).collect::<Result<Vec<_>>>()?;
+        need(ops.len() <= crate::kernels::gemm::MAX_EPI, "too many conv2d epilogue steps")?;
+        let adds = ops.iter().filter(|e| **e == crate::kernels::gemm::EpiSpec::Residual).count();
+        need(adds == usize::from(res.is_some()), "conv2d residual operand and epilogue disagree")?;
+        if let Some(r) = &res {
+            f32s(&[r])?;
+            need(r.sizes == y.sizes, "conv2d residual shape")?;
+        }
+        let chan = |i: usize| -> Result<Option<View>> {
+            let v = a.opt(i);
+            if let Some(v) = &v {
+                f32s(&[v])?;
+                need(v.sizes == [oc], "conv2d batch norm operands are (out_channels,)")?;
+            }
+            Ok(v)
+        };
+        let (bn_w, bn_b, mean, var) = (chan(4)?, chan(5)?, chan(6)?, chan(7)?);
+        let bn = match (mean, var) {
+            (Some(mean), Some(var)) => Some(conv2d::FoldedBn { weight: bn_w, bias: bn_b, mean, var, eps: eps as f32 }),
+            (None, None) => {
+                need(bn_w.is_none() && bn_b.is_none(), "conv2d batch norm weight without its statistics")?;
+                None
+            }
+            _ => return Err("conv2d batch norm needs both mean and var".into()),
+        };
+        let geom = conv2d::Geom { sh, sw, ph, pw, dh, dw, groups: g };
+        infallible(move |mem| unsafe {
+            conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path())
+        })
     }
 
     fn conv3d_step(a: &Args) -> Built {
@@ -253,18 +297,31 @@ mod steps {
     #[serde(tag = "op", deny_unknown_fields)]
     enum PoolParams {
         #[serde(rename = "max_pool2d", alias = "max_pool3d")]
-        Max { kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64> },
+        Max {
+            kernel: Vec<i64>,
+            stride: Vec<i64>,
+            padding: Vec<i64>,
+            dilation: Vec<i64>,
+            /// false: nothing reads the indices (inference), which are then not written
+            #[serde(default = "yes")]
+            with_indices: bool,
+        },
         #[serde(rename = "avg_pool2d", alias = "avg_pool3d")]
         Avg { kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<i64>, count_include_pad: bool, divisor: i64 },
     }
 
+    fn yes() -> bool {
+        true
+    }
+
     /// A pooling step's window as the kernels read it: kernel, stride, padding (and for max
-    /// pooling dilation) per spatial dim, then count_include_pad and the divisor of average pooling.
+    /// pooling dilation) per spatial dim, then count_include_pad (average pooling) or whether
+    /// the indices are written (max pooling), and the divisor of average pooling.
     fn pool_window<const N: usize>(a: &Args) -> Result<(Vec<usize>, bool, usize)> {
         Ok(match a.tagged::<PoolParams>()? {
-            PoolParams::Max { kernel, stride, padding, dilation } => {
+            PoolParams::Max { kernel, stride, padding, dilation, with_indices } => {
                 let w = [uints::<N>(&kernel, "pool kernel")?, uints(&stride, "pool stride")?, uints(&padding, "pool padding")?, uints(&dilation, "pool dilation")?];
-                (w.concat(), false, 0)
+                (w.concat(), with_indices, 0)
             }
             PoolParams::Avg { kernel, stride, padding, count_include_pad, divisor } => {
                 let w = [uints::<N>(&kernel, "pool kernel")?, uints(&stride, "pool stride")?, uints(&padding, "pool padding")?];
@@ -286,7 +343,7 @@ mod steps {
             need(vals[6] > 0 && vals[7] > 0, "pool dilation must be positive")?;
             let mut p = [0usize; 8];
             p.copy_from_slice(&vals);
-            return infallible(move |mem| unsafe { max_pool(mem, &x, &y, &idx, &p) });
+            return infallible(move |mem| unsafe { max_pool(mem, &x, &y, &idx, &p, include_pad) });
         }
         let mut p = [0usize; 6];
         p.copy_from_slice(&vals);

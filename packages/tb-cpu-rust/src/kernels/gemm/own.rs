@@ -251,6 +251,71 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
     });
 }
 
+/// How a caller lays out a B it packs itself for `sgemm_packed_b` (None: the own kernel is not
+/// the GEMM backend on this CPU): the panel width NR and the depth of each slice of k.
+pub fn packed_b_layout(k: usize) -> Option<(usize, usize)> {
+    fn of<I: Isa>(k: usize) -> (usize, usize) {
+        let kc = blocking::<I>().0;
+        (I::NR, k.div_ceil(k.div_ceil(kc)))
+    }
+    if crate::kernels::gemm::backend() != "own" || k == 0 {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return Some(of::<x86::Avx512>(k));
+        }
+        if crate::core::isa::has_avx2() {
+            return Some(of::<x86::Avx2>(k));
+        }
+    }
+    None
+}
+
+/// c = a @ B, then the epilogue, single-threaded, with B (k × n) already packed by the caller
+/// as `packed_b_layout(k)` says: slices of kc rows of k one after another, each slice NR-column
+/// panels of kc × NR floats (columns past n zero), so slice p0 starts at `p0 * npanels * NR`
+/// and its panel jp at `jp * kc * NR` within it. (A convolution writes its im2col that way: no
+/// second copy of B.)
+///
+/// # Safety
+/// As `sgemm`; `pb` holds k × n.div_ceil(NR) × NR floats; `packed_b_layout(k)` is Some.
+pub unsafe fn sgemm_packed_b(m: usize, n: usize, k: usize, a: Mat, pb: *const f32, c: Mat, epi: &Epi) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return drive_packed_b::<x86::Avx512>(m, n, k, a, pb, c, epi);
+        }
+        if crate::core::isa::has_avx2() {
+            return drive_packed_b::<x86::Avx2>(m, n, k, a, pb, c, epi);
+        }
+    }
+    let _ = (m, n, k, a, pb, c, epi);
+    unreachable!("sgemm_packed_b without packed_b_layout()")
+}
+
+unsafe fn drive_packed_b<I: Isa>(m: usize, n: usize, k: usize, a: Mat, pb: *const f32, c: Mat, epi: &Epi) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
+    let npan = n.div_ceil(I::NR);
+    let m_pad = m.div_ceil(I::MR) * I::MR;
+    with_scratch(&PACK_A, m_pad * kc_, |pa| {
+        let mut p0 = 0;
+        while p0 < k {
+            let kc = kc_.min(k - p0);
+            pack_a::<I>(a, 0, m, p0, kc, pa.as_mut_ptr());
+            let slice = pb.add(p0 * npan * I::NR);
+            for jp in 0..npan {
+                tiles::<I>(0, m, jp, n, kc, pa.as_ptr(), slice.add(jp * kc * I::NR), c, 1.0, p0 > 0, p0 + kc >= k, epi);
+            }
+            p0 += kc;
+        }
+    });
+}
+
 /// All MR-row tiles of rows r0..r1 against column panel `jp`: `pa` holds those rows packed
 /// (panel of row r0 first), `pb` the panel. `last` applies the epilogue.
 #[inline(always)]
@@ -740,6 +805,47 @@ mod tests {
             }
             if crate::core::isa::has_avx512() {
                 check::<x86::Avx512>();
+            }
+        }
+    }
+
+    /// `sgemm_packed_b`'s layout, packed here by hand, on every ISA this CPU has (AVX2 too on
+    /// an AVX-512 machine), k split into several slices, a partial last panel.
+    #[test]
+    fn packed_b_matches_naive() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::core::isa::has_avx2() {
+                check_packed::<x86::Avx2>();
+            }
+            if crate::core::isa::has_avx512() {
+                check_packed::<x86::Avx512>();
+            }
+        }
+    }
+
+    #[allow(dead_code)]
+    fn check_packed<I: Isa>() {
+        for &(m, n, k) in &[(64usize, 3 * I::NR + 5, 2 * I::KC + 7), (I::MR + 3, I::NR, 9), (1, 1, 1)] {
+            let av: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 13.0).collect();
+            let bv: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 11.0).collect();
+            let a = Mat { p: SPtr(av.as_ptr() as *mut f32), rs: k as isize, cs: 1 };
+            let b = Mat { p: SPtr(bv.as_ptr() as *mut f32), rs: n as isize, cs: 1 };
+            let want = naive(m, n, k, a, b);
+            let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
+            let npan = n.div_ceil(I::NR);
+            let mut pb = vec![f32::NAN; k * npan * I::NR];
+            for p in 0..k {
+                let (slice, r) = (p / kc_, p % kc_);
+                let kc = kc_.min(k - slice * kc_);
+                for j in 0..npan * I::NR {
+                    pb[slice * kc_ * npan * I::NR + (j / I::NR) * kc * I::NR + r * I::NR + j % I::NR] = if j < n { bv[p * n + j] } else { 0.0 };
+                }
+            }
+            let mut c = vec![0f32; m * n];
+            unsafe { drive_packed_b::<I>(m, n, k, a, pb.as_ptr(), Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, &Epi::default()) };
+            for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+                assert!((x - y).abs() < 1e-3 * (1.0 + y.abs()), "{m}x{n}x{k} [{i}]: {x} vs {y}");
             }
         }
     }

@@ -1,0 +1,686 @@
+//! 2-d convolution forward, three ways, all with the same fused epilogue (per output channel
+//! shift — the bias, or a folded inference batch norm's `b - mean * scale` — then activations
+//! and a residual add, applied per GEMM tile while it is in L1):
+//!
+//! - depthwise (`groups == in_channels`, any channel multiplier): a direct kernel per output
+//!   plane over a zero-padded copy of its input plane, vectorised along the output width.
+//! - channels-last input (NHWC, one group): im2col rows gathered as contiguous runs of
+//!   channels, `col (positions × K) @ Wᵀ (K × out channels)`, so the output rows are NHWC
+//!   positions (a 1×1 stride-1 convolution reads the input in place, no copy).
+//! - everything else (NCHW, groups): im2col by contiguous interior runs (padding only at the
+//!   borders, no per-element branch), in chunks of output rows that stay in L2, then
+//!   `W (out channels × K) @ col (K × positions)`; a 1×1 stride-1 convolution reads the input
+//!   in place.
+//!
+//! A folded batch norm multiplies the weights by `w / sqrt(var + eps)` per output channel (a
+//! copy of the weights per call, `oc × K` floats) and adds the shift in the epilogue. Work is
+//! split over (image, chunk of output rows) or output planes, each a single-threaded GEMM,
+//! when there are enough of them for the threads; else the GEMM itself is threaded.
+
+use crate::core::math::unary::Un;
+use crate::core::mem::{Mem, SPtr};
+use crate::core::tensor::View;
+use crate::kernels::gemm::{sgemm_epi, Epi, EpiOp, EpiSpec, Mat};
+use std::cell::RefCell;
+
+/// The epilogue ops a convolution step carries: unary ops and at most one residual add.
+pub type ConvOps = Vec<EpiSpec>;
+
+/// An inference batch norm folded into the convolution: its per-channel weight and bias
+/// (either may be absent), running mean and variance, and eps.
+pub struct FoldedBn {
+    pub weight: Option<View>,
+    pub bias: Option<View>,
+    pub mean: View,
+    pub var: View,
+    pub eps: f32,
+}
+
+/// Floats of im2col buffer one task fills before its GEMM (1 MiB: a chunk that stays in L2).
+const COL_BUDGET: usize = 1 << 18;
+/// Output positions one channels-last GEMM takes (its m).
+const NHWC_ROWS: usize = 256;
+
+/// Which code path the direct (depthwise) kernel takes; the GEMM dispatches on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+/// The best path for this CPU; `TB_CONV_PORTABLE=1` forces the portable one (tests, CI).
+pub fn path() -> Path {
+    static P: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        if std::env::var("TB_CONV_PORTABLE").is_ok_and(|v| v == "1") {
+            return Path::Portable;
+        }
+        if crate::core::isa::has_avx512() {
+            Path::Avx512
+        } else if crate::core::isa::has_avx2() {
+            Path::Avx2
+        } else {
+            Path::Portable
+        }
+    })
+}
+
+thread_local! {
+    static COL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a thread-local scratch of at least `n` floats (a fresh one when it is borrowed).
+fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    COL.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+            f(&mut v[..n])
+        }
+        Err(_) => f(&mut vec![0.0; n]),
+    })
+}
+
+/// The geometry: stride, padding, dilation (h, w), groups.
+#[derive(Clone, Copy)]
+pub struct Geom {
+    pub sh: usize,
+    pub sw: usize,
+    pub ph: usize,
+    pub pw: usize,
+    pub dh: usize,
+    pub dw: usize,
+    pub groups: usize,
+}
+
+/// Output columns `lo..hi` whose input column `xo * sw + off` lies inside `0..ww`.
+#[inline(always)]
+fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize, usize) {
+    let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(sw) }.min(ow);
+    let last = ww as isize - 1 - off;
+    let hi = if last < 0 { 0 } else { (last as usize / sw + 1).min(ow) };
+    (lo, hi.max(lo))
+}
+
+/// # Safety
+/// Every view must have been validated by its step builder against the buffers of `mem`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv2d(
+    mem: &Mem, x: &View, w: &View, bias: Option<&View>, bn: Option<&FoldedBn>, res: Option<&View>, y: &View, g: Geom, ops: &[EpiSpec],
+    threads: usize, path: Path,
+) {
+    let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
+    let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
+    let (oh, ow) = (y.sizes[2], y.sizes[3]);
+    if n == 0 || oc == 0 || oh == 0 || ow == 0 {
+        return;
+    }
+    let kk = cg * kh * kw;
+    // per output channel: scale (folded batch norm) and shift (bias and / or the norm's shift)
+    let rd = |v: &View, i: usize| *mem.ptr::<f32>(v).add(i * v.strides[0]);
+    let scale: Option<Vec<f32>> = bn.map(|b| {
+        (0..oc).map(|o| b.weight.as_ref().map_or(1.0, |wv| rd(wv, o)) * (1.0 / (rd(&b.var, o) + b.eps).sqrt())).collect()
+    });
+    let shift: Option<Vec<f32>> = match (bn, &scale) {
+        (Some(b), Some(s)) => Some(
+            (0..oc)
+                .map(|o| {
+                    let t = bias.map_or(0.0, |bv| rd(bv, o)) - rd(&b.mean, o);
+                    t * s[o] + b.bias.as_ref().map_or(0.0, |bv| rd(bv, o))
+                })
+                .collect(),
+        ),
+        _ => bias.map(|bv| (0..oc).map(|o| rd(bv, o)).collect()),
+    };
+    let depthwise = cg == 1 && g.groups == c && c > 0;
+    let nhwc = !depthwise && g.groups == 1 && x.strides[1] == 1 && c > 1 && x.strides[3] >= c && (x.strides[2] == ww * x.strides[3] || hh == 1);
+    // the weights, scaled, in the order the path reads K: (ci, a, b), or (a, b, ci) for NHWC
+    let pw_ = mem.ptr::<f32>(w);
+    let ws = &w.strides;
+    let mut wk = vec![0f32; oc * kk];
+    for o in 0..oc {
+        let s = scale.as_ref().map_or(1.0, |v| v[o]);
+        for ci in 0..cg {
+            for a in 0..kh {
+                for b in 0..kw {
+                    // NHWC: K × OC row-major (the GEMM's B, packed by plain row copies)
+                    let at = if nhwc { ((a * kw + b) * cg + ci) * oc + o } else { o * kk + (ci * kh + a) * kw + b };
+                    let v = *pw_.add(o * ws[0] + ci * ws[1] + a * ws[2] + b * ws[3]);
+                    wk[at] = if scale.is_some() { v * s } else { v };
+                }
+            }
+        }
+    }
+    let (px, py) = (mem.ptr::<f32>(x), mem.ptr::<f32>(y));
+    let pres = res.map(|r| (mem.ptr::<f32>(r), r.strides.clone()));
+    let shift_p = shift.as_ref().map(|v| SPtr(v.as_ptr() as *mut f32));
+    let wkp = SPtr(wk.as_mut_ptr());
+    // the epilogue of an output block: shift by `bias_mat`, then `ops` (the residual at `res_mat`)
+    let epi = |bias_mat: Option<Mat>, res_mat: Option<Mat>| {
+        Epi::new(
+            bias_mat.map(|m| (m, 1.0)),
+            ops.iter().map(|s| match *s {
+                EpiSpec::Un(u) => EpiOp::Un(u),
+                EpiSpec::Residual => EpiOp::Add(res_mat.expect("a residual operand (checked when built)"), 1.0),
+            }),
+        )
+    };
+    let (xs, ys) = (&x.strides, &y.strides);
+    if depthwise {
+        let mult = oc / c;
+        let (hp, wp) = (hh + 2 * g.ph, ww + 2 * g.pw);
+        let plane = |item: usize| {
+            let (ni, o) = (item / oc, item % oc);
+            let xb = px.add(ni * xs[0] + (o / mult) * xs[1]);
+            let yb = py.add(ni * ys[0] + o * ys[1]);
+            let e = epi(
+                shift_p.map(|s| Mat { p: SPtr(s.add(o)), rs: 0, cs: 0 }),
+                pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + o * rs[1])), rs: rs[2] as isize, cs: rs[3] as isize }),
+            );
+            with_scratch(hp * wp + ow, |buf| {
+                let (pad, acc) = buf.split_at_mut(hp * wp);
+                let args = DwArgs { xb, xs: [xs[2], xs[3]], hh, ww, wp, kh, kw, g, w: wkp.add(o * kk), yb, ys: [ys[2], ys[3]], oh, ow };
+                match path {
+                    #[cfg(target_arch = "x86_64")]
+                    Path::Avx512 => dw_plane_avx512(&args, pad, acc, &e),
+                    #[cfg(target_arch = "x86_64")]
+                    Path::Avx2 => dw_plane_avx2(&args, pad, acc, &e),
+                    _ => dw_plane::<false>(&args, pad, acc, &e),
+                }
+            });
+        };
+        if threads > 1 {
+            crate::core::par::for_each(n * oc, plane);
+        } else {
+            (0..n * oc).for_each(plane);
+        }
+        return;
+    }
+    let direct = kh == 1 && kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 && (xs[2] == ww * xs[3] || hh == 1);
+    // a residual whose rows are not evenly spaced is read one output row at a time
+    let res_rows = res.is_none_or(|r| r.strides[2] == ow * r.strides[3] || oh == 1);
+    let rows = if !res_rows {
+        1
+    } else if direct && !nhwc {
+        oh
+    } else if nhwc {
+        // GEMM rows are output positions: at most the own kernel's few-rows block (A packed
+        // once, B panels packed next to their use)
+        (NHWC_ROWS / ow).min(COL_BUDGET / (kk * ow).max(1)).clamp(1, oh)
+    } else {
+        (COL_BUDGET / (kk * ow).max(1)).clamp(1, oh)
+    };
+    let chunks = oh.div_ceil(rows);
+    let items = n * chunks;
+    let ocg = oc / g.groups;
+    // NCHW, single-threaded GEMMs on the own kernel: im2col writes its packed panels directly
+    let packed = if !nhwc && (threads == 1 || items >= threads) { crate::kernels::gemm::own::packed_b_layout(kk) } else { None };
+    let one = |item: usize, t: usize| {
+        let (ni, r0) = (item / chunks, (item % chunks) * rows);
+        let r1 = (r0 + rows).min(oh);
+        let cols = (r1 - r0) * ow;
+        let col_len = match packed {
+            _ if direct => 0,
+            Some((nr, _)) => kk * cols.div_ceil(nr) * nr,
+            None => kk * cols,
+        };
+        with_scratch(col_len, |col| {
+            let colp = SPtr(col.as_mut_ptr());
+            if nhwc {
+                // rows of C are output positions, columns output channels
+                let xb = px.add(ni * xs[0]);
+                let a = if direct {
+                    Mat { p: SPtr(xb.add(r0 * ow * xs[3])), rs: xs[3] as isize, cs: 1 }
+                } else {
+                    im2col_nhwc(xb, xs, c, hh, ww, kh, kw, g, r0, r1, ow, col);
+                    Mat { p: colp, rs: kk as isize, cs: 1 }
+                };
+                let b = Mat { p: wkp, rs: oc as isize, cs: 1 };
+                let cm = Mat { p: SPtr(py.add(ni * ys[0] + r0 * ys[2])), rs: ys[3] as isize, cs: ys[1] as isize };
+                let e = epi(
+                    shift_p.map(|s| Mat { p: s, rs: 0, cs: 1 }),
+                    pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + r0 * rs[2])), rs: rs[3] as isize, cs: rs[1] as isize }),
+                );
+                sgemm_epi(cols, oc, kk, a, b, cm, 1.0, false, t, &e);
+                return;
+            }
+            for gi in 0..g.groups {
+                let xb = px.add(ni * xs[0] + gi * cg * xs[1]);
+                let a = Mat { p: SPtr(wkp.add(gi * ocg * kk)), rs: kk as isize, cs: 1 };
+                let cm = Mat { p: SPtr(py.add(ni * ys[0] + gi * ocg * ys[1] + r0 * ys[2])), rs: ys[1] as isize, cs: ys[3] as isize };
+                let e = epi(
+                    shift_p.map(|s| Mat { p: SPtr(s.add(gi * ocg)), rs: 1, cs: 0 }),
+                    pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + gi * ocg * rs[1] + r0 * rs[2])), rs: rs[1] as isize, cs: rs[3] as isize }),
+                );
+                if let (false, Some((nr, kc))) = (direct, packed) {
+                    // im2col straight into the GEMM's packed panels: no second copy of B
+                    im2col_packed(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, nr, kc, col);
+                    crate::kernels::gemm::own::sgemm_packed_b(ocg, cols, kk, a, colp.get(), cm, &e);
+                    continue;
+                }
+                let b = if direct {
+                    Mat { p: SPtr(xb.add(r0 * ow * xs[3])), rs: xs[1] as isize, cs: xs[3] as isize }
+                } else {
+                    im2col_nchw(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, col);
+                    Mat { p: colp, rs: cols as isize, cs: 1 }
+                };
+                sgemm_epi(ocg, cols, kk, a, b, cm, 1.0, false, t, &e);
+            }
+        })
+    };
+    if threads > 1 && items >= threads {
+        crate::core::par::for_each(items, |i| one(i, 1));
+    } else {
+        (0..items).for_each(|i| one(i, threads));
+    }
+}
+
+/// im2col of output rows r0..r1 for one group of an NCHW-strided input: row k = (ci, a, b) of
+/// `col` holds, for every output position, the input it multiplies (0 in the padding).
+#[allow(clippy::too_many_arguments)]
+unsafe fn im2col_nchw(xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, col: &mut [f32]) {
+    let cols = (r1 - r0) * ow;
+    for ci in 0..cg {
+        for a in 0..kh {
+            for b in 0..kw {
+                let row = &mut col[((ci * kh + a) * kw + b) * cols..][..cols];
+                let off = (b * g.dw) as isize - g.pw as isize;
+                let (lo, hi) = valid_cols(off, g.sw, ww, ow);
+                for yo in r0..r1 {
+                    let dst = &mut row[(yo - r0) * ow..][..ow];
+                    let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
+                    if ih < 0 || ih as usize >= hh {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    let src = xb.add(ci * xs[1] + ih as usize * xs[2]);
+                    if lo < hi {
+                        let first = (lo * g.sw) as isize + off;
+                        if g.sw == 1 && xs[3] == 1 {
+                            std::ptr::copy_nonoverlapping(src.offset(first), dst[lo..hi].as_mut_ptr(), hi - lo);
+                        } else {
+                            let step = (g.sw * xs[3]) as isize;
+                            let s0 = src.offset(first * xs[3] as isize);
+                            for (q, d) in dst[lo..hi].iter_mut().enumerate() {
+                                *d = *s0.offset(q as isize * step);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `im2col_nchw` written as the own GEMM's packed B (`own::packed_b_layout`): row k of col,
+/// position j, lands at slice k / kc, panel j / nr, row k % kc, lane j % nr; lanes past the last
+/// position are zero.
+#[allow(clippy::too_many_arguments)]
+unsafe fn im2col_packed(
+    xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, nr: usize,
+    kc_: usize, col: &mut [f32],
+) {
+    let cols = (r1 - r0) * ow;
+    let npan = cols.div_ceil(nr);
+    let kk = cg * kh * kw;
+    let mut row = vec![0f32; ow];
+    for ci in 0..cg {
+        for a in 0..kh {
+            for b in 0..kw {
+                let k = (ci * kh + a) * kw + b;
+                let (slice, p) = (k / kc_, k % kc_);
+                let kc = kc_.min(kk - slice * kc_);
+                let base = slice * kc_ * npan * nr + p * nr;
+                let off = (b * g.dw) as isize - g.pw as isize;
+                let (lo, hi) = valid_cols(off, g.sw, ww, ow);
+                for yo in r0..r1 {
+                    let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
+                    let src = if ih >= 0 && (ih as usize) < hh { Some(xb.add(ci * xs[1] + ih as usize * xs[2])) } else { None };
+                    let j0 = (yo - r0) * ow;
+                    let (pan, lane) = (j0 / nr, j0 % nr);
+                    if lane + ow <= nr {
+                        // the output row lies in one panel: straight there
+                        let dst = &mut col[base + pan * kc * nr + lane..][..ow];
+                        input_row(src, dst, lo, hi, off, g.sw, xs[3]);
+                    } else {
+                        input_row(src, &mut row, lo, hi, off, g.sw, xs[3]);
+                        // the row's positions, split where they cross a panel
+                        let mut xo = 0;
+                        while xo < ow {
+                            let j = j0 + xo;
+                            let (pan, lane) = (j / nr, j % nr);
+                            let len = (nr - lane).min(ow - xo);
+                            for (d, &v) in col[base + pan * kc * nr + lane..][..len].iter_mut().zip(&row[xo..xo + len]) {
+                                *d = v;
+                            }
+                            xo += len;
+                        }
+                    }
+                }
+                // lanes past the last position of the last panel
+                let tail = cols % nr;
+                if tail != 0 {
+                    col[base + (npan - 1) * kc * nr + tail..][..nr - tail].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+/// One output row's inputs for one kernel tap: `dst[lo..hi]` from the input row at `src`
+/// (column `xo * sw + off`), zeros elsewhere (and everywhere when the row is padding).
+#[inline(always)]
+unsafe fn input_row(src: Option<*mut f32>, dst: &mut [f32], lo: usize, hi: usize, off: isize, sw: usize, xs3: usize) {
+    let Some(src) = src.filter(|_| lo < hi) else {
+        dst.fill(0.0);
+        return;
+    };
+    dst[..lo].fill(0.0);
+    dst[hi..].fill(0.0);
+    let first = (lo * sw) as isize + off;
+    if sw == 1 && xs3 == 1 {
+        for (d, q) in dst[lo..hi].iter_mut().zip(0..) {
+            *d = *src.offset(first + q);
+        }
+    } else {
+        let step = (sw * xs3) as isize;
+        let s0 = src.offset(first * xs3 as isize);
+        for (q, d) in dst[lo..hi].iter_mut().enumerate() {
+            *d = *s0.offset(q as isize * step);
+        }
+    }
+}
+
+/// im2col of output rows r0..r1 of a channels-last input: row p (an output position) of `col`
+/// holds its window, (a, b, ci) with ci fastest, copied as runs of `c` contiguous channels.
+#[allow(clippy::too_many_arguments)]
+unsafe fn im2col_nhwc(xb: *mut f32, xs: &[usize], c: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, col: &mut [f32]) {
+    let kk = c * kh * kw;
+    for yo in r0..r1 {
+        for xo in 0..ow {
+            let dst = &mut col[((yo - r0) * ow + xo) * kk..][..kk];
+            for a in 0..kh {
+                let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
+                for b in 0..kw {
+                    let seg = &mut dst[(a * kw + b) * c..][..c];
+                    let iw = (xo * g.sw + b * g.dw) as isize - g.pw as isize;
+                    if ih < 0 || ih as usize >= hh || iw < 0 || iw as usize >= ww {
+                        seg.fill(0.0);
+                    } else {
+                        std::ptr::copy_nonoverlapping(xb.add(ih as usize * xs[2] + iw as usize * xs[3]), seg.as_mut_ptr(), c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One depthwise output plane's operands.
+struct DwArgs {
+    xb: *mut f32,
+    xs: [usize; 2],
+    hh: usize,
+    ww: usize,
+    wp: usize,
+    kh: usize,
+    kw: usize,
+    g: Geom,
+    w: *mut f32,
+    yb: *mut f32,
+    ys: [usize; 2],
+    oh: usize,
+    ow: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn dw_plane_avx512(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+    dw_plane::<true>(d, pad, acc, e)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dw_plane_avx2(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+    dw_plane::<true>(d, pad, acc, e)
+}
+
+/// One output plane of a depthwise convolution: the input plane is copied into `pad` with its
+/// zero border, then each output row accumulates kh × kw shifted rows of it (no bounds tests;
+/// stride 1 reads contiguous runs, so the loop vectorises along the width).
+#[inline(always)]
+unsafe fn dw_plane<const FMA: bool>(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+    let g = d.g;
+    let hp = d.hh + 2 * g.ph;
+    pad[..g.ph * d.wp].fill(0.0);
+    pad[(g.ph + d.hh) * d.wp..hp * d.wp].fill(0.0);
+    for h in 0..d.hh {
+        let row = &mut pad[(g.ph + h) * d.wp..][..d.wp];
+        row[..g.pw].fill(0.0);
+        row[g.pw + d.ww..].fill(0.0);
+        let src = d.xb.add(h * d.xs[0]);
+        if d.xs[1] == 1 {
+            std::ptr::copy_nonoverlapping(src, row[g.pw..].as_mut_ptr(), d.ww);
+        } else {
+            for (q, v) in row[g.pw..g.pw + d.ww].iter_mut().enumerate() {
+                *v = *src.add(q * d.xs[1]);
+            }
+        }
+    }
+    let acc = &mut acc[..d.ow];
+    let (ow, taps) = (d.ow, d.kh * d.kw);
+    let mut wv = [0f32; 64];
+    let big = taps > wv.len();
+    if !big {
+        for (t, v) in wv[..taps].iter_mut().enumerate() {
+            *v = *d.w.add(t);
+        }
+    }
+    for yo in 0..d.oh {
+        let rows: [usize; 8] = std::array::from_fn(|a| if a < d.kh { (yo * g.sh + a * g.dh) * d.wp } else { 0 });
+        if big || d.kh > 8 {
+            // a kernel of more than 64 taps or 8 rows: row by row through memory
+            acc.fill(0.0);
+            for a in 0..d.kh {
+                let prow = &pad[(yo * g.sh + a * g.dh) * d.wp..];
+                for b in 0..d.kw {
+                    let w = *d.w.add(a * d.kw + b);
+                    for (q, o) in acc.iter_mut().enumerate() {
+                        *o = madd::<FMA>(w, prow[b * g.dw + q * g.sw], *o);
+                    }
+                }
+            }
+        } else {
+            // up to 4 × V output columns at a time, their sums in registers across all taps
+            let mut xo = 0;
+            while xo < ow {
+                let left = ow - xo;
+                let v = if g.sw == 1 && left >= 4 * V {
+                    dw_block::<FMA, 4>(pad, &rows[..d.kh], d.kw, g.dw, &wv, xo, &mut acc[xo..])
+                } else if g.sw == 1 && left >= 2 * V {
+                    dw_block::<FMA, 2>(pad, &rows[..d.kh], d.kw, g.dw, &wv, xo, &mut acc[xo..])
+                } else if g.sw == 1 && left >= V {
+                    dw_block::<FMA, 1>(pad, &rows[..d.kh], d.kw, g.dw, &wv, xo, &mut acc[xo..])
+                } else {
+                    let v = V.min(left);
+                    let mut s = [0f32; V];
+                    for (a, &row) in rows[..d.kh].iter().enumerate() {
+                        for b in 0..d.kw {
+                            let w = wv[a * d.kw + b];
+                            let src = &pad[row + xo * g.sw + b * g.dw..];
+                            for q in 0..v {
+                                s[q] = madd::<FMA>(w, src[q * g.sw], s[q]);
+                            }
+                        }
+                    }
+                    acc[xo..xo + v].copy_from_slice(&s[..v]);
+                    v
+                };
+                xo += v;
+            }
+        }
+        if !e.is_empty() {
+            e.apply_row(acc, yo, 0);
+        }
+        let dst = d.yb.add(yo * d.ys[0]);
+        if d.ys[1] == 1 {
+            std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, ow);
+        } else {
+            for (q, &v) in acc.iter().enumerate() {
+                *dst.add(q * d.ys[1]) = v;
+            }
+        }
+    }
+}
+
+/// NV × V output columns (stride 1) from the padded plane: every tap's weight times the run of
+/// inputs under it, summed in registers (`rows`: each kernel row's offset in `pad`).
+#[inline(always)]
+fn dw_block<const FMA: bool, const NV: usize>(pad: &[f32], rows: &[usize], kw: usize, dw: usize, wv: &[f32; 64], xo: usize, out: &mut [f32]) -> usize {
+    let mut s = [[0f32; V]; NV];
+    for (a, &row) in rows.iter().enumerate() {
+        for b in 0..kw {
+            let w = wv[a * kw + b];
+            let src = &pad[row + xo + b * dw..][..NV * V];
+            for (j, sj) in s.iter_mut().enumerate() {
+                for q in 0..V {
+                    sj[q] = madd::<FMA>(w, src[j * V + q], sj[q]);
+                }
+            }
+        }
+    }
+    for (j, sj) in s.iter().enumerate() {
+        out[j * V..(j + 1) * V].copy_from_slice(sj);
+    }
+    NV * V
+}
+
+/// Output columns one depthwise block keeps in registers.
+const V: usize = 16;
+
+/// w * x + acc, fused where the path has FMA.
+#[inline(always)]
+fn madd<const FMA: bool>(w: f32, x: f32, acc: f32) -> f32 {
+    if FMA {
+        w.mul_add(x, acc)
+    } else {
+        acc + w * x
+    }
+}
+
+/// The epilogue op a step names: the GEMM's (relu, gelu, …, add) or `hardtanh:lo:hi`.
+pub fn epilogue_op(name: &str) -> Result<EpiSpec, String> {
+    if let Some(rest) = name.strip_prefix("hardtanh:") {
+        let mut it = rest.split(':').map(|v| v.parse::<f32>());
+        if let (Some(Ok(lo)), Some(Ok(hi)), None) = (it.next(), it.next(), it.next()) {
+            return Ok(EpiSpec::Un(Un::Clamp(lo, hi)));
+        }
+        return Err(format!("bad conv2d epilogue {name:?}"));
+    }
+    crate::kernels::gemm::epilogue_by_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tensor::DType;
+
+    fn data(len: usize, mul: usize, md: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * mul % md) as f32 - (md / 2) as f32) / md as f32).collect()
+    }
+
+    /// x (N, C, H, W) NCHW, w (OC, C/groups, KH, KW): the direct sum in f64.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(x: &[f32], w: &[f32], dims: [usize; 8], g: Geom, oh: usize, ow: usize) -> Vec<f32> {
+        let [n, c, hh, ww, oc, kh, kw, _] = dims;
+        let (cg, ocg) = (c / g.groups, oc / g.groups);
+        let mut y = vec![0f32; n * oc * oh * ow];
+        for ni in 0..n {
+            for o in 0..oc {
+                for yo in 0..oh {
+                    for xo in 0..ow {
+                        let mut s = 0f64;
+                        for ci in 0..cg {
+                            for a in 0..kh {
+                                for b in 0..kw {
+                                    let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
+                                    let iw = (xo * g.sw + b * g.dw) as isize - g.pw as isize;
+                                    if ih >= 0 && (ih as usize) < hh && iw >= 0 && (iw as usize) < ww {
+                                        let xc = (o / ocg) * cg + ci;
+                                        s += x[((ni * c + xc) * hh + ih as usize) * ww + iw as usize] as f64 * w[((o * cg + ci) * kh + a) * kw + b] as f64;
+                                    }
+                                }
+                            }
+                        }
+                        y[((ni * oc + o) * oh + yo) * ow + xo] = s as f32;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// Depthwise (the direct kernel, every path this CPU has, the portable one always), grouped
+    /// and channels-last input against the direct sum.
+    #[test]
+    fn every_path_matches_the_direct_sum() {
+        let mut paths = vec![Path::Portable];
+        if crate::core::isa::has_avx2() {
+            paths.push(Path::Avx2);
+        }
+        if crate::core::isa::has_avx512() {
+            paths.push(Path::Avx512);
+        }
+        // (n, c, h, w, oc, k, stride, pad, dilation, groups, channels_last)
+        let cases = [
+            (2, 8, 9, 37, 8, 3, 1, 1, 1, 8, false),
+            (1, 4, 11, 70, 8, 5, 2, 2, 1, 4, false),
+            (2, 6, 7, 20, 6, 3, 1, 2, 2, 6, false),
+            (2, 6, 9, 9, 4, 3, 2, 1, 1, 2, false),
+            (2, 5, 6, 7, 3, 3, 1, 1, 1, 1, true),
+        ];
+        for &(n, c, hh, ww, oc, k, s, p, d, groups, cl) in &cases {
+            let g = Geom { sh: s, sw: s, ph: p, pw: p, dh: d, dw: d, groups };
+            let oh = (hh + 2 * p - d * (k - 1) - 1) / s + 1;
+            let ow = (ww + 2 * p - d * (k - 1) - 1) / s + 1;
+            let cg = c / groups;
+            let x = data(n * c * hh * ww, 7, 23);
+            let w = data(oc * cg * k * k, 5, 11);
+            let want = naive(&x, &w, [n, c, hh, ww, oc, k, k, 0], g, oh, ow);
+            // channels-last: the same values stored NHWC, read through NCHW-ordered strides
+            let (xbuf, xs) = if cl {
+                let mut t = vec![0f32; x.len()];
+                for ni in 0..n {
+                    for ci in 0..c {
+                        for h in 0..hh {
+                            for wi in 0..ww {
+                                t[((ni * hh + h) * ww + wi) * c + ci] = x[((ni * c + ci) * hh + h) * ww + wi];
+                            }
+                        }
+                    }
+                }
+                (t, vec![hh * ww * c, 1, ww * c, c])
+            } else {
+                (x.clone(), vec![c * hh * ww, hh * ww, ww, 1])
+            };
+            for &path in &paths {
+                let mut xb = xbuf.clone();
+                let mut wb = w.clone();
+                let mut y = vec![f32::NAN; n * oc * oh * ow];
+                let mem = Mem { ptrs: vec![xb.as_mut_ptr() as *mut u8, wb.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
+                let xv = View::new(0, &[n, c, hh, ww], &xs, DType::F32);
+                let wv = View::new(1, &[oc, cg, k, k], &[cg * k * k, k * k, k, 1], DType::F32);
+                let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+                for threads in [1, 2] {
+                    unsafe { conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path) };
+                    for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                        assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "{path:?} case c{c} g{groups} cl{cl} t{threads} [{i}]: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}
