@@ -110,16 +110,19 @@ def test_mlp_graph_before_and_after(dtype: torch.dtype) -> None:
     assert Counter(str(n.target) for n in after) == before
     for n in after:
         assert dtypes_of(n) == {torch.float32}, n.format_node()
-    # a cast of each input before its transpose, the rounding of the first addmm (and its way
-    # back: the rounding pair stays), relu's result is exact so it feeds the second addmm
-    # directly, and the rounding of the output
+    # a cast of each input before its transpose; relu commutes with rounding, so it reads the
+    # first addmm's float32 result and its own result is rounded (and widened back: the
+    # rounding pair stays) before the second addmm; the rounding of the output
     assert Counter(casts(gm)) == Counter(
         {
             ("placeholder", dtype, torch.float32): 5,
-            ("aten.addmm.default", torch.float32, dtype): 2,
+            ("aten.relu.default", torch.float32, dtype): 1,
+            ("aten.addmm.default", torch.float32, dtype): 1,
             ("aten._to_copy.default", dtype, torch.float32): 1,
         }
     )
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert relu.args[0].target is torch.ops.aten.addmm.default
     out = run_checked(gm, *args)
     expected = fn(*args)
     assert out.dtype == dtype
