@@ -1,13 +1,14 @@
-"""bfloat16 rows: the README model and the model set converted to bfloat16, and the float32 README
-model under ``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against
-eager in the same dtype (and inductor on the README rows), interleaved in one run.
+"""bfloat16 rows: the README model, small_cnn, transformer_layer and transformers of the model set
+(bench_models: Llama, GPT-2) converted to bfloat16, and the float32 README model under
+``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against eager in the
+same dtype (and inductor on the README rows), interleaved in one run.
 
-The torchburn column is the opt-in low-precision path (``options={"low_precision": True}``, off by
-default): bfloat16 graphs computed in float32 between casts at eager's rounding points
-(torchburn.low_precision); the notes column says how many ops fell back to eager. By default
-those graphs run in eager PyTorch.
+The torchburn column is the low-precision path (``options={"low_precision": True}``): bfloat16
+graphs computed in float32 between casts at eager's rounding points (torchburn.low_precision),
+native_cpu's GEMMs reading and writing the bfloat16 buffers themselves; the notes column says how
+many ops fell back to eager.
 
-    python -m benchmarks.bench_bf16 [--threads 2]
+    python -m benchmarks.bench_bf16 [--threads 2] [--models llama,gpt2]
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _case(
     return times, first, sum(cov["fallback"].values())
 
 
-def run(threads: int) -> list[dict[str, Any]]:
+def run(threads: int, models: tuple[str, ...] = ("llama", "gpt2")) -> list[dict[str, Any]]:
     from torchburn.testing.models import readme_mlp, small_cnn, transformer_layer
 
     torch.set_num_threads(threads)
@@ -83,6 +84,14 @@ def run(threads: int) -> list[dict[str, Any]]:
         model, args = factory()
         times, first, fb = _case(model.to(BF16), tuple(a.to(BF16) for a in args), autocast=False, inductor=False)
         rows.append(_row(f"{name} bf16 (.to(bfloat16))", threads, times, first, fb))
+    from benchmarks.bench_models import MODELS
+
+    for key in models:
+        desc, build = MODELS[key]
+        model, args = build()
+        low = tuple(a.to(BF16) if a.is_floating_point() else a for a in args)
+        times, first, fb = _case(model.to(BF16), low, autocast=False, inductor=False)
+        rows.append(_row(f"{desc} bf16 (.to(bfloat16))", threads, times, first, fb))
     return rows
 
 
@@ -93,8 +102,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="llama,gpt2", help="transformers of the model set (bench_models) to add")
     a = parser.parse_args()
-    for r in run(a.threads):
+    for r in run(a.threads, tuple(m for m in a.models.split(",") if m)):
         ratio = r["eager_s"] / r["torchburn_s"]
         ind = f", inductor {fmt_time(r['inductor_s'])}" if r["inductor_s"] else ""
         print(

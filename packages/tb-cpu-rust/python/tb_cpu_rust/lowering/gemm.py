@@ -223,7 +223,9 @@ def fold_low_precision_casts(lw: Lowerer, outputs: list[Any]) -> None:
             cast = steps[rd[0]]
             if (
                 isinstance(cast, S.Cast)
-                and vals[cast.x] == vals[c]
+                and vals[cast.x]["buf"] == vals[c]["buf"]
+                and vals[cast.x]["offset"] == vals[c]["offset"]
+                and _same_layout(vals[cast.x], vals[c])
                 and lw.dtype_of(cast.y) in LOW
                 and _same_layout(vals[c], vals[cast.y])
                 and writers.get(buf(cast.y)) == [rd[0]]

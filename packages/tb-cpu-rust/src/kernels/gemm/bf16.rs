@@ -157,12 +157,236 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, i: usi
         let half = |st: usize, size: usize| if size <= 1 { 0 } else { (st / 2) as isize };
         let pa = Mat { p: base(a_raw, a), rs: half(a.strides[r - 2], m), cs: 1 };
         let pb = Mat { p: base(b_raw, b), rs: 1, cs: half(b.strides[r - 1], n) };
+        if m >= amx::MIN_ROWS && k % 32 == 0 && amx::available() {
+            return amx::gemm(m, n, k / 2, pa, pb, c, alpha, threads, epi);
+        }
         crate::kernels::gemm::own::drive::<x86::Pairs>(m, n, k / 2, pa, pb, c, alpha, false, threads, epi);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (a_raw, b_raw, a, b, i, m, n, k, c, alpha, threads, epi);
         unreachable!("the pair kernel is x86-64 only");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx {
+    //! AMX-BF16 tiles, where the CPU has them and Linux grants this process the tile state
+    //! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, as oneDNN asks for it): `tdpbf16ps` multiplies a
+    //! 16×32 bfloat16 tile by a 32×16 one (16 k pairs × 16 columns, the pair panels' layout)
+    //! into 16×16 float32 accumulators. The weight is read in place and the activations packed
+    //! (see `gemm`); C goes through a 32×32 float32 tile where the epilogue runs.
+
+    use crate::core::mem::SPtr;
+    use crate::kernels::gemm::own::x86::Avx512;
+    use crate::kernels::gemm::own::Isa;
+    use crate::kernels::gemm::{Epi, Mat};
+    use std::arch::asm;
+
+    /// From this many rows of A on, the tiles run (the weight is read in place: even one row
+    /// of A is faster on tiles than through the pair kernel's packing of the weight).
+    pub const MIN_ROWS: usize = 1;
+    const NR: usize = 32;
+
+    /// CPUID says AMX-TILE and AMX-BF16 (and AVX-512 BF16), and the kernel granted the tile state.
+    pub fn available() -> bool {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            if !crate::core::isa::has_avx512bf16() {
+                return false;
+            }
+            let l = std::arch::x86_64::__cpuid_count(7, 0);
+            if l.edx & (1 << 22) == 0 || l.edx & (1 << 24) == 0 {
+                return false;
+            }
+            #[cfg(target_os = "linux")]
+            {
+                const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+                const XFEATURE_XTILEDATA: libc::c_long = 18;
+                // SAFETY: a request for a permission; it changes nothing else.
+                unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+            }
+            #[cfg(not(target_os = "linux"))]
+            false
+        })
+    }
+
+    #[repr(C, align(64))]
+    struct TileCfg {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    /// out (32×32 float32, row stride 32) = rows 0..mv (≤ 32) of A times a packed pair panel
+    /// (k2 pairs × 32 columns, k2 a multiple of 16); A's rows `lda` bytes apart, 16 pairs of
+    /// each read per step. Not `wide`: the panel's columns 16..32 are zero and are skipped
+    /// (columns 16..32 of `out` are left as they were).
+    pub(crate) unsafe fn block(a: *const u8, lda: usize, mv: usize, panel: *const u32, k2: usize, out: *mut f32, wide: bool) {
+        let (r0, r1) = (mv.min(16), mv.saturating_sub(16));
+        let mut cfg = TileCfg { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        // tmm0 / tmm1: C rows 0..16, columns 0..16 / 16..32; tmm2 / tmm3: rows 16..32;
+        // tmm4 / tmm5: A rows 0..16 / 16..32; tmm6 / tmm7: B columns 0..16 / 16..32
+        let mut set = |t: usize, rows: usize| {
+            cfg.rows[t] = rows as u8;
+            cfg.colsb[t] = 64;
+        };
+        set(0, r0);
+        set(4, r0);
+        set(6, 16);
+        if wide {
+            set(1, r0);
+            set(7, 16);
+        }
+        if r1 > 0 {
+            set(2, r1);
+            set(5, r1);
+            if wide {
+                set(3, r1);
+            }
+        }
+        asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+        asm!("tilezero tmm0", options(nostack, nomem));
+        if wide {
+            asm!("tilezero tmm1", options(nostack, nomem));
+        }
+        if r1 > 0 {
+            asm!("tilezero tmm2", options(nostack, nomem));
+            if wide {
+                asm!("tilezero tmm3", options(nostack, nomem));
+            }
+        }
+        let a1 = a.add(16 * lda);
+        let bs = 4 * NR;
+        let mut p = 0;
+        while p < k2 {
+            let (ap, bp) = (a.add(4 * p), panel.add(NR * p) as *const u8);
+            asm!(
+                "tileloadd tmm6, [{b} + {bs}*1]",
+                "tileloadd tmm4, [{a} + {s}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                b = in(reg) bp, bs = in(reg) bs, a = in(reg) ap, s = in(reg) lda,
+                options(nostack, readonly)
+            );
+            if wide {
+                asm!(
+                    "tileloadd tmm7, [{b} + {bs}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    b = in(reg) bp.add(64), bs = in(reg) bs,
+                    options(nostack, readonly)
+                );
+            }
+            if r1 > 0 {
+                asm!(
+                    "tileloadd tmm5, [{a} + {s}*1]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    a = in(reg) a1.add(4 * p), s = in(reg) lda,
+                    options(nostack, readonly)
+                );
+                if wide {
+                    asm!("tdpbf16ps tmm3, tmm5, tmm7", options(nostack, nomem));
+                }
+            }
+            p += 16;
+        }
+        let os = 4 * NR;
+        asm!("tilestored [{c} + {s}*1], tmm0", c = in(reg) out, s = in(reg) os, options(nostack));
+        if wide {
+            asm!("tilestored [{c} + {s}*1], tmm1", c = in(reg) out.add(16), s = in(reg) os, options(nostack));
+        }
+        if r1 > 0 {
+            asm!("tilestored [{c} + {s}*1], tmm2", c = in(reg) out.add(16 * NR), s = in(reg) os, options(nostack));
+            if wide {
+                asm!("tilestored [{c} + {s}*1], tmm3", c = in(reg) out.add(16 * NR + 16), s = in(reg) os, options(nostack));
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+
+    /// c = alpha * a @ b, then `epi`, for pair matrices (k2 pairs deep, a multiple of 16): `a`
+    /// m×k2 with unit column stride, `b` k2×n with unit row stride (as the pair kernel takes them).
+    ///
+    /// The tiles compute C's transpose, `Cᵀ = Bᵀ · Aᵀ`: `Bᵀ` is the weight `W` (n rows, k
+    /// contiguous), which `tileloadd` reads in place, 16 rows of 16 pairs at a time, and `Aᵀ`
+    /// (the activations, usually far smaller) is what gets packed, once per call, into 32-column
+    /// pair panels. So the weight is read once, as stored, and never copied.
+    ///
+    /// # Safety
+    /// As the pair kernel's driver; `available()` must be true.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(m: usize, n: usize, k2: usize, a: Mat, b: Mat, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
+        let mpan = m.div_ceil(NR);
+        // Aᵀ as a k2×m pair matrix (pairs contiguous) in 32-column panels, zero columns past m
+        let at = Mat { p: a.p, rs: 1, cs: a.rs };
+        let mut packed = vec![0u32; mpan * k2 * NR];
+        let pk = SPtr(packed.as_mut_ptr());
+        let pack = |q: usize| {
+            let mut p0 = 0;
+            while p0 < k2 {
+                let kc = 256.min(k2 - p0);
+                // SAFETY: panel q holds k2 rows of NR words
+                unsafe { <Avx512 as Isa>::pack_b_t(at, p0, kc, q * NR, NR.min(m - q * NR), pk.get().add(q * k2 * NR + p0 * NR) as *mut f32) };
+                p0 += kc;
+            }
+        };
+        let threads = threads.clamp(1, ((m * n * k2) >> 19).max(1));
+        if threads > 1 && mpan > 1 {
+            crate::core::par::for_each(mpan, pack);
+        } else {
+            (0..mpan).for_each(pack);
+        }
+        let nblocks = n.div_ceil(32);
+        let tasks = if threads > 1 { (threads * 3).min(nblocks) } else { 1 };
+        let ldw = 4 * b.cs as usize;
+        let w0 = SPtr(b.p.0 as *mut u8);
+        let task = |t: usize| {
+            let (b0, b1) = (nblocks * t / tasks, nblocks * (t + 1) / tasks);
+            let mut out = [0f32; 32 * NR];
+            for jb in b0..b1 {
+                let j = jb * 32;
+                let nv = 32.min(n - j);
+                for q in 0..mpan {
+                    let i = q * NR;
+                    let mv = NR.min(m - i);
+                    // SAFETY: rows j..j+nv of W and panel q are valid; `out` holds 32×32
+                    unsafe {
+                        block(w0.get().add(j * ldw), ldw, nv, pk.get().add(q * k2 * NR), k2, out.as_mut_ptr(), mv > 16);
+                        store_t(&out, nv, mv, c, i, j, alpha, epi);
+                    }
+                }
+            }
+        };
+        if tasks > 1 {
+            crate::core::par::for_each(tasks, task);
+        } else {
+            task(0);
+        }
+    }
+
+    /// The transposed tile (rows: columns j.. of C, columns: rows i.. of C) into C: row by row
+    /// of C, scaled, epilogue applied.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn store_t(out: &[f32; 32 * NR], nv: usize, mv: usize, c: Mat, i: usize, j: usize, alpha: f32, epi: &Epi) {
+        let mut row = [0f32; 32];
+        for r in 0..mv {
+            let row = &mut row[..nv];
+            for (q, x) in row.iter_mut().enumerate() {
+                *x = alpha * out[q * NR + r];
+            }
+            if !epi.is_empty() {
+                epi.apply_row(row, i + r, j);
+            }
+            let cp = c.p.0.offset((i + r) as isize * c.rs + j as isize * c.cs);
+            if c.cs == 1 {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), cp, nv);
+            } else {
+                for (q, &x) in row.iter().enumerate() {
+                    *cp.offset(q as isize * c.cs) = x;
+                }
+            }
+        }
     }
 }
 
@@ -267,7 +491,9 @@ mod tests {
         if crate::kernels::gemm::own::available() {
             backends.push("own");
         }
-        let shapes = [(1usize, 1usize, 2usize), (1, 40, 64), (3, 33, 30), (8, 32, 512), (9, 70, 100), (37, 65, 514), (300, 17, 2 * 256 + 6), (5, 7, 9)];
+        // k a multiple of 32 runs on AMX tiles where the CPU has them (row tails of
+        // 16 and 32-row blocks, column tails of the 32-column panels)
+        let shapes = [(1usize, 1usize, 2usize), (1, 40, 64), (3, 33, 30), (8, 32, 512), (9, 70, 100), (37, 65, 514), (300, 17, 2 * 256 + 6), (5, 7, 9), (16, 32, 32), (37, 65, 544), (50, 100, 64), (261, 33, 96), (8, 1000, 64)];
         for be in backends {
             crate::kernels::gemm::set_backend(be).unwrap();
             for &(m, n, k) in &shapes {
@@ -374,6 +600,19 @@ mod bench {
             }
             let s = t.elapsed().as_secs_f64();
             println!("bf16 pair 8x32 kernel: {:.0} GFLOP/s", (2 * 2 * 8 * 32 * kc * reps) as f64 / s / 1e9);
+        }
+        if amx::available() {
+            let k2 = 512;
+            let a = vec![0x3f80u16; 32 * 2 * k2];
+            let panel = vec![0x3f80_3f80u32; k2 * 32];
+            let mut out = [0f32; 32 * 32];
+            let reps = 2000;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                unsafe { amx::block(a.as_ptr() as *const u8, 4 * k2, 32, panel.as_ptr(), k2, out.as_mut_ptr(), true) };
+            }
+            let s = t.elapsed().as_secs_f64();
+            println!("amx 32x32 block, k {}: {:.2} us, {:.0} GFLOP/s", 2 * k2, s / reps as f64 * 1e6, (2 * 32 * 32 * 2 * k2 * reps) as f64 / s / 1e9);
         }
         for &(m, k, n) in &[(32usize, 512usize, 1024usize), (256, 1024, 1024)] {
             let av = vec![0x3f80u16; m * k];
