@@ -357,3 +357,31 @@ def test_bad_settings_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHBURN_LOW_PRECISION", "off")
     assert not Options().widen_low_precision()
     assert Options(low_precision=True).widen_low_precision()
+
+
+def test_constants_of_another_fake_mode_do_not_stop_the_pass() -> None:
+    """A constant (get_attr, as a model's rotary table) whose fake value is of another fake mode
+    than the inputs' (as Dynamo hands some graphs over): the pass still widens every node, typing
+    the constant in the inputs' mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    scale = torch.linspace(0.5, 2.0, 16).to(torch.bfloat16)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w) * s
+
+    x, w = torch.randn(4, 8).to(torch.bfloat16), torch.randn(16, 8).to(torch.bfloat16)
+    gm = traced(fn, x, w, scale)
+    # the third input becomes a constant of the module, typed by another fake mode
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"][2]
+    gm.register_buffer("scale", scale)
+    with gm.graph.inserting_before(ph):
+        const = gm.graph.get_attr("scale")
+    const.meta["val"] = FakeTensorMode().from_tensor(scale)
+    ph.replace_all_uses_with(const)
+    gm.graph.erase_node(ph)
+    gm.recompile()
+    widen_low_precision(gm)
+    for n in compute_nodes(gm):
+        assert dtypes_of(n) == {torch.float32}, n.format_node()
+    torch.testing.assert_close(gm(x, w), fn(x, w, scale), **tol(torch.bfloat16))

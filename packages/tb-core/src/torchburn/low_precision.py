@@ -185,17 +185,34 @@ class _Widener:
         self.keep = keep
         self.gm = gm
         self.graph = gm.graph
+
         # the mode of the graph's own values (not the tracing context's: Dynamo hands backends a
-        # fresh mode, and fake tensors of two modes do not mix)
-        modes = {getattr(t, "fake_mode", None) for n in self.graph.nodes for t in _tensors(n.meta.get("val"))}
+        # fresh mode, and fake tensors of two modes do not mix): its inputs' mode. Constants
+        # (get_attr: a rotary table) may carry another; `fake` re-makes those in this one.
+        def modes_of(nodes: Iterable[torch.fx.Node]) -> set[Any]:
+            return {getattr(t, "fake_mode", None) for n in nodes for t in _tensors(n.meta.get("val"))}
+
+        modes = modes_of(n for n in self.graph.nodes if n.op == "placeholder")
+        if len(modes) != 1 or None in modes:
+            modes = modes_of(self.graph.nodes)
         self.fake_mode = modes.pop() if len(modes) == 1 else None
         self.twin: dict[torch.fx.Node, torch.fx.Node] = {}
         # a rounding cast this pass made -> the float32 result it rounds
         self.rounded: dict[torch.fx.Node, torch.fx.Node] = {}
         self.widened: Counter[str] = Counter()
 
+    def own(self, val: Any) -> Any:
+        """``val`` as a fake tensor of the graph's mode (a constant's may be of another mode)."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if not isinstance(val, FakeTensor) or val.fake_mode is self.fake_mode or self.fake_mode is None:
+            return val
+        with unset_fake_temporarily():
+            real = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=val.device)
+        return self.fake_mode.from_tensor(real)
+
     def fake(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        fa, fk = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        fa, fk = torch.fx.node.map_arg((args, kwargs), lambda n: self.own(n.meta["val"]))
         assert self.fake_mode is not None
         # compiled under torch.autocast, the graph's ops are already cast: autocast must not
         # change the dtype of the float32 op typed here

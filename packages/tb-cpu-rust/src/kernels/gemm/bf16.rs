@@ -30,7 +30,7 @@ pub fn is_low(d: DType) -> bool {
 
 /// Elements a strided view spans from its first element (0 when empty).
 fn span(v: &View) -> usize {
-    if v.sizes.iter().any(|&s| s == 0) {
+    if v.sizes.contains(&0) {
         return 0;
     }
     1 + v.sizes.iter().zip(&v.strides).map(|(&s, &st)| (s - 1) * st).sum::<usize>()
@@ -128,13 +128,13 @@ pub unsafe fn gemm(mem: &Mem, a: &View, b: &View, c: &View, bias: Option<&View>,
 /// Whether a and b suit the pair kernel: both bfloat16, contiguous along k, k even, every row
 /// (and batch) of both starting on a 32-bit boundary.
 unsafe fn pair_layout(mem: &Mem, a: &View, b: &View, k: usize) -> bool {
-    if a.dtype != DType::BF16 || b.dtype != DType::BF16 || k == 0 || k % 2 != 0 {
+    if a.dtype != DType::BF16 || b.dtype != DType::BF16 || k == 0 || !k.is_multiple_of(2) {
         return false;
     }
     let r = a.rank();
     let (m, n) = (a.sizes[r - 2], b.sizes[r - 1]);
-    let aligned = |v: &View| (mem.byte_ptr(v) as usize) % 4 == 0;
-    let even = |st: usize, size: usize| size <= 1 || st % 2 == 0;
+    let aligned = |v: &View| (mem.byte_ptr(v) as usize).is_multiple_of(4);
+    let even = |st: usize, size: usize| size <= 1 || st.is_multiple_of(2);
     a.strides[r - 1] == 1
         && b.strides[r - 2] == 1
         && even(a.strides[r - 2], m)
@@ -157,7 +157,7 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, i: usi
         let half = |st: usize, size: usize| if size <= 1 { 0 } else { (st / 2) as isize };
         let pa = Mat { p: base(a_raw, a), rs: half(a.strides[r - 2], m), cs: 1 };
         let pb = Mat { p: base(b_raw, b), rs: 1, cs: half(b.strides[r - 1], n) };
-        if m >= amx::MIN_ROWS && k % 32 == 0 && amx::available() {
+        if m >= amx::MIN_ROWS && k.is_multiple_of(32) && amx::available() {
             return amx::gemm(m, n, k / 2, pa, pb, c, alpha, threads, epi);
         }
         crate::kernels::gemm::own::drive::<x86::Pairs>(m, n, k / 2, pa, pb, c, alpha, false, threads, epi);
