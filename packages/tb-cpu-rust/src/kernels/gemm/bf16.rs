@@ -84,7 +84,9 @@ pub unsafe fn gemm(mem: &Mem, a: &View, b: &View, c: &View, bias: Option<&View>,
     if c.numel() == 0 {
         return;
     }
-    let pairs = pair_layout(mem, a, b, k) && pairs_available();
+    let layout = if pairs_available() { pair_layout(mem, a, b, k) } else { None };
+    let pairs = layout.is_some();
+    let row_major_b = layout == Some(true);
     // operands the chosen way reads as float32
     let fa = if pairs { None } else { Some(f32_of(mem, a)) };
     let fb = if pairs { None } else { Some(f32_of(mem, b)) };
@@ -110,7 +112,7 @@ pub unsafe fn gemm(mem: &Mem, a: &View, b: &View, c: &View, bias: Option<&View>,
         let cm = mat(pc, c, i);
         match (&fa, &fb) {
             (Some(fa), Some(fb)) => sgemm_epi(m, n, k, mat(fa.p, a, i), mat(fb.p, b, i), cm, alpha, false, t, &e),
-            _ => pair_gemm(a_raw, b_raw, a, b, i, m, n, k, cm, alpha, t, &e),
+            _ => pair_gemm(a_raw, b_raw, a, b, row_major_b, i, m, n, k, cm, alpha, t, &e),
         }
     };
     if batch > 1 && m * n * k < 256 * 256 * 256 {
@@ -125,28 +127,35 @@ pub unsafe fn gemm(mem: &Mem, a: &View, b: &View, c: &View, bias: Option<&View>,
     }
 }
 
-/// Whether a and b suit the pair kernel: both bfloat16, contiguous along k, k even, every row
-/// (and batch) of both starting on a 32-bit boundary.
-unsafe fn pair_layout(mem: &Mem, a: &View, b: &View, k: usize) -> bool {
+/// Whether a and b suit the pair kernels: both bfloat16, A contiguous along k, k even, every
+/// row (and batch) of A starting on a 32-bit boundary, and B either contiguous along k too
+/// (`Some(false)`: the `Linear` layout; B's rows aligned likewise) or row-major
+/// (`Some(true)`: `x @ W` with `W` k×n, as GPT-2's Conv1D; AMX tiles only, k a multiple of 32).
+unsafe fn pair_layout(mem: &Mem, a: &View, b: &View, k: usize) -> Option<bool> {
     if a.dtype != DType::BF16 || b.dtype != DType::BF16 || k == 0 || !k.is_multiple_of(2) {
-        return false;
+        return None;
     }
     let r = a.rank();
     let (m, n) = (a.sizes[r - 2], b.sizes[r - 1]);
     let aligned = |v: &View| (mem.byte_ptr(v) as usize).is_multiple_of(4);
     let even = |st: usize, size: usize| size <= 1 || st.is_multiple_of(2);
-    a.strides[r - 1] == 1
-        && b.strides[r - 2] == 1
-        && even(a.strides[r - 2], m)
-        && even(b.strides[r - 1], n)
-        && (r == 2 || (even(a.strides[0], a.sizes[0]) && even(b.strides[0], b.sizes[0])))
-        && aligned(a)
-        && aligned(b)
+    let a_ok = a.strides[r - 1] == 1 && even(a.strides[r - 2], m) && (r == 2 || even(a.strides[0], a.sizes[0])) && aligned(a);
+    if !a_ok {
+        return None;
+    }
+    if b.strides[r - 2] == 1 && even(b.strides[r - 1], n) && (r == 2 || even(b.strides[0], b.sizes[0])) && aligned(b) {
+        return Some(false);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if (b.strides[r - 1] == 1 || n == 1) && k.is_multiple_of(32) && amx::available() {
+        return Some(true);
+    }
+    None
 }
 
 /// One product of the batch through the pair kernel: A and B seen as matrices of 32-bit pairs.
 #[allow(clippy::too_many_arguments)]
-unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, i: usize, m: usize, n: usize, k: usize, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
+unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, row_major_b: bool, i: usize, m: usize, n: usize, k: usize, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
     #[cfg(target_arch = "x86_64")]
     {
         let r = a.rank();
@@ -156,6 +165,10 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, i: usi
         };
         let half = |st: usize, size: usize| if size <= 1 { 0 } else { (st / 2) as isize };
         let pa = Mat { p: base(a_raw, a), rs: half(a.strides[r - 2], m), cs: 1 };
+        if row_major_b {
+            let ldb = if k <= 1 { 0 } else { b.strides[r - 2] };
+            return amx::gemm_nn(m, n, k / 2, pa, base(b_raw, b).0 as *const u16, ldb, c, alpha, threads, epi);
+        }
         let pb = Mat { p: base(b_raw, b), rs: 1, cs: half(b.strides[r - 1], n) };
         if m >= amx::MIN_ROWS && k.is_multiple_of(32) && amx::available() {
             return amx::gemm(m, n, k / 2, pa, pb, c, alpha, threads, epi);
@@ -164,7 +177,7 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, i: usi
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a_raw, b_raw, a, b, i, m, n, k, c, alpha, threads, epi);
+        let _ = (a_raw, b_raw, a, b, row_major_b, i, m, n, k, c, alpha, threads, epi);
         unreachable!("the pair kernel is x86-64 only");
     }
 }
@@ -365,6 +378,83 @@ pub(crate) mod amx {
         }
     }
 
+    /// c = alpha * a @ b, then `epi`, with `a` an m×k2 pair matrix (unit column stride) read in
+    /// place and `b` a row-major bfloat16 k×n matrix (rows `ldb` elements apart, k = 2 * k2, a
+    /// multiple of 32): B's 32-column panels are packed as pairs (rows 2p and 2p + 1
+    /// interleaved), once per task, and the tiles compute C directly.
+    ///
+    /// # Safety
+    /// As `gemm`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_nn(m: usize, n: usize, k2: usize, a: Mat, b: *const u16, ldb: usize, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
+        let npan = n.div_ceil(NR);
+        let threads = threads.clamp(1, ((m * n * k2) >> 19).max(1));
+        let tasks = if threads > 1 { (threads * 3).min(npan) } else { 1 };
+        let lda = 4 * a.rs as usize;
+        let (a0, b0) = (SPtr(a.p.0 as *mut u8), SPtr(b as *mut u16));
+        let task = |t: usize| {
+            let (j0, j1) = (npan * t / tasks, npan * (t + 1) / tasks);
+            let mut panel = vec![0u32; k2 * NR];
+            let mut out = [0f32; 32 * NR];
+            for jp in j0..j1 {
+                let j = jp * NR;
+                let nv = NR.min(n - j);
+                // SAFETY: rows 0..2 * k2, columns j..j+nv of B are valid
+                unsafe { pack_pairs(b0.get().add(j), ldb, k2, nv, &mut panel) };
+                let mut i = 0;
+                while i < m {
+                    let mv = 32.min(m - i);
+                    // SAFETY: rows i..i+mv of A and the panel are valid; `out` holds 32×32
+                    unsafe {
+                        block(a0.get().add(i * lda), lda, mv, panel.as_ptr(), k2, out.as_mut_ptr(), nv > 16);
+                        store(&out, mv, nv, c, i, j, alpha, epi);
+                    }
+                    i += mv;
+                }
+            }
+        };
+        if tasks > 1 {
+            crate::core::par::for_each(tasks, task);
+        } else {
+            task(0);
+        }
+    }
+
+    /// panel[p * 32 + j] = B[2p, j] | B[2p + 1, j] << 16 for j < nv, zero for nv ≤ j < 32.
+    #[inline(always)]
+    unsafe fn pack_pairs(b: *const u16, ldb: usize, k2: usize, nv: usize, panel: &mut [u32]) {
+        for p in 0..k2 {
+            let (r0, r1) = (b.add(2 * p * ldb), b.add((2 * p + 1) * ldb));
+            let row = &mut panel[p * NR..p * NR + NR];
+            for (q, d) in row.iter_mut().enumerate() {
+                *d = if q < nv { *r0.add(q) as u32 | (*r1.add(q) as u32) << 16 } else { 0 };
+            }
+        }
+    }
+
+    /// Rows 0..mv, columns 0..nv of the tile into C at (i, j): scaled, epilogue applied.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn store(out: &[f32; 32 * NR], mv: usize, nv: usize, c: Mat, i: usize, j: usize, alpha: f32, epi: &Epi) {
+        let mut row = [0f32; NR];
+        for r in 0..mv {
+            let row = &mut row[..nv];
+            for (q, x) in row.iter_mut().enumerate() {
+                *x = alpha * out[r * NR + q];
+            }
+            if !epi.is_empty() {
+                epi.apply_row(row, i + r, j);
+            }
+            let cp = c.p.0.offset((i + r) as isize * c.rs + j as isize * c.cs);
+            if c.cs == 1 {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), cp, nv);
+            } else {
+                for (q, &x) in row.iter().enumerate() {
+                    *cp.offset(q as isize * c.cs) = x;
+                }
+            }
+        }
+    }
+
     /// The transposed tile (rows: columns j.. of C, columns: rows i.. of C) into C: row by row
     /// of C, scaled, epilogue applied.
     #[allow(clippy::too_many_arguments)]
@@ -498,7 +588,7 @@ mod tests {
             crate::kernels::gemm::set_backend(be).unwrap();
             for &(m, n, k) in &shapes {
                 for batch in [1usize, 2] {
-                    for (layout, out_dt) in [(0, DType::BF16), (1, DType::F32), (2, DType::BF16), (0, DType::F32)] {
+                    for (layout, out_dt) in [(0, DType::BF16), (1, DType::F32), (2, DType::BF16), (0, DType::F32), (1, DType::BF16)] {
                         check(m, n, k, batch, layout, out_dt, be);
                     }
                 }
@@ -562,12 +652,13 @@ mod tests {
         let bufs = vec![0u32; 64];
         let mem = Mem { ptrs: vec![bufs.as_ptr() as *mut u8, bufs.as_ptr() as *mut u8] };
         unsafe {
-            assert!(pair_layout(&mem, &a, &b, 6));
+            assert_eq!(pair_layout(&mem, &a, &b, 6), Some(false));
             let odd_k = View { sizes: vec![4, 5], strides: vec![5, 1], ..a.clone() };
-            assert!(!pair_layout(&mem, &odd_k, &View { sizes: vec![5, 3], strides: vec![1, 5], ..b.clone() }, 5));
-            assert!(!pair_layout(&mem, &a, &View { strides: vec![3, 1], ..b.clone() }, 6));
-            assert!(!pair_layout(&mem, &View { dtype: DType::F16, ..a.clone() }, &b, 6));
-            assert!(!pair_layout(&mem, &View { offset: 1, ..a.clone() }, &b, 6));
+            assert_eq!(pair_layout(&mem, &odd_k, &View { sizes: vec![5, 3], strides: vec![1, 5], ..b.clone() }, 5), None);
+            // row-major B: AMX tiles only, and only for k a multiple of 32
+            assert_eq!(pair_layout(&mem, &a, &View { strides: vec![3, 1], ..b.clone() }, 6), None);
+            assert_eq!(pair_layout(&mem, &View { dtype: DType::F16, ..a.clone() }, &b, 6), None);
+            assert_eq!(pair_layout(&mem, &View { offset: 1, ..a.clone() }, &b, 6), None);
         }
     }
 }
