@@ -57,7 +57,7 @@ def specials(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.integers(0, 40),
     cols=st.integers(1, 70),
@@ -86,7 +86,7 @@ def test_casts_match_torch_bit_for_bit(
         assert torch.equal(a.contiguous().view(bits)[~nan], b.contiguous().view(bits)[~nan])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.sampled_from([1, 3, 8, 17, 33]),
     k=st.sampled_from([2, 31, 64, 96, 130]),
