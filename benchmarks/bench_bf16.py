@@ -1,13 +1,15 @@
-"""bfloat16 rows: the README model and the model set converted to bfloat16, and the float32 README
-model under ``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against
-eager in the same dtype (and inductor on the README rows), interleaved in one run.
+"""bfloat16 rows: the README model, small_cnn, transformer_layer and transformers of the model set
+(bench_models: Llama, GPT-2) converted to bfloat16, and the float32 README model under
+``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against eager in the
+same dtype (and inductor on the README rows), interleaved in one run.
 
-The torchburn column is the opt-in low-precision path (``options={"low_precision": True}``, off by
-default): bfloat16 graphs computed in float32 between casts at eager's rounding points
-(torchburn.low_precision); the notes column says how many ops fell back to eager. By default
-those graphs run in eager PyTorch.
+The torchburn column is the low-precision path (``options={"low_precision": True}``): bfloat16
+graphs computed in float32 between casts at eager's rounding points (torchburn.low_precision),
+native_cpu's GEMMs reading and writing the bfloat16 buffers themselves; the notes column says how
+many ops fell back to eager.
 
-    python -m benchmarks.bench_bf16 [--threads 2]
+    python -m benchmarks.bench_bf16 [--threads 2] [--models llama,gpt2]
+    python -m benchmarks.bench_bf16 --gemm [--threads 1]   # single bfloat16 Linear layers
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _case(
     return times, first, sum(cov["fallback"].values())
 
 
-def run(threads: int) -> list[dict[str, Any]]:
+def run(threads: int, models: tuple[str, ...] = ("llama", "gpt2")) -> list[dict[str, Any]]:
     from torchburn.testing.models import readme_mlp, small_cnn, transformer_layer
 
     torch.set_num_threads(threads)
@@ -83,7 +85,47 @@ def run(threads: int) -> list[dict[str, Any]]:
         model, args = factory()
         times, first, fb = _case(model.to(BF16), tuple(a.to(BF16) for a in args), autocast=False, inductor=False)
         rows.append(_row(f"{name} bf16 (.to(bfloat16))", threads, times, first, fb))
+    from benchmarks.bench_models import MODELS
+
+    for key in models:
+        desc, build = MODELS[key]
+        model, args = build()
+        low = tuple(a.to(BF16) if a.is_floating_point() else a for a in args)
+        times, first, fb = _case(model.to(BF16), low, autocast=False, inductor=False)
+        rows.append(_row(f"{desc} bf16 (.to(bfloat16))", threads, times, first, fb))
     return rows
+
+
+#: (rows, in_features, out_features) of the single bfloat16 Linear layers ``--gemm`` times
+GEMM_SHAPES = ((1, 512, 1024), (32, 512, 1024), (32, 1024, 256), (256, 1024, 1024))
+
+
+def _pair(eager: Callable[..., Any], compiled: Callable[..., Any], x: torch.Tensor) -> dict[str, float]:
+    with torch.no_grad():
+        return interleaved({"eager": lambda: eager(x), "torchburn": lambda: compiled(x)}, repeats=15)
+
+
+def gemm_rows(threads: int) -> list[str]:
+    """One bfloat16 ``Linear`` (no bias) per shape, eager against torchburn, interleaved: the
+    GEMM's own speed (GFLOP/s) beside oneDNN's."""
+    import torchburn
+
+    torch.set_num_threads(threads)
+    out = []
+    for m, k, n in GEMM_SHAPES:
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(k, n, bias=False).to(BF16).eval()
+        x = torch.randn(m, k).to(BF16)
+        torch._dynamo.reset()
+        tb = torch.compile(lin, backend="torchburn", options={"warn": False, "low_precision": True})
+        times = _pair(lin, tb, x)
+        flop = 2 * m * k * n
+        out.append(
+            f"bf16 Linear {m}x{k}->{n}: eager {times['eager'] * 1e6:.0f} µs ({flop / times['eager'] / 1e9:.0f} GFLOP/s), "
+            f"torchburn {times['torchburn'] * 1e6:.0f} µs ({flop / times['torchburn'] / 1e9:.0f} GFLOP/s), "
+            f"{times['eager'] / times['torchburn']:.2f}x; engines {','.join(torchburn.active_engines())}; threads {threads}"
+        )
+    return out
 
 
 def main() -> None:
@@ -93,8 +135,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="llama,gpt2", help="transformers of the model set (bench_models) to add")
+    parser.add_argument("--gemm", action="store_true", help="time single bfloat16 Linear layers instead")
     a = parser.parse_args()
-    for r in run(a.threads):
+    if a.gemm:
+        print("\n".join(gemm_rows(a.threads)))
+        return
+    for r in run(a.threads, tuple(m for m in a.models.split(",") if m)):
         ratio = r["eager_s"] / r["torchburn_s"]
         ind = f", inductor {fmt_time(r['inductor_s'])}" if r["inductor_s"] else ""
         print(

@@ -110,16 +110,19 @@ def test_mlp_graph_before_and_after(dtype: torch.dtype) -> None:
     assert Counter(str(n.target) for n in after) == before
     for n in after:
         assert dtypes_of(n) == {torch.float32}, n.format_node()
-    # a cast of each input before its transpose, the rounding of the first addmm (and its way
-    # back: the rounding pair stays), relu's result is exact so it feeds the second addmm
-    # directly, and the rounding of the output
+    # a cast of each input before its transpose; relu commutes with rounding, so it reads the
+    # first addmm's float32 result and its own result is rounded (and widened back: the
+    # rounding pair stays) before the second addmm; the rounding of the output
     assert Counter(casts(gm)) == Counter(
         {
             ("placeholder", dtype, torch.float32): 5,
-            ("aten.addmm.default", torch.float32, dtype): 2,
+            ("aten.relu.default", torch.float32, dtype): 1,
+            ("aten.addmm.default", torch.float32, dtype): 1,
             ("aten._to_copy.default", dtype, torch.float32): 1,
         }
     )
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert relu.args[0].target is torch.ops.aten.addmm.default
     out = run_checked(gm, *args)
     expected = fn(*args)
     assert out.dtype == dtype
@@ -354,3 +357,31 @@ def test_bad_settings_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHBURN_LOW_PRECISION", "off")
     assert not Options().widen_low_precision()
     assert Options(low_precision=True).widen_low_precision()
+
+
+def test_constants_of_another_fake_mode_do_not_stop_the_pass() -> None:
+    """A constant (get_attr, as a model's rotary table) whose fake value is of another fake mode
+    than the inputs' (as Dynamo hands some graphs over): the pass still widens every node, typing
+    the constant in the inputs' mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    scale = torch.linspace(0.5, 2.0, 16).to(torch.bfloat16)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w) * s
+
+    x, w = torch.randn(4, 8).to(torch.bfloat16), torch.randn(16, 8).to(torch.bfloat16)
+    gm = traced(fn, x, w, scale)
+    # the third input becomes a constant of the module, typed by another fake mode
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"][2]
+    gm.register_buffer("scale", scale)
+    with gm.graph.inserting_before(ph):
+        const = gm.graph.get_attr("scale")
+    const.meta["val"] = FakeTensorMode().from_tensor(scale)
+    ph.replace_all_uses_with(const)
+    gm.graph.erase_node(ph)
+    gm.recompile()
+    widen_low_precision(gm)
+    for n in compute_nodes(gm):
+        assert dtypes_of(n) == {torch.float32}, n.format_node()
+    torch.testing.assert_close(gm(x, w), fn(x, w, scale), **tol(torch.bfloat16))

@@ -90,6 +90,12 @@ EXACT = frozenset(
         *_COPIES,
     }
 )
+#: Exact ops that also commute with rounding to a low-precision dtype (monotone, zero kept):
+#: ``relu(round(y)) == round(relu(y))``. One that reads only the rounded result of another
+#: widened op is computed on that op's float32 result and rounded after it, so the two stay
+#: adjacent in float32 (an engine fuses them: a GEMM's activation epilogue) and the rounding
+#: happens once, after both.
+COMMUTES = frozenset({"aten.relu.default"})
 #: Views a widened op may read through: the same view of the float32 twin.
 VIEWS = frozenset(
     {
@@ -179,15 +185,34 @@ class _Widener:
         self.keep = keep
         self.gm = gm
         self.graph = gm.graph
+
         # the mode of the graph's own values (not the tracing context's: Dynamo hands backends a
-        # fresh mode, and fake tensors of two modes do not mix)
-        modes = {getattr(t, "fake_mode", None) for n in self.graph.nodes for t in _tensors(n.meta.get("val"))}
+        # fresh mode, and fake tensors of two modes do not mix): its inputs' mode. Constants
+        # (get_attr: a rotary table) may carry another; `fake` re-makes those in this one.
+        def modes_of(nodes: Iterable[torch.fx.Node]) -> set[Any]:
+            return {getattr(t, "fake_mode", None) for n in nodes for t in _tensors(n.meta.get("val"))}
+
+        modes = modes_of(n for n in self.graph.nodes if n.op == "placeholder")
+        if len(modes) != 1 or None in modes:
+            modes = modes_of(self.graph.nodes)
         self.fake_mode = modes.pop() if len(modes) == 1 else None
         self.twin: dict[torch.fx.Node, torch.fx.Node] = {}
+        # a rounding cast this pass made -> the float32 result it rounds
+        self.rounded: dict[torch.fx.Node, torch.fx.Node] = {}
         self.widened: Counter[str] = Counter()
 
+    def own(self, val: Any) -> Any:
+        """``val`` as a fake tensor of the graph's mode (a constant's may be of another mode)."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if not isinstance(val, FakeTensor) or val.fake_mode is self.fake_mode or self.fake_mode is None:
+            return val
+        with unset_fake_temporarily():
+            real = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=val.device)
+        return self.fake_mode.from_tensor(real)
+
     def fake(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        fa, fk = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        fa, fk = torch.fx.node.map_arg((args, kwargs), lambda n: self.own(n.meta["val"]))
         assert self.fake_mode is not None
         # compiled under torch.autocast, the graph's ops are already cast: autocast must not
         # change the dtype of the float32 op typed here
@@ -239,7 +264,14 @@ class _Widener:
         def arg(a: Any) -> Any:
             return self.f32_of(a) if _is_low(a) else a
 
-        args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg)
+        exact = op in EXACT
+        src = node.args[0] if node.args else None
+        if op in COMMUTES and isinstance(src, torch.fx.Node) and src in self.rounded and len(src.users) == 1:
+            # relu(round(y)) -> round(relu(y)): not exact any more (y is not rounded), so no twin
+            args, kwargs = (self.rounded[src], *node.args[1:]), dict(node.kwargs)
+            exact = False
+        else:
+            args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg)
         if op in ("aten._softmax.default", "aten._log_softmax.default") and len(args) > 2:
             args = (*args[:2], False)  # float32 in, float32 out: half_to_float has nothing left to do
         if op in _BACKWARD_INPUT_DTYPE and len(args) > 3 and args[3] in LOW:
@@ -251,7 +283,6 @@ class _Widener:
             return
         with self.graph.inserting_before(node):
             wide = self.make(node.target, tuple(args), kwargs, node, val)
-        exact = op in EXACT
         self.widened[op] = self.widened[op] + 1
         out = node.meta["val"]
         if isinstance(out, torch.Tensor):
@@ -260,6 +291,8 @@ class _Widener:
             node.replace_all_uses_with(back)
             if back is not wide and exact:
                 self.twin[back] = wide
+            elif back is not wide:
+                self.rounded[back] = wide
             self.graph.erase_node(node)
             return
         # several results: each getitem of the old node reads the new one, rounded where it was low

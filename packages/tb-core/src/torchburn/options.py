@@ -46,8 +46,8 @@ class Options:
     #: None: ``TORCHBURN_SHAPE_CACHE_SIZE``, else 8.
     shape_cache_size: int | None = None
     #: bfloat16 / float16 compute runs on the engines in float32 between casts at eager's rounding
-    #: points (``torchburn.low_precision``). None: ``TORCHBURN_LOW_PRECISION``, else off: measured
-    #: slower than eager bfloat16 today (a cast of every weight per call, no bfloat16 GEMM).
+    #: points (``torchburn.low_precision``). None: ``TORCHBURN_LOW_PRECISION``, else off: not yet
+    #: at least as fast as eager bfloat16 on every model measured (docs/architecture.md).
     low_precision: bool | None = None
     #: "measure": each compiled partition times its engine program against its eager sub-graph
     #: during its first calls and keeps the faster (``torchburn.routing``); "off": the engine

@@ -13,6 +13,7 @@ struct Features {
     avx512f_vl: bool,
     avx512bw: bool,
     avx512vnni: bool,
+    avx512bf16: bool,
 }
 
 fn features() -> &'static Features {
@@ -28,6 +29,7 @@ fn features() -> &'static Features {
                 avx512f_vl: has!("avx512f") && has!("avx512vl"),
                 avx512bw: has!("avx512bw"),
                 avx512vnni: has!("avx512vnni"),
+                avx512bf16: has!("avx512bf16"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -53,6 +55,26 @@ pub fn has_avx2() -> bool {
 #[inline]
 pub fn has_avx512() -> bool {
     features().avx512f_vl
+}
+
+/// F16C: the vector float16 <-> float32 conversions.
+#[inline]
+pub fn has_f16c() -> bool {
+    features().f16c
+}
+
+/// AVX-512 F, VL, BW and BF16 (`vdpbf16ps`): the bfloat16 GEMM's pair micro-kernel.
+#[inline]
+pub fn has_avx512bf16() -> bool {
+    let f = features();
+    f.avx512f_vl && f.avx512bw && f.avx512bf16
+}
+
+/// AVX-512 F, VL and BW (the 16-bit lane operations of the vector casts).
+#[inline]
+pub fn has_avx512bw() -> bool {
+    let f = features();
+    f.avx512f_vl && f.avx512bw
 }
 
 /// The levels the LLM kernels come in, lowest first. Every SIMD level includes AVX2 + FMA and

@@ -269,6 +269,9 @@ class Lowerer:
                 outputs.append(("v", self.value(o)))
             else:
                 outputs.append(("lit", o))
+        from tb_cpu_rust.lowering.gemm import fold_low_precision_casts  # gemm.py imports this module
+
+        fold_low_precision_casts(self, outputs)
         return self.finish(outputs)
 
     def finish(self, outputs: list[Any]) -> dict[str, Any]:

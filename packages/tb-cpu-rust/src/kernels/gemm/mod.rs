@@ -5,6 +5,7 @@
 //! ISA; transposed operands are passed as strides, never copied. The benchmark picks the
 //! default (see README).
 
+pub mod bf16;
 pub mod epilogue;
 pub mod gemv;
 pub mod own;
@@ -30,7 +31,7 @@ pub fn set_backend(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn resolved() -> u8 {
+pub(crate) fn resolved() -> u8 {
     match BACKEND.load(Ordering::Relaxed) {
         3 if crate::kernels::gemm::own::available() => 2,
         3 => 0,
@@ -187,7 +188,8 @@ use crate::core::mem::SPtr;
 use crate::core::tensor::{need, View};
 use crate::kernels::registry::{f32s, kernel, Args, Built, StepDef};
 
-pub const STEPS: &[StepDef] = &[StepDef::core("gemm", gemm_step)];
+// `any`: the builder checks the dtypes (float32; bfloat16 / float16 storage in bf16.rs)
+pub const STEPS: &[StepDef] = &[StepDef::any("gemm", gemm_step)];
 
 crate::step_params!(
     /// c = alpha * a @ b + beta * bias, then the epilogue (by name) per output tile
@@ -214,7 +216,14 @@ fn gemm_step(args: &Args) -> Built {
     let (alpha, beta) = (p.alpha as f32, p.beta as f32);
     let (a, b, c) = (args.take(0)?, args.take(1)?, args.out(0)?);
     let bias = args.opt(2);
-    f32s(&[&a, &b, &c])?;
+    let low = [Some(&a), Some(&b), Some(&c), bias.as_ref(), args.opt(3).as_ref()].iter().flatten().any(|v| bf16::is_low(v.dtype));
+    if low {
+        // bfloat16 / float16 storage, float32 compute (bf16.rs)
+        let ok = |v: &View| v.dtype == crate::core::tensor::DType::F32 || bf16::is_low(v.dtype);
+        need([Some(&a), Some(&b), Some(&c), bias.as_ref(), args.opt(3).as_ref()].iter().flatten().all(|v| ok(v)), "gemm operands must be float32, bfloat16 or float16")?;
+    } else {
+        f32s(&[&a, &b, &c])?;
+    }
     let r = c.rank();
     need(r == 2 || r == 3, "gemm operands must be 2-d or 3-d")?;
     need(a.rank() == r && b.rank() == r, "gemm operands differ in rank")?;
@@ -224,17 +233,27 @@ fn gemm_step(args: &Args) -> Built {
         need(a.sizes[0] == c.sizes[0] && b.sizes[0] == c.sizes[0], "bmm batch sizes differ")?;
     }
     if let Some(bv) = &bias {
-        f32s(&[bv])?;
+        if !low {
+            f32s(&[bv])?;
+        }
         need(bv.sizes == c.sizes, "gemm bias must be broadcast to the output shape")?;
     }
     let res = args.opt(3);
     if let Some(rv) = &res {
-        f32s(&[rv])?;
+        if !low {
+            f32s(&[rv])?;
+        }
         need(rv.sizes == c.sizes, "gemm residual must be broadcast to the output shape")?;
     }
     need(res.is_some() == epi.contains(&EpiSpec::Residual), "gemm residual operand and epilogue disagree")?;
     need(epi.iter().filter(|e| **e == EpiSpec::Residual).count() <= 1, "at most one residual add")?;
     need(epi.len() <= MAX_EPI, "too many GEMM epilogue steps")?;
+    if low {
+        return kernel(move |mem| unsafe {
+            bf16::gemm(mem, &a, &b, &c, bias.as_ref(), res.as_ref(), alpha, beta, &epi);
+            Ok(())
+        });
+    }
     kernel(move |mem| unsafe {
         let threads = crate::core::par::threads();
         let batch = if r == 3 { c.sizes[0] } else { 1 };
@@ -271,13 +290,13 @@ fn gemm_step(args: &Args) -> Built {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::core::mem::SPtr;
     use std::sync::Mutex;
 
     // the backend is a process-wide setting: tests that switch it take turns
-    static LOCK: Mutex<()> = Mutex::new(());
+    pub(crate) static LOCK: Mutex<()> = Mutex::new(());
 
     fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
         let mut c = vec![0f32; m * n];
