@@ -53,6 +53,7 @@ def run(
     new_tokens: int = 128,
     quants: tuple[str, ...] = ("fp32", "bf16", "int8", "int4"),
     depth: int = 512,
+    bench_args: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     try:
         import gguf  # noqa: F401
@@ -88,13 +89,14 @@ def run(
         if depth:
             got.update({"cpp_decode_deep": [], "tb_decode_deep": []})
         for _ in range(rounds):
-            cpp = llama_bench(build, path, threads, 1, prompt_tokens, new_tokens)
+            cpp = llama_bench(build, path, threads, 1, prompt_tokens, new_tokens, extra=bench_args)
             got["cpp_prefill"].append(cpp["prefill"])
             got["cpp_decode"].append(cpp["decode"])
             got["tb_prefill"].append(llm.generate(prompt, max_new_tokens=1, ignore_eos=True).timing.prefill_tok_s)
             got["tb_decode"].append(llm.generate(short, max_new_tokens=new_tokens, ignore_eos=True).timing.decode_tok_s)
             if depth:
-                got["cpp_decode_deep"].append(llama_bench(build, path, threads, 1, 0, new_tokens, depth)["decode"])
+                deep_cpp = llama_bench(build, path, threads, 1, 0, new_tokens, depth, extra=bench_args)
+                got["cpp_decode_deep"].append(deep_cpp["decode"])
                 tb = llm.generate(deep, max_new_tokens=new_tokens, ignore_eos=True)
                 got["tb_decode_deep"].append(tb.timing.decode_tok_s)
         del llm
@@ -292,6 +294,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quant", action="append", choices=[q for q, _ in PAIRS])
     parser.add_argument("--depth", type=int, default=512, help="cached tokens for the second decode (0: skip)")
+    parser.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="llama-bench --repack 0 (its AMX repacked path dies with SIGILL / SIGSEGV on VMs that advertise AMX "
+        "without enabling it); always on with --smollm2 / --gguf",
+    )
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M's GGUF file in both runtimes")
     parser.add_argument("--gguf", type=Path, default=None, help="this GGUF file in both runtimes")
     args = parser.parse_args()
@@ -300,7 +308,8 @@ def main() -> None:
         rows = run_gguf(args.gguf, args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants)
     else:
         quants = tuple(args.quant) if args.quant else tuple(q for q, _ in PAIRS)
-        rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants, args.depth)
+        extra = ("--repack", "0") if args.no_repack else ()
+        rows = run(args.threads, args.rounds, args.prompt_tokens, args.new_tokens, quants, args.depth, extra)
     print("\n".join(render(rows)))
     for row in rows:
         print(json.dumps(row))
