@@ -26,7 +26,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "TORCHBURN_CACHE_DIR",
         "`~/.cache/torchburn` (`$XDG_CACHE_HOME/torchburn`)",
         "tb-core",
-        "Folder of what TorchBurn keeps across processes: the persistent compile cache in its `compile/` sub-folder (traced graphs and engine plans, so a later process neither retraces nor relowers), and facts engines remember (the wgpu adapter found). `0` or `off`: nothing is written or read.",
+        "Folder of what TorchBurn keeps across processes: the persistent compile cache in its `compile/` sub-folder (traced graphs, engine plans and routing decisions, so a later process neither retraces, relowers nor re-measures), the `torchburn engines` listing (`engines.json`), tb-llm's device='auto' choices (`llm-device/`), and facts engines remember (the wgpu adapter found). `0` or `off`: nothing is written or read.",
     ),
     EnvVar(
         "TORCHBURN_CACHE_MAX_MB",
