@@ -114,6 +114,7 @@ def _rows() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]
 
     lin = torch.nn.Linear(512, 1024).eval()
     mlp = _ReadmeLike().eval()
+    small = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).eval()
     return [
         ("gemm 1024^3", torch.mm, lambda: (r(1024, 1024), r(1024, 1024)), 2 * 1024**3, 3 * 4 * 1024**2),
         ("gemm 256^3", torch.mm, lambda: (r(256, 256), r(256, 256)), 2 * 256**3, 3 * 4 * 256**2),
@@ -147,6 +148,13 @@ def _rows() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]
             lambda: (r(32, 512),),
             2 * 32 * (512 * 1024 + 1024 * 256),
             4 * (512 * 1024 + 1024 * 256),
+        ),
+        (
+            "MLP 784-256-10 batch 1",
+            small,
+            lambda: (r(1, 784),),
+            2 * (784 * 256 + 256 * 10),
+            4 * (784 * 256 + 256 * 10),
         ),
     ]
 
