@@ -15,6 +15,7 @@ from typing import Any
 from tb_cpu_rust.lowering import (  # noqa: F401
     attention,
     complex,
+    conv_backward,
     conv_fusion,
     conv_pool,
     elementwise,

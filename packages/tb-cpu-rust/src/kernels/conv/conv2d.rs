@@ -97,7 +97,7 @@ pub struct Geom {
 
 /// Output columns `lo..hi` whose input column `xo * sw + off` lies inside `0..ww`.
 #[inline(always)]
-fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize, usize) {
+pub(super) fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize, usize) {
     let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(sw) }.min(ow);
     let last = ww as isize - 1 - off;
     let hi = if last < 0 { 0 } else { (last as usize / sw + 1).min(ow) };
@@ -280,7 +280,7 @@ pub unsafe fn conv2d(
 /// im2col of output rows r0..r1 for one group of an NCHW-strided input: row k = (ci, a, b) of
 /// `col` holds, for every output position, the input it multiplies (0 in the padding).
 #[allow(clippy::too_many_arguments)]
-unsafe fn im2col_nchw(xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, col: &mut [f32]) {
+pub(super) unsafe fn im2col_nchw(xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, col: &mut [f32]) {
     let cols = (r1 - r0) * ow;
     for ci in 0..cg {
         for a in 0..kh {

@@ -2,11 +2,12 @@
 //!
 //! Submodules: 2-d convolution (`conv2d`: im2col + packed GEMM, a direct depthwise kernel,
 //! channels-last without a layout copy; bias, a folded inference batch norm, activations and a
-//! residual add fused into its epilogue), 3-d convolution and pooling, transposed convolution,
+//! residual add fused into its epilogue; its backward in `conv2d_backward`), 3-d convolution and pooling, transposed convolution,
 //! adaptive pooling and upsampling (the resampling kernels over spatial dims).
 
 pub mod adaptive_pool;
 pub mod conv2d;
+pub mod conv2d_backward;
 pub mod conv3d;
 pub mod conv_transpose;
 pub mod pool3d;
@@ -179,7 +180,8 @@ mod steps {
         StepDef::core("conv_transpose2d", conv_transpose2d_step), StepDef::core("max_pool2d", pool2d), StepDef::core("avg_pool2d", pool2d),
         StepDef::core("max_pool3d", pool3d_step), StepDef::core("avg_pool3d", pool3d_step), StepDef::core("adaptive_avg_pool2d", adaptive),
         StepDef::core("adaptive_max_pool2d", adaptive), StepDef::core("adaptive_avg_pool3d", adaptive),
-        StepDef::core("adaptive_max_pool3d", adaptive), StepDef::core("adaptive_avg_pool2d_bwd", adaptive_avg_pool2d_bwd)];
+        StepDef::core("adaptive_max_pool3d", adaptive), StepDef::core("adaptive_avg_pool2d_bwd", adaptive_avg_pool2d_bwd),
+        StepDef::core("conv2d_backward", conv2d_backward_step)];
 
     crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
 
@@ -236,6 +238,46 @@ mod steps {
         infallible(move |mem| unsafe {
             conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path())
         })
+    }
+
+    crate::step_params!(struct Conv2dBackwardParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, mask: Vec<i64> });
+
+    /// operands: grad_out, x, weight; results: the gradients `mask` (input, weight, bias: 1 or 0)
+    /// asks for, in that order, shaped as x, weight and (out_channels,)
+    fn conv2d_backward_step(a: &Args) -> Built {
+        let Conv2dBackwardParams { stride, padding, dilation, groups, mask } = a.params()?;
+        let (gy, x, w) = (a.take(0)?, a.take(1)?, a.take(2)?);
+        f32s(&[&gy, &x, &w])?;
+        need(gy.rank() == 4 && x.rank() == 4 && w.rank() == 4, "conv2d_backward takes 4-d tensors")?;
+        let ([sh, sw], [ph, pw], [dh, dw]) = (uints(&stride, "stride")?, uints(&padding, "padding")?, uints(&dilation, "dilation")?);
+        let g = uint(groups, "groups")?;
+        need(sh > 0 && sw > 0 && dh > 0 && dw > 0 && g > 0, "conv2d_backward stride/dilation/groups must be positive")?;
+        let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
+        let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
+        need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0 && cg > 0, "conv2d_backward channel counts")?;
+        let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d_backward kernel larger than input")?;
+        let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d_backward kernel larger than input")?;
+        need(gy.sizes == [n, oc, eh / sh + 1, ew_ / sw + 1], "conv2d_backward grad_output shape")?;
+        need(mask.len() == 3 && mask.iter().all(|&m| m == 0 || m == 1), "conv2d_backward mask is three 0 / 1 flags")?;
+        let mut next = 0;
+        let mut grad = |want: i64, sizes: &[usize], what: &str| -> Result<Option<View>> {
+            if want == 0 {
+                return Ok(None);
+            }
+            let v = a.out(next)?;
+            next += 1;
+            f32s(&[&v])?;
+            need(v.sizes == sizes, what)?;
+            Ok(Some(v))
+        };
+        let grads = conv2d_backward::Grads {
+            input: grad(mask[0], &x.sizes, "conv2d_backward grad_input shape")?,
+            weight: grad(mask[1], &w.sizes, "conv2d_backward grad_weight shape")?,
+            bias: grad(mask[2], &[oc], "conv2d_backward grad_bias shape")?,
+        };
+        need(a.out(next).is_err(), "conv2d_backward has more results than its mask asks for")?;
+        let geom = conv2d::Geom { sh, sw, ph, pw, dh, dw, groups: g };
+        infallible(move |mem| unsafe { conv2d_backward::conv2d_backward(mem, &gy, &x, &w, &grads, geom, crate::core::par::threads()) })
     }
 
     fn conv3d_step(a: &Args) -> Built {
