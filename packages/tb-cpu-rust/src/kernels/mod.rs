@@ -27,6 +27,7 @@ pub const FAMILIES: &[&[registry::StepDef]] = &[
     reduce::STEPS,
     reduce::softmax::STEPS,
     reduce::norm::STEPS,
+    reduce::batch_norm::STEPS,
     loss::STEPS,
     attention::STEPS,
     indexing::STEPS,

@@ -27,6 +27,7 @@ KEPT_OPS: tuple[tuple[str, str], ...] = (
     ("aten._softmax_backward_data.default", "backward"),
     ("aten._log_softmax_backward_data.default", "backward"),
     ("aten.native_layer_norm_backward.default", "backward"),
+    ("aten.native_batch_norm_backward.default", "backward"),
     ("aten.nll_loss_forward.default", "loss"),
     ("aten.nll_loss_backward.default", "backward"),
     ("aten._fused_rms_norm.default", "normalization"),

@@ -14,6 +14,7 @@ from typing import Any
 # the wide dtypes) decide on a node in this order
 from tb_cpu_rust.lowering import (  # noqa: F401
     attention,
+    batch_norm_backward,
     complex,
     conv_backward,
     conv_fusion,

@@ -39,7 +39,7 @@ pub struct FoldedBn {
 /// Floats of im2col buffer one task fills before its GEMM (1 MiB: a chunk that stays in L2).
 const COL_BUDGET: usize = 1 << 18;
 /// Output positions one channels-last GEMM takes (its m).
-const NHWC_ROWS: usize = 256;
+pub(super) const NHWC_ROWS: usize = 256;
 
 /// Which code path the direct (depthwise) kernel takes; the GEMM dispatches on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,7 +318,9 @@ pub(super) unsafe fn im2col_nchw(xb: *mut f32, xs: &[usize], cg: usize, hh: usiz
 
 /// `im2col_nchw` written as the own GEMM's packed B (`own::packed_b_layout`): row k of col,
 /// position j, lands at slice k / kc, panel j / nr, row k % kc, lane j % nr; lanes past the last
-/// position are zero.
+/// position are zero. Each channel's input rows the chunk reads are first copied once, zero-padded,
+/// so every tap's output row is a plain (for stride 1: contiguous) run of that copy, with no
+/// bounds test per row.
 #[allow(clippy::too_many_arguments)]
 unsafe fn im2col_packed(
     xb: *mut f32, xs: &[usize], cg: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, nr: usize,
@@ -327,38 +329,51 @@ unsafe fn im2col_packed(
     let cols = (r1 - r0) * ow;
     let npan = cols.div_ceil(nr);
     let kk = cg * kh * kw;
-    let mut row = vec![0f32; ow];
+    // padded rows p0..p1 (padded row p is input row p - ph), padded width: every column a tap reads
+    let (p0, p1) = (r0 * g.sh, (r1 - 1) * g.sh + (kh - 1) * g.dh + 1);
+    let wp = ((ow - 1) * g.sw + (kw - 1) * g.dw + 1).max(ww + g.pw);
+    let mut pad = vec![0f32; (p1 - p0) * wp];
     for ci in 0..cg {
+        for (r, prow) in pad.chunks_exact_mut(wp).enumerate() {
+            let ih = (p0 + r) as isize - g.ph as isize;
+            prow.fill(0.0);
+            if ih < 0 || ih as usize >= hh {
+                continue;
+            }
+            let src = xb.add(ci * xs[1] + ih as usize * xs[2]);
+            let dst = &mut prow[g.pw..g.pw + ww];
+            if xs[3] == 1 {
+                std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), ww);
+            } else {
+                for (q, d) in dst.iter_mut().enumerate() {
+                    *d = *src.add(q * xs[3]);
+                }
+            }
+        }
         for a in 0..kh {
             for b in 0..kw {
                 let k = (ci * kh + a) * kw + b;
                 let (slice, p) = (k / kc_, k % kc_);
                 let kc = kc_.min(kk - slice * kc_);
                 let base = slice * kc_ * npan * nr + p * nr;
-                let off = (b * g.dw) as isize - g.pw as isize;
-                let (lo, hi) = valid_cols(off, g.sw, ww, ow);
                 for yo in r0..r1 {
-                    let ih = (yo * g.sh + a * g.dh) as isize - g.ph as isize;
-                    let src = if ih >= 0 && (ih as usize) < hh { Some(xb.add(ci * xs[1] + ih as usize * xs[2])) } else { None };
-                    let j0 = (yo - r0) * ow;
-                    let (pan, lane) = (j0 / nr, j0 % nr);
-                    if lane + ow <= nr {
-                        // the output row lies in one panel: straight there
-                        let dst = &mut col[base + pan * kc * nr + lane..][..ow];
-                        input_row(src, dst, lo, hi, off, g.sw, xs[3]);
-                    } else {
-                        input_row(src, &mut row, lo, hi, off, g.sw, xs[3]);
-                        // the row's positions, split where they cross a panel
-                        let mut xo = 0;
-                        while xo < ow {
-                            let j = j0 + xo;
-                            let (pan, lane) = (j / nr, j % nr);
-                            let len = (nr - lane).min(ow - xo);
-                            for (d, &v) in col[base + pan * kc * nr + lane..][..len].iter_mut().zip(&row[xo..xo + len]) {
-                                *d = v;
+                    let prow = &pad[((yo * g.sh + a * g.dh) - p0) * wp + b * g.dw..];
+                    let mut j = (yo - r0) * ow;
+                    let mut xo = 0;
+                    // the row's positions, split where they cross a panel
+                    while xo < ow {
+                        let (pan, lane) = (j / nr, j % nr);
+                        let len = (nr - lane).min(ow - xo);
+                        let dst = &mut col[base + pan * kc * nr + lane..][..len];
+                        if g.sw == 1 {
+                            dst.copy_from_slice(&prow[xo..xo + len]);
+                        } else {
+                            for (q, d) in dst.iter_mut().enumerate() {
+                                *d = prow[(xo + q) * g.sw];
                             }
-                            xo += len;
                         }
+                        xo += len;
+                        j += len;
                     }
                 }
                 // lanes past the last position of the last panel
@@ -371,34 +386,10 @@ unsafe fn im2col_packed(
     }
 }
 
-/// One output row's inputs for one kernel tap: `dst[lo..hi]` from the input row at `src`
-/// (column `xo * sw + off`), zeros elsewhere (and everywhere when the row is padding).
-#[inline(always)]
-unsafe fn input_row(src: Option<*mut f32>, dst: &mut [f32], lo: usize, hi: usize, off: isize, sw: usize, xs3: usize) {
-    let Some(src) = src.filter(|_| lo < hi) else {
-        dst.fill(0.0);
-        return;
-    };
-    dst[..lo].fill(0.0);
-    dst[hi..].fill(0.0);
-    let first = (lo * sw) as isize + off;
-    if sw == 1 && xs3 == 1 {
-        for (d, q) in dst[lo..hi].iter_mut().zip(0..) {
-            *d = *src.offset(first + q);
-        }
-    } else {
-        let step = (sw * xs3) as isize;
-        let s0 = src.offset(first * xs3 as isize);
-        for (q, d) in dst[lo..hi].iter_mut().enumerate() {
-            *d = *s0.offset(q as isize * step);
-        }
-    }
-}
-
 /// im2col of output rows r0..r1 of a channels-last input: row p (an output position) of `col`
 /// holds its window, (a, b, ci) with ci fastest, copied as runs of `c` contiguous channels.
 #[allow(clippy::too_many_arguments)]
-unsafe fn im2col_nhwc(xb: *mut f32, xs: &[usize], c: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, col: &mut [f32]) {
+pub(super) unsafe fn im2col_nhwc(xb: *mut f32, xs: &[usize], c: usize, hh: usize, ww: usize, kh: usize, kw: usize, g: Geom, r0: usize, r1: usize, ow: usize, col: &mut [f32]) {
     let kk = c * kh * kw;
     for yo in r0..r1 {
         for xo in 0..ow {

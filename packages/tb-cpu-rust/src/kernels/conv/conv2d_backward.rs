@@ -6,7 +6,11 @@
 //!   chunk of output rows, with the forward's im2col (a 1×1 stride-1 convolution reads the input
 //!   in place); the images are split over the threads, each summing into its own copy of the
 //!   weight gradient, added up at the end.
-//! - grad_input, one group: `col (K × P) = Wᵀ (K × OC/g) @ gY (OC/g × P)`, then col2im adds each
+//!   A channels-last input (one group) is gathered as the forward's NHWC im2col (positions ×
+//!   (a, b, ci)), so both GEMM operands are read along their rows.
+//! - grad_input, stride 1: the forward convolution (`conv2d::conv2d`, all its paths) of grad_out
+//!   with the weights flipped in space and transposed per group, padded `d·(k−1) − p`.
+//! - grad_input, strided: `col (K × P) = Wᵀ (K × OC/g) @ gY (OC/g × P)`, then col2im adds each
 //!   column back onto the input positions its window read (a 1×1 stride-1 convolution writes
 //!   `Wᵀ @ gY` straight into grad_input); images are split over the threads.
 //! - depthwise (`groups == in_channels`, any channel multiplier): direct loops per plane, no
@@ -16,7 +20,7 @@
 //! GEMMs take grad_out as a strided matrix; a grad_out whose rows are not evenly spaced is read
 //! one output row at a time).
 
-use super::conv2d::{im2col_nchw, valid_cols, Geom};
+use super::conv2d::{im2col_nchw, im2col_nhwc, valid_cols, Geom};
 use crate::core::mem::{Mem, SPtr};
 use crate::core::tensor::View;
 use crate::kernels::gemm::{sgemm, Mat};
@@ -53,10 +57,105 @@ pub unsafe fn conv2d_backward(mem: &Mem, gy: &View, x: &View, w: &View, grads: &
         return;
     }
     if let Some(gx) = &grads.input {
-        gemm_grad_input(mem, gy, gx, &wk, &s, g, threads);
+        if !grad_input_by_forward(mem, gy, gx, &wk, &s, g, threads) {
+            gemm_grad_input(mem, gy, gx, &wk, &s, g, threads);
+        }
     }
     if let Some(gw) = &grads.weight {
-        gemm_grad_weight(mem, gy, x, gw, &s, g, threads);
+        if is_nhwc(x, &s, g) && is_nhwc(gy, &s, g) {
+            nhwc_grad_weight(mem, gy, x, gw, &s, g, threads);
+        } else {
+            gemm_grad_weight(mem, gy, x, gw, &s, g, threads);
+        }
+    }
+}
+
+/// A channels-last operand of a one-group convolution (channels contiguous, rows evenly spaced).
+fn is_nhwc(v: &View, s: &Shape, g: Geom) -> bool {
+    let (c, h) = (v.sizes[1], v.sizes[2]);
+    g.groups == 1 && s.cg > 0 && c > 1 && v.strides[1] == 1 && v.strides[3] >= c && (v.strides[2] == v.sizes[3] * v.strides[3] || h == 1)
+}
+
+/// grad_input of a stride-1 convolution as a forward convolution of grad_out: weight
+/// `W'[g·cg + ci, o, a, b] = W[g·ocg + o, ci, kh−1−a, kw−1−b]`, padding `d·(k−1) − p`, same
+/// dilation and groups. False (nothing written) where that does not apply: a stride, a padding
+/// past `d·(k−1)`, a grad_input whose rows are not evenly spaced, a non-finite weight.
+#[allow(clippy::too_many_arguments)]
+unsafe fn grad_input_by_forward(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: &Shape, g: Geom, threads: usize) -> bool {
+    let (reach_h, reach_w) = (g.dh * (s.kh - 1), g.dw * (s.kw - 1));
+    let rows_even = gx.strides[2] == s.ww * gx.strides[3] || s.hh == 1;
+    // a non-finite weight times the zero padding the forward reads would be NaN where
+    // PyTorch's gradient has none
+    if g.sh != 1 || g.sw != 1 || g.ph > reach_h || g.pw > reach_w || !rows_even || !wk.iter().all(|v| v.is_finite()) {
+        return false;
+    }
+    let (ocg, taps) = (s.oc / g.groups, s.kh * s.kw);
+    let mut wt = vec![0f32; s.c * ocg * taps];
+    for gi in 0..g.groups {
+        for ol in 0..ocg {
+            let src = &wk[(gi * ocg + ol) * s.kk..][..s.kk];
+            for ci in 0..s.cg {
+                let dst = &mut wt[((gi * s.cg + ci) * ocg + ol) * taps..][..taps];
+                for (t, d) in dst.iter_mut().enumerate() {
+                    *d = src[ci * taps + taps - 1 - t];
+                }
+            }
+        }
+    }
+    let local = Mem { ptrs: vec![mem.ptr::<f32>(gy).get() as *mut u8, wt.as_mut_ptr() as *mut u8, mem.ptr::<f32>(gx).get() as *mut u8] };
+    let dt = gy.dtype;
+    let gyv = View::new(0, &gy.sizes, &gy.strides, dt);
+    let wv = View::new(1, &[s.c, ocg, s.kh, s.kw], &[ocg * taps, taps, s.kw, 1], dt);
+    let gxv = View::new(2, &gx.sizes, &gx.strides, dt);
+    let fg = Geom { sh: 1, sw: 1, ph: reach_h - g.ph, pw: reach_w - g.pw, dh: g.dh, dw: g.dw, groups: g.groups };
+    super::conv2d::conv2d(&local, &gyv, &wv, None, None, None, &gxv, fg, &[], threads, super::conv2d::path());
+    true
+}
+
+/// The weight gradient of a one-group convolution over channels-last operands:
+/// `gW (OC × K) += gYᵀ (OC × P) @ col (P × K)` with the forward's NHWC im2col (K ordered
+/// (a, b, ci)); 1×1 stride-1 reads the input in place.
+#[allow(clippy::too_many_arguments)]
+unsafe fn nhwc_grad_weight(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape, g: Geom, threads: usize) {
+    let kk = s.kk;
+    let direct = is_direct(s, g, x);
+    let rows = if direct { s.oh.max(1) } else { (super::conv2d::NHWC_ROWS / s.ow.max(1)).clamp(1, s.oh.max(1)) };
+    let parts = if threads > 1 && s.n >= threads { threads } else { 1 };
+    let mut acc = vec![0f32; parts * s.oc * kk];
+    let accp = SPtr(acc.as_mut_ptr());
+    let (px, py, xs, ys) = (mem.ptr::<f32>(x), mem.ptr::<f32>(gy), &x.strides, &gy.strides);
+    let part = |p: usize, gemm_threads: usize| {
+        let sums = accp.add(p * s.oc * kk);
+        let mut col = if direct { Vec::new() } else { vec![0f32; kk * rows * s.ow] };
+        for ni in p * s.n / parts..(p + 1) * s.n / parts {
+            let mut r0 = 0;
+            while r0 < s.oh {
+                let r1 = (r0 + rows).min(s.oh);
+                let cols = (r1 - r0) * s.ow;
+                let xb = px.add(ni * xs[0]);
+                let a = Mat { p: SPtr(py.add(ni * ys[0] + r0 * ys[2])), rs: ys[1] as isize, cs: ys[3] as isize };
+                let b = if direct {
+                    Mat { p: SPtr(xb.add(r0 * xs[2])), rs: xs[3] as isize, cs: xs[1] as isize }
+                } else {
+                    im2col_nhwc(xb, xs, s.c, s.hh, s.ww, s.kh, s.kw, g, r0, r1, s.ow, &mut col[..kk * cols]);
+                    Mat { p: SPtr(col.as_mut_ptr()), rs: kk as isize, cs: 1 }
+                };
+                sgemm(s.oc, kk, cols, a, b, Mat { p: SPtr(sums), rs: kk as isize, cs: 1 }, 1.0, true, gemm_threads);
+                r0 = r1;
+            }
+        }
+    };
+    over_items(parts, threads, part);
+    let (pw, ws) = (mem.ptr::<f32>(gw), &gw.strides);
+    for o in 0..s.oc {
+        for ci in 0..s.cg {
+            for a in 0..s.kh {
+                for b in 0..s.kw {
+                    let k = o * kk + (a * s.kw + b) * s.cg + ci;
+                    *pw.add(o * ws[0] + ci * ws[1] + a * ws[2] + b * ws[3]) = (0..parts).map(|p| acc[p * s.oc * kk + k]).sum();
+                }
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Reductions over one or more dims (sum, mean, extrema and their indices, variance, product,
 //! logsumexp, any/all) and the softmax rows.
 
+pub mod batch_norm;
 pub mod norm;
 pub mod softmax;
 
