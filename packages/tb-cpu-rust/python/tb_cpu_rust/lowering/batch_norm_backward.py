@@ -10,6 +10,7 @@ from typing import Any
 
 from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check
+from tb_cpu_rust.lowering.conv_pool import reads_item
 from tb_cpu_rust.lowering.lowerer import Lowerer
 from tb_cpu_rust.lowering.registry import LoweringError, register_lowering
 
@@ -46,7 +47,9 @@ def _batch_norm_backward(lw: Lowerer, node: Any) -> tuple[int | None, ...]:
     kernel_outs: list[int] = []
     flags = []
     for i, meta in enumerate(node.out):
-        want = bool(mask[i]) and meta is not None
+        # a result the mask leaves out but the graph still reads (its getitem is an output) is
+        # computed all the same: the node's meta gives it a tensor where eager gives None
+        want = meta is not None and (bool(mask[i]) or reads_item(lw, i))
         flags.append(int(want))
         if want:
             o = lw.fresh(meta)

@@ -82,11 +82,11 @@ def _max_pool2d(lw: Lowerer, node: Any) -> tuple[int, ...]:
     d = _pair(a[4] if len(a) > 4 else 1)
     y, idx = (lw.fresh(m) for m in node.out)
     lw.steps.append(S.MaxPool(x=x, y=y, indices=idx, kernel=tuple(k), stride=tuple(s), padding=tuple(p),
-                              dilation=tuple(d), with_indices=_reads_item(lw, 1)))  # fmt: skip
+                              dilation=tuple(d), with_indices=reads_item(lw, 1)))  # fmt: skip
     return y, idx
 
 
-def _reads_item(lw: Lowerer, item: int) -> bool:
+def reads_item(lw: Lowerer, item: int) -> bool:
     """Whether the plan reads result ``item`` of the node being lowered."""
     return any(
         n.op == GETITEM and isinstance(n.args[0], Ref) and n.args[0].slot == lw.node_slot and n.args[1] == item

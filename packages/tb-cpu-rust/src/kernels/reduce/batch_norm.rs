@@ -105,22 +105,21 @@ pub unsafe fn batch_norm_backward(
         }
     }
     let Some(gx) = &outs.input else { return };
-    // dx = scale·dy + shift + slope·x per channel
+    // dx = a·(dy − mdy − (x − mean)·k) per channel, in PyTorch's order of operations (a
+    // rearranged form would turn its ±inf into NaN); eval: mdy = k = 0
     let m = (n * sp).max(1) as f64;
     let mut scale = vec![0f32; c];
-    let mut slope = vec![0f32; c];
-    let mut shift = vec![0f32; c];
+    let mut kx = vec![0f32; c];
+    let mut mdy = vec![0f32; c];
     for i in 0..c {
-        let a = istd[i] * wv[i];
-        scale[i] = a;
+        scale[i] = istd[i] * wv[i];
         if training {
-            let k = (sum_dxmu[i] * (istd[i] as f64) * (istd[i] as f64) / m) as f32;
-            let mdy = (sum_dy[i] / m) as f32;
-            // a·(dy − mdy − (x − mean)·k)
-            slope[i] = -a * k;
-            shift[i] = a * (mu[i] * k - mdy);
+            kx[i] = (sum_dxmu[i] * (istd[i] as f64) * (istd[i] as f64) / m) as f32;
+            mdy[i] = (sum_dy[i] / m) as f32;
         }
     }
+    let (scale, kx, mdy, mu) = (&scale, &kx, &mdy, &mu);
+    let f = move |q: usize, y: f32, xv: f32| if training { (y - mdy[q] - (xv - mu[q]) * kx[q]) * scale[q] } else { y * scale[q] };
     let (py, px, pg) = (mem.ptr::<f32>(dy), mem.ptr::<f32>(x), mem.ptr::<f32>(gx));
     let (ys, xs, gs) = (&dy.strides, &x.strides, &gx.strides);
     match layout(&[dy, x, gx]) {
@@ -132,7 +131,7 @@ pub unsafe fn batch_norm_backward(
                 let xr = std::slice::from_raw_parts(px.add(ni * xs[0] + si * xs[2]), c);
                 let gr = std::slice::from_raw_parts_mut(pg.add(ni * gs[0] + si * gs[2]), c);
                 for q in 0..c {
-                    gr[q] = scale[q] * yr[q] + shift[q] + slope[q] * xr[q];
+                    gr[q] = f(q, yr[q], xr[q]);
                 }
             };
             par_rows(rows, rows * c, threads, row);
@@ -140,16 +139,15 @@ pub unsafe fn batch_norm_backward(
         lay => {
             let plane = |item: usize| {
                 let (ni, ci) = (item / c, item % c);
-                let (a, b, k) = (scale[ci], shift[ci], slope[ci]);
                 let (yb, xb, gb) = (py.add(ni * ys[0] + ci * ys[1]), px.add(ni * xs[0] + ci * xs[1]), pg.add(ni * gs[0] + ci * gs[1]));
                 if lay == Layout::Planes {
                     let (yr, xr) = (std::slice::from_raw_parts(yb, sp), std::slice::from_raw_parts(xb, sp));
                     for (q, g) in std::slice::from_raw_parts_mut(gb, sp).iter_mut().enumerate() {
-                        *g = a * yr[q] + b + k * xr[q];
+                        *g = f(ci, yr[q], xr[q]);
                     }
                 } else {
                     for q in 0..sp {
-                        *gb.add(q * gs[2]) = a * *yb.add(q * ys[2]) + b + k * *xb.add(q * xs[2]);
+                        *gb.add(q * gs[2]) = f(ci, *yb.add(q * ys[2]), *xb.add(q * xs[2]));
                     }
                 }
             };
