@@ -25,7 +25,9 @@ from benchmarks.harness import interleaved
 BATCH = 32
 
 
-def _training_step(model: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, t: torch.Tensor) -> Callable[[], Any]:
+def _training_step(
+    model: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, t: torch.Tensor
+) -> Callable[[], Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step() -> Any:
@@ -70,6 +72,10 @@ def _backward_case(
     return fn, (gy, x, w)
 
 
+def _bound(f: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    return lambda: f(*args)
+
+
 def _row(key: str, desc: str, n: int, times: dict[str, float]) -> dict[str, Any]:
     import torchburn
 
@@ -96,7 +102,9 @@ def run(threads: int = 2, only: set[str] | None = None, repeats: int = 9) -> lis
         for name, backend in (("eager", None), ("torchburn", "torchburn"), ("inductor", "inductor")):
             torch.manual_seed(0)
             model = CNN()
-            opts = {"warn": False} if backend == "torchburn" else None
+            opts: dict[str, str | int | bool | Callable[..., Any]] | None = (
+                {"warn": False} if backend == "torchburn" else None
+            )
             run_fn = torch.compile(model, backend=backend, options=opts) if backend else model
             steps[name] = _training_step(model, run_fn, x, t)
         # the same first loss from the same weights: each step function is what it says
@@ -104,7 +112,11 @@ def run(threads: int = 2, only: set[str] | None = None, repeats: int = 9) -> lis
         assert abs(first["torchburn"] - first["eager"]) < 1e-3, first
         for n in counts:
             torch.set_num_threads(n)
-            rows.append(_row("train_cnn", f"CNN training step (fwd+loss+bwd+SGD), batch {BATCH}", n, interleaved(steps, repeats)))
+            rows.append(
+                _row(
+                    "train_cnn", f"CNN training step (fwd+loss+bwd+SGD), batch {BATCH}", n, interleaved(steps, repeats)
+                )
+            )
     for key, (desc, *case) in BACKWARD_SHAPES.items():
         if only and key not in only:
             continue
@@ -116,7 +128,7 @@ def run(threads: int = 2, only: set[str] | None = None, repeats: int = 9) -> lis
         for got in (tb(*args), ind(*args)):
             for a, b in zip(got[:2], want[:2]):
                 torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
-        fns = {"eager": lambda: fn(*args), "torchburn": lambda: tb(*args), "inductor": lambda: ind(*args)}
+        fns = {name: _bound(f, args) for name, f in (("eager", fn), ("torchburn", tb), ("inductor", ind))}
         for n in counts:
             torch.set_num_threads(n)
             rows.append(_row(key, desc, n, interleaved(fns, repeats)))

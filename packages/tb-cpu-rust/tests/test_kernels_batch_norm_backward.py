@@ -86,7 +86,9 @@ def test_noncontiguous_and_no_weight() -> None:
     _check(_inputs((3, 4, 6)), False, [True, True, True], weight=False)
 
 
-@pytest.mark.parametrize("mask", [[True, False, False], [False, True, False], [False, False, True], [False, True, True]])
+@pytest.mark.parametrize(
+    "mask", [[True, False, False], [False, True, False], [False, False, True], [False, True, True]]
+)
 def test_output_masks(mask: list[bool]) -> None:
     _check(_inputs((3, 4, 5, 6)), True, mask)
 

@@ -195,7 +195,9 @@ def _step_spec(ins: list[torch.Tensor], outs: list[torch.Tensor], **p: Any) -> s
          "strides": list(t.stride())}
         for kind, t in [*(("input", t) for t in ins), *(("output", t) for t in outs)]
     ]  # fmt: skip
-    values = [{"buf": i, "offset": 0, "sizes": list(t.shape), "strides": list(t.stride())} for i, t in enumerate(tensors)]
+    values = [
+        {"buf": i, "offset": 0, "sizes": list(t.shape), "strides": list(t.stride())} for i, t in enumerate(tensors)
+    ]
     step = {"op": "conv2d_backward", "ins": [0, 1, 2], "outs": list(range(3, 3 + len(outs))), **p}
     return json.dumps({"buffers": buffers, "values": values, "steps": [step]})
 

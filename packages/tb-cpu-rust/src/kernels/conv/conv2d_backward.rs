@@ -417,7 +417,7 @@ unsafe fn add_row(dst: *mut f32, ds: usize, first: isize, sw: usize, src: &[f32]
 
 /// One row of grad_out as a slice (copied into `tmp` when its elements are not contiguous).
 #[inline(always)]
-unsafe fn row_of<'a>(p: *mut f32, stride: usize, len: usize, tmp: &'a mut Vec<f32>) -> &'a [f32] {
+unsafe fn row_of(p: *mut f32, stride: usize, len: usize, tmp: &mut Vec<f32>) -> &[f32] {
     if stride == 1 {
         return std::slice::from_raw_parts(p, len);
     }
