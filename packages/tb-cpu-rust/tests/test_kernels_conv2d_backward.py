@@ -98,10 +98,14 @@ CASES = [
     ((3, 2, 5, 5), 3, 3, {"padding": 1}),
     ((2, 64, 8, 8), 32, 3, {"padding": 1}),  # K past one GEMM depth block
     ((4, 32, 16, 16), 64, 3, {"padding": 1}),  # the bench CNN's second layer, several row chunks
+    # no more output than input channels at stride 1: grad_input by the forward convolution
+    ((2, 8, 12, 12), 6, 3, {"dilation": 2, "padding": 2}),
+    ((2, 8, 8, 8), 4, 3, {"groups": 2, "padding": 1}),
+    ((2, 8, 9, 7), 8, (3, 5), {"padding": (0, 1)}),
 ]
 
 #: cases also run channels_last: 1x1, 3x3, strided 7x7, 1x1 strided, grouped, depthwise x2, wide K
-CHANNELS_LAST = {0, 1, 3, 5, 7, 9, 15}
+CHANNELS_LAST = {0, 1, 3, 5, 7, 9, 15, 17, 18}
 
 
 @pytest.mark.parametrize(

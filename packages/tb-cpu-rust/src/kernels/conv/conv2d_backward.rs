@@ -8,9 +8,9 @@
 //!   weight gradient, added up at the end.
 //!   A channels-last input (one group) is gathered as the forward's NHWC im2col (positions ×
 //!   (a, b, ci)), so both GEMM operands are read along their rows.
-//! - grad_input, stride 1: the forward convolution (`conv2d::conv2d`, all its paths) of grad_out
+//! - grad_input, stride 1, no more output than input channels: the forward convolution (`conv2d::conv2d`, all its paths) of grad_out
 //!   with the weights flipped in space and transposed per group, padded `d·(k−1) − p`.
-//! - grad_input, strided: `col (K × P) = Wᵀ (K × OC/g) @ gY (OC/g × P)`, then col2im adds each
+//! - grad_input otherwise: `col (K × P) = Wᵀ (K × OC/g) @ gY (OC/g × P)`, then col2im adds each
 //!   column back onto the input positions its window read (a 1×1 stride-1 convolution writes
 //!   `Wᵀ @ gY` straight into grad_input); images are split over the threads.
 //! - depthwise (`groups == in_channels`, any channel multiplier): direct loops per plane, no
@@ -79,17 +79,22 @@ fn is_nhwc(v: &View, s: &Shape, g: Geom) -> bool {
 /// grad_input of a stride-1 convolution as a forward convolution of grad_out: weight
 /// `W'[g·cg + ci, o, a, b] = W[g·ocg + o, ci, kh−1−a, kw−1−b]`, padding `d·(k−1) − p`, same
 /// dilation and groups. False (nothing written) where that does not apply: a stride, a padding
-/// past `d·(k−1)`, a grad_input whose rows are not evenly spaced, a non-finite weight.
+/// past `d·(k−1)`, a grad_input whose rows are not evenly spaced, more output than input
+/// channels per group, a non-finite weight.
 #[allow(clippy::too_many_arguments)]
 unsafe fn grad_input_by_forward(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: &Shape, g: Geom, threads: usize) -> bool {
     let (reach_h, reach_w) = (g.dh * (s.kh - 1), g.dw * (s.kw - 1));
     let rows_even = gx.strides[2] == s.ww * gx.strides[3] || s.hh == 1;
+    // the forward's im2col copies OC/g·KH·KW rows per position, col2im's GEMM writes C/g·KH·KW:
+    // the forward only where its side is not the larger (a 3-channel first layer's grad_input
+    // would im2col 32 channels to make 3)
+    let ocg = s.oc / g.groups;
     // a non-finite weight times the zero padding the forward reads would be NaN where
     // PyTorch's gradient has none
-    if g.sh != 1 || g.sw != 1 || g.ph > reach_h || g.pw > reach_w || !rows_even || !wk.iter().all(|v| v.is_finite()) {
+    if g.sh != 1 || g.sw != 1 || g.ph > reach_h || g.pw > reach_w || !rows_even || ocg > s.cg || !wk.iter().all(|v| v.is_finite()) {
         return false;
     }
-    let (ocg, taps) = (s.oc / g.groups, s.kh * s.kw);
+    let taps = s.kh * s.kw;
     let mut wt = vec![0f32; s.c * ocg * taps];
     for gi in 0..g.groups {
         for ol in 0..ocg {
