@@ -6,6 +6,7 @@ batch norm training forward and backward, the pooling backward run in native_cpu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -52,8 +53,12 @@ class MobileNetish(nn.Module):
         return self.head(y.mean((2, 3)))
 
 
+def _named(name: str) -> Callable[[str], str]:
+    return lambda m: f"{name}: {m}"
+
+
 def _train(
-    make: Callable[[], nn.Module], x: torch.Tensor, t: torch.Tensor, wrap: Callable[[nn.Module], nn.Module] | None,
+    make: Callable[[], nn.Module], x: torch.Tensor, t: torch.Tensor, wrap: Callable[[nn.Module], Any] | None,
     steps: int, memory_format: torch.memory_format,
 ) -> nn.Module:  # fmt: skip
     torch.manual_seed(0)
@@ -86,4 +91,4 @@ def test_cnn_training_matches_eager_without_fallback(
     assert cov["native"].get("aten.convolution_backward.default", 0) > 0, cov
     assert "aten.convolution_backward.default" not in cov["delegated"], cov
     for (name, a), b in zip(compiled.state_dict().items(), eager.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4, msg=_named(name))

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from native_helpers import randn, run_native
 
-TOL = {"rtol": 1e-4, "atol": 1e-4}
+TOL: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-4}
 
 
 def _inputs(shape: tuple[int, ...], seed: int = 0) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ inf, every output mask; and property tests of the ``conv2d_backward`` step at th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from native_helpers import randn, run_native
 
 from tb_cpu_rust import _native
 
-TOL = {"rtol": 1e-4, "atol": 1e-4}
+TOL: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-4}
 
 
 def _conv_fn(x: torch.Tensor, w: torch.Tensor, kw: dict[str, Any]) -> torch.Tensor:
@@ -61,10 +62,15 @@ def _check(x: torch.Tensor, w: torch.Tensor, kw: dict[str, Any], gy: torch.Tenso
     want = _autograd(x, w, gy, kw, bias=True)
     got = run_native(_backward_op(kw, [True, True, True], True, x.dim()), gy, x, w, require_native=True)
     for name, g, e in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
-        torch.testing.assert_close(g, e, equal_nan=True, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(g, e, equal_nan=True, **TOL, msg=_named(name))
     eager = torch.ops.aten.convolution_backward(gy, x, w, [w.shape[0]], *_geometry(kw, x.dim()), [True] * 3)
     for g, e in zip(got, eager):
         assert g.shape == e.shape and g.stride() == e.stride()
+
+
+def _named(name: str) -> Callable[[str], str]:
+    """An assert_close message that says which gradient differs."""
+    return lambda m: f"{name}: {m}"
 
 
 def _geometry(kw: dict[str, Any], rank: int) -> tuple[Any, ...]:
