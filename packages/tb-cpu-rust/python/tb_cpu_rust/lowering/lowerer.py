@@ -272,6 +272,9 @@ class Lowerer:
         from tb_cpu_rust.lowering.gemm import fold_low_precision_casts  # gemm.py imports this module
 
         fold_low_precision_casts(self, outputs)
+        from tb_cpu_rust.lowering.low_precision_ew import fold_casts_into_ew
+
+        fold_casts_into_ew(self, outputs)
         return self.finish(outputs)
 
     def finish(self, outputs: list[Any]) -> dict[str, Any]:

@@ -211,8 +211,14 @@ impl EwStep {
             if v.sizes != shape {
                 return Err(format!("elementwise operand of shape {:?} where {:?} was expected", v.sizes, shape));
             }
-            if !v.dtype.is_core() {
-                return Err(format!("elementwise operand of dtype {}: float32, int64 and bool only", v.dtype.name()));
+            // bfloat16 / float16 operands are storage: a float32 program loads them widened and
+            // stores its float32 result rounded (to nearest even), one pass, no cast steps around it
+            let low = matches!(v.dtype, DType::BF16 | DType::F16);
+            if !(v.dtype.is_core() || (low && compute == Compute::F32)) {
+                return Err(format!(
+                    "elementwise operand of dtype {}: float32, int64 and bool (bfloat16 and float16 in float32 programs) only",
+                    v.dtype.name()
+                ));
             }
             if compute == Compute::I64 && v.dtype == DType::F32 && ins.contains(v) {
                 return Err("integer elementwise program cannot read float32".into());
@@ -449,6 +455,19 @@ fn with_pool<T: Copy + Default>(pool: &'static std::thread::LocalKey<std::cell::
     })
 }
 
+/// float32 -> bfloat16 bits, round to nearest even, NaN -> the quiet NaN (as c10::BFloat16 and
+/// `core::element::f32_to_bf16`), written without a branch so the store loops vectorise.
+#[inline(always)]
+fn round_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        0x7fc0
+    } else {
+        rounded
+    }
+}
+
 impl Scalar for f32 {
     #[inline(always)]
     unsafe fn load(p: *const u8, dt: DType, i: usize) -> f32 {
@@ -457,7 +476,9 @@ impl Scalar for f32 {
                 DType::F32 => *(p as *const f32).add(i),
                 DType::I64 => *(p as *const i64).add(i) as f32,
                 DType::Bool => (*p.add(i) != 0) as u8 as f32,
-                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+                DType::BF16 => f32::from_bits((*(p as *const u16).add(i) as u32) << 16),
+                DType::F16 => crate::core::element::f16_to_f32(*(p as *const u16).add(i)),
+                _ => unreachable!("EwStep::new admits float32, int64, bool, bfloat16 and float16 only"),
             }
         }
     }
@@ -468,7 +489,9 @@ impl Scalar for f32 {
                 DType::F32 => *(p as *mut f32).add(i) = self,
                 DType::I64 => *(p as *mut i64).add(i) = self as i64,
                 DType::Bool => *p.add(i) = (self != 0.0) as u8,
-                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+                DType::BF16 => *(p as *mut u16).add(i) = round_bf16(self),
+                DType::F16 => *(p as *mut u16).add(i) = crate::core::element::f32_to_f16(self),
+                _ => unreachable!("EwStep::new admits float32, int64, bool, bfloat16 and float16 only"),
             }
         }
     }
@@ -775,7 +798,15 @@ macro_rules! with_dtype {
                 let $d = DType::Bool;
                 $body
             }
-            _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+            DType::BF16 => {
+                let $d = DType::BF16;
+                $body
+            }
+            DType::F16 => {
+                let $d = DType::F16;
+                $body
+            }
+            _ => unreachable!("EwStep::new admits float32, int64, bool, bfloat16 and float16 only"),
         }
     };
 }
@@ -908,6 +939,54 @@ mod tests {
         assert_eq!(st, vec![vec![12, 1], vec![0, 1]]);
         let (s, _) = coalesce(&[1, 1], vec![vec![1, 1]]);
         assert_eq!(s, vec![1]);
+    }
+
+    #[test]
+    fn low_precision_operands_load_widened_and_store_rounded() {
+        use crate::core::element::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+        // values around bfloat16 / float16 ties, specials and a strided second input
+        let xs: Vec<f32> = vec![1.0, 1.00390625, 1.01171875, -2.5, 0.0, -0.0, f32::INFINITY, f32::NAN, 3.0e38, 1.0e-40];
+        let n = xs.len();
+        let a16: Vec<u16> = xs.iter().map(|&x| f32_to_bf16(x)).collect();
+        let h16: Vec<u16> = xs.iter().map(|&x| f32_to_f16(x)).collect();
+        let b32: Vec<f32> = (0..2 * n).map(|i| 0.001953125 * i as f32).collect();
+        let mut y_bf = vec![0u16; n];
+        let mut y_h = vec![0u16; n];
+        let view = |buf, dtype, stride| View { buf, offset: 0, sizes: vec![n], strides: vec![stride], dtype };
+        let prog = vec![
+            InstrSpec { op: "load".into(), dst: 0, a: vec![0], f: vec![] },
+            InstrSpec { op: "load".into(), dst: 1, a: vec![1], f: vec![] },
+            InstrSpec { op: "load".into(), dst: 2, a: vec![2], f: vec![] },
+            InstrSpec { op: "add".into(), dst: 3, a: vec![0, 1], f: vec![] },
+            InstrSpec { op: "mul".into(), dst: 4, a: vec![2, 1], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 0, a: vec![3], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 1, a: vec![4], f: vec![] },
+        ];
+        let ins = vec![view(0, DType::BF16, 1), view(1, DType::F32, 2), view(2, DType::F16, 1)];
+        let outs = vec![view(3, DType::BF16, 1), view(4, DType::F16, 1)];
+        let step = EwStep::new(Compute::F32, &prog, ins, outs).unwrap();
+        let mem = Mem {
+            ptrs: vec![
+                a16.as_ptr() as *mut u8,
+                b32.as_ptr() as *mut u8,
+                h16.as_ptr() as *mut u8,
+                y_bf.as_mut_ptr() as *mut u8,
+                y_h.as_mut_ptr() as *mut u8,
+            ],
+        };
+        step.run(&mem);
+        for i in 0..n {
+            let want_bf = f32_to_bf16(bf16_to_f32(a16[i]) + b32[2 * i]);
+            let want_h = f32_to_f16(f16_to_f32(h16[i]) * b32[2 * i]);
+            assert_eq!(y_bf[i], want_bf, "bfloat16 element {i}");
+            assert_eq!(y_h[i], want_h, "float16 element {i}");
+        }
+        // an integer program never reads a low-precision operand
+        let prog = vec![
+            InstrSpec { op: "load".into(), dst: 0, a: vec![0], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 0, a: vec![0], f: vec![] },
+        ];
+        assert!(EwStep::new(Compute::I64, &prog, vec![view(0, DType::BF16, 1)], vec![view(1, DType::I64, 1)]).is_err());
     }
 
     #[test]
