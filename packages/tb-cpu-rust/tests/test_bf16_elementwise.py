@@ -94,6 +94,17 @@ def test_chain_reads_and_writes_low_precision_without_casts(
     assert all(b["numel"] == 0 for b in spec["buffers"] if b["dtype"] == "float32" and b["kind"] == "temp")
 
 
+def test_zero_dim_operands() -> None:
+    """0-d bfloat16 values (a scalar tensor in a chain): their float32 temporaries keep one element."""
+    x = torch.tensor(1.5).to(BF16)
+    y = torch.randn(5, 3).to(BF16)
+    fn = compiled(lambda a, b: ((a * 3.0) * a, (b * a) - b))
+    with torch.no_grad():
+        got, want = fn(x, y), ((x * 3.0) * x, (y * x) - y)
+    exact(got[0], want[0])
+    exact(got[1], want[1])
+
+
 @pytest.mark.parametrize("fn", [gelu_tanh, lambda x: sigmoid_gate(x, x.flip(0))], ids=["gelu_tanh", "sigmoid_gate"])
 def test_activation_chains_match_eager(fn: Callable[..., torch.Tensor]) -> None:
     """Transcendentals: native_cpu's float32 tanh / sigmoid / pow differ from PyTorch's in the last

@@ -134,6 +134,8 @@ def fold_casts_into_ew(lw: Lowerer, outputs: list[Any]) -> None:
     ix = _Index(lw)
     orphans = {buf(v) for st in dropped for v in (st.x, st.y)} | folded
     orphans = {b for b in orphans if temp(b) and b not in ix.readers and b not in ix.writers}
+    # a 0-d view always reaches one element: its buffer keeps its (one-element) size
+    orphans -= {val["buf"] for val in vals if not val["sizes"]}
     for val in vals:
         if val["buf"] in orphans:
             val["sizes"] = [0] * len(val["sizes"])
