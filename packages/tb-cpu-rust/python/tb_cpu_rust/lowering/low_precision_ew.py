@@ -65,7 +65,7 @@ def fold_casts_into_ew(lw: Lowerer, outputs: list[Any]) -> None:
         val = vals[v]
         return bool(val["offset"] == 0 and extent(val["sizes"], val["strides"]) == bufs[val["buf"]]["numel"])
 
-    def widening_cast(v: int, at: int, ix: _Index) -> S.Step | None:
+    def widening_cast(v: int, at: int, ix: _Index) -> Any:
         """The ``cast`` from bfloat16 / float16 that alone writes ``v``'s float32 temporary before
         step ``at``, when the operand may read its source instead."""
         b = buf(v)
