@@ -142,3 +142,122 @@ def fold_casts_into_ew(lw: Lowerer, outputs: list[Any]) -> None:
             val["offset"] = 0
     for b in orphans:
         bufs[b]["numel"] = 0
+
+
+#: the register instruction that rounds a float32 value as a store to the dtype would
+ROUND = {torch.bfloat16: "round_bf16", torch.float16: "round_f16"}
+
+
+def _regs(prog: list[S.Instr]) -> int:
+    """Registers a program uses (a store's ``dst`` is an output slot, not a register)."""
+    return 1 + max((ins.dst for ins in prog if ins.op != "store"), default=-1)
+
+
+def merge_rounded_ew_chains(lw: Lowerer, outputs: list[Any]) -> None:
+    """Fuses float32 ``ew`` steps that pass a bfloat16 / float16 intermediate through memory.
+
+    Eager rounds every op of a low-precision elementwise chain (GPT-2's GELU: eight ops), so the
+    pass leaves a cast pair between each two of them and, once ``fold_casts_into_ew`` folded those,
+    one ``ew`` step per op, each a sweep over memory. Where step ``j`` reads, through the very
+    view it was written in, a low-precision buffer only step ``i`` writes, and nothing between
+    them touches what ``i`` reads or writes, the two become one program at ``j``'s place: ``i``'s
+    result is rounded in its register (``round_bf16`` / ``round_f16``: the rounding the store
+    made) and ``j`` reads that register instead of loading the buffer. The buffer is still
+    written when anything else reads it (or it is an output), else it is dropped."""
+    vals, bufs = lw.values, lw.buffers
+    out_bufs = {vals[v]["buf"] for kind, v in outputs if kind == "v"}
+
+    def buf(v: int) -> int:
+        return int(vals[v]["buf"])
+
+    def same_view(a: int, b: int) -> bool:
+        x, y = vals[a], vals[b]
+        return bool(x["buf"] == y["buf"] and x["offset"] == y["offset"] and _same_layout(x, y))
+
+    def f32_ew(st: S.Step) -> bool:
+        return isinstance(st, S.Ew) and st.compute == "f32"
+
+    def candidate(j: int, ix: _Index) -> tuple[int, int] | None:
+        """(i, the slot of step j's input i writes) for the first merge step j takes."""
+        sj: Any = lw.steps[j]
+        for v in sj.ins:
+            if lw.dtype_of(v) not in ROUND:
+                continue
+            ws = ix.writers.get(buf(v), [])
+            if len(ws) != 1 or ws[0] >= j or not f32_ew(lw.steps[ws[0]]):
+                continue
+            i = ws[0]
+            si: Any = lw.steps[i]
+            slots = [q for q, o in enumerate(si.outs) if buf(o) == buf(v)]
+            if len(slots) != 1 or not same_view(si.outs[slots[0]], v):
+                continue
+            if vals[si.outs[0]]["sizes"] != vals[sj.outs[0]]["sizes"]:
+                continue
+            touched = {buf(x) for x in [*si.ins, *si.outs]}
+            if {buf(x) for x in sj.outs} & touched:
+                continue  # j writes what i reads or writes: per element, in another view perhaps
+            written = {buf(x) for x in si.outs}
+            if any(buf(x) in written and not same_view(x, si.outs[slots[0]]) for x in sj.ins):
+                continue  # j would read what the merged step writes (another result of i)
+            if any(
+                {buf(x) for x in st.writes()} & touched or {buf(x) for x in st.reads() if x is not None} & written
+                for st in lw.steps[i + 1 : j]
+            ):
+                continue
+            return i, slots[0]
+        return None
+
+    def merge(i: int, slot: int, j: int, ix: _Index) -> S.Step:
+        si: Any = lw.steps[i]
+        sj: Any = lw.steps[j]
+        b = buf(si.outs[slot])
+        dtype = lw.dtype_of(si.outs[slot])
+        reg_b = next(ins.a[0] for ins in si.prog if ins.op == "store" and ins.dst == slot)
+        ni, nj = _regs(si.prog), _regs(sj.prog)
+        rounded = ni + nj
+        forwarded = {k for k, v in enumerate(sj.ins) if same_view(v, si.outs[slot])}
+        kept_ins = [k for k in range(len(sj.ins)) if k not in forwarded]
+        still_read = (
+            b in out_bufs
+            or bufs[b]["kind"] != "temp"
+            or any(r != j for r in ix.readers.get(b, []))
+            or any(buf(sj.ins[k]) == b for k in kept_ins)
+        )
+        i_outs = list(si.outs) if still_read else [o for q, o in enumerate(si.outs) if q != slot]
+
+        def i_store(q: int) -> int:
+            return q if still_read or q < slot else q - 1
+
+        prog: list[S.Instr] = [
+            replace(ins, dst=i_store(ins.dst)) if ins.op == "store" else ins
+            for ins in si.prog
+            if still_read or not (ins.op == "store" and ins.dst == slot)
+        ]
+        prog.append(S.Instr(ROUND[dtype], rounded, (reg_b,)))
+        ins_index = {k: len(si.ins) + n for n, k in enumerate(kept_ins)}
+        for ins in sj.prog:
+            if ins.op == "load" and ins.a[0] in forwarded:
+                prog.append(S.Instr("copy", ins.dst + ni, (rounded,)))
+            elif ins.op == "load":
+                prog.append(S.Instr("load", ins.dst + ni, (ins_index[ins.a[0]],)))
+            elif ins.op == "store":
+                prog.append(S.Instr("store", ins.dst + len(i_outs), (ins.a[0] + ni,)))
+            else:
+                prog.append(replace(ins, dst=ins.dst + ni, a=tuple(r + ni for r in ins.a)))
+        new: S.Step = replace(sj, ins=[*si.ins, *(sj.ins[k] for k in kept_ins)], outs=[*i_outs, *sj.outs], prog=prog)
+        if not still_read and all(val["sizes"] for val in vals if val["buf"] == b):  # 0-d views keep theirs
+            for val in vals:
+                if val["buf"] == b:
+                    val["sizes"] = [0] * len(val["sizes"])
+                    val["offset"] = 0
+            bufs[b]["numel"] = 0
+        return new
+
+    while True:
+        ix = _Index(lw)
+        found = next(((j, c) for j in range(len(lw.steps)) if f32_ew(lw.steps[j]) and (c := candidate(j, ix))), None)
+        if found is None:
+            return
+        j, (i, slot) = found
+        lw.steps[j] = merge(i, slot, j, ix)
+        del lw.steps[i]

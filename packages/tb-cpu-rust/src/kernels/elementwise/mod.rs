@@ -47,6 +47,9 @@ pub enum Instr {
     Bin { op: Bin, dst: usize, a: usize, b: usize },
     Where { dst: usize, c: usize, a: usize, b: usize },
     Store { dst: usize, src: usize },
+    /// Rounds a float32 register to `to` (bfloat16 / float16, nearest even) and back: a
+    /// low-precision intermediate kept in a register, rounded as storing it would round it.
+    Narrow { dst: usize, a: usize, to: DType },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -90,6 +93,8 @@ fn parse_instr(s: &InstrSpec, compute: Compute) -> Result<Instr> {
         "store" => Ok(Instr::Store { dst: s.dst, src: arg(0)? }),
         "const" => Ok(Instr::Const { dst: s.dst, v: *f.first().ok_or("const without value")? }),
         "where" => Ok(Instr::Where { dst: s.dst, c: arg(0)?, a: arg(1)?, b: arg(2)? }),
+        "round_bf16" => Ok(Instr::Narrow { dst: s.dst, a: arg(0)?, to: DType::BF16 }),
+        "round_f16" => Ok(Instr::Narrow { dst: s.dst, a: arg(0)?, to: DType::F16 }),
         "neg" => un(Un::Neg),
         "abs" => un(Un::Abs),
         "exp" => un(Un::Exp),
@@ -241,7 +246,7 @@ impl EwStep {
                     (Some(dst), vec![])
                 }
                 Instr::Const { dst, .. } => (Some(dst), vec![]),
-                Instr::Un { dst, a, .. } => (Some(dst), vec![a]),
+                Instr::Un { dst, a, .. } | Instr::Narrow { dst, a, .. } => (Some(dst), vec![a]),
                 Instr::Bin { dst, a, b, .. } => (Some(dst), vec![a, b]),
                 Instr::Where { dst, c, a, b } => (Some(dst), vec![c, a, b]),
                 Instr::Store { dst, src } => {
@@ -428,6 +433,9 @@ pub trait Scalar: Copy + Default + Send + Sync + 'static {
     /// As `load`, for writing.
     unsafe fn store(self, p: *mut u8, dt: DType, i: usize);
     fn from_f64(v: f64) -> Self;
+    /// The value rounded to the float dtype `dt` and read back (a float32 program's registers
+    /// holding a bfloat16 / float16 intermediate); unchanged where `dt` holds it exactly.
+    fn narrow(self, dt: DType) -> Self;
     fn truthy(self) -> bool;
     fn from_bool(b: bool) -> Self;
     fn un(op: Un, x: &mut [Self], a: &[Self]);
@@ -497,6 +505,14 @@ impl Scalar for f32 {
     }
     fn from_f64(v: f64) -> f32 {
         v as f32
+    }
+    #[inline(always)]
+    fn narrow(self, dt: DType) -> f32 {
+        match dt {
+            DType::BF16 => f32::from_bits((round_bf16(self) as u32) << 16),
+            DType::F16 => crate::core::element::f16_to_f32(crate::core::element::f32_to_f16(self)),
+            _ => self,
+        }
     }
     #[inline(always)]
     fn truthy(self) -> bool {
@@ -706,6 +722,9 @@ impl Scalar for i64 {
     fn from_f64(v: f64) -> i64 {
         v as i64
     }
+    fn narrow(self, _dt: DType) -> i64 {
+        self // integer programs never narrow (parse_instr refuses round_* there)
+    }
     fn truthy(self) -> bool {
         self != 0
     }
@@ -872,6 +891,15 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let (ra, rb) = unsafe { (&(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
                     T::bin(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, ra, rb);
                 }
+                Instr::Narrow { dst, a, to } => {
+                    let base = regs.as_mut_ptr();
+                    let (src, out) = unsafe { (&(&(*base.add(a)))[..n], &mut (&mut (*base.add(dst)))[..n]) };
+                    with_dtype!(to, dt => {
+                        for (o, &x) in out.iter_mut().zip(src) {
+                            *o = x.narrow(dt);
+                        }
+                    })
+                }
                 Instr::Where { dst, c, a, b } => {
                     let base = regs.as_mut_ptr();
                     let (rc, ra, rb) = unsafe { (&(&(*base.add(c)))[..n], &(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
@@ -987,6 +1015,31 @@ mod tests {
             InstrSpec { op: "store".into(), dst: 0, a: vec![0], f: vec![] },
         ];
         assert!(EwStep::new(Compute::I64, &prog, vec![view(0, DType::BF16, 1)], vec![view(1, DType::I64, 1)]).is_err());
+    }
+
+    #[test]
+    fn narrow_rounds_a_register_as_a_store_would() {
+        use crate::core::element::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+        let xs: Vec<f32> = vec![1.00390625, 1.01171875, -2.5e-3, 65520.0, f32::NAN, -f32::INFINITY, 1.0e-40, 3.3e38];
+        let n = xs.len();
+        let (mut yb, mut yh) = (vec![0f32; n], vec![0f32; n]);
+        let view = |buf| View { buf, offset: 0, sizes: vec![n], strides: vec![1], dtype: DType::F32 };
+        let spec = |op: &str, dst: usize, a: Vec<usize>| InstrSpec { op: op.into(), dst, a, f: vec![] };
+        let prog = vec![
+            spec("load", 0, vec![0]),
+            spec("round_bf16", 1, vec![0]),
+            spec("round_f16", 2, vec![0]),
+            spec("store", 0, vec![1]),
+            spec("store", 1, vec![2]),
+        ];
+        let step = EwStep::new(Compute::F32, &prog, vec![view(0)], vec![view(1), view(2)]).unwrap();
+        let mem = Mem { ptrs: vec![xs.as_ptr() as *mut u8, yb.as_mut_ptr() as *mut u8, yh.as_mut_ptr() as *mut u8] };
+        step.run(&mem);
+        for i in 0..n {
+            assert_eq!(yb[i].to_bits(), bf16_to_f32(f32_to_bf16(xs[i])).to_bits(), "bfloat16 element {i}");
+            assert_eq!(yh[i].to_bits(), f16_to_f32(f32_to_f16(xs[i])).to_bits(), "float16 element {i}");
+        }
+        assert!(EwStep::new(Compute::I64, &prog, vec![view(0)], vec![view(1), view(2)]).is_err());
     }
 
     #[test]
