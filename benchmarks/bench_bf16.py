@@ -20,12 +20,15 @@ from typing import Any
 
 import torch
 
+from benchmarks.bench_models import ROUTING_CALLS
 from benchmarks.harness import first_call, interleaved
 
 BF16 = torch.bfloat16
 
 
-def _row(name: str, threads: int, times: dict[str, float], first: float, fallback: int, **extra: Any) -> dict[str, Any]:
+def _row(
+    name: str, threads: int, times: dict[str, float], first: float, fallback: int, routed: int, **extra: Any
+) -> dict[str, Any]:
     import torchburn
 
     return {
@@ -37,14 +40,14 @@ def _row(name: str, threads: int, times: dict[str, float], first: float, fallbac
         "torchburn_s": times["torchburn"],
         "inductor_s": times.get("inductor"),
         "torchburn_first_s": first,
-        "notes": f"{fallback} fallback ops",
+        "notes": f"{fallback} fallback ops, {routed} ops routed to eager by measurement",
         **extra,
     }
 
 
 def _case(
     model: torch.nn.Module, args: tuple[Any, ...], autocast: bool, inductor: bool
-) -> tuple[dict[str, float], float, int]:
+) -> tuple[dict[str, float], float, int, int]:
     import torchburn
 
     ctx: Callable[[], Any] = (lambda: torch.autocast("cpu", dtype=BF16)) if autocast else contextlib.nullcontext
@@ -62,11 +65,16 @@ def _case(
         tb = torch.compile(model, backend="torchburn", options={"warn": False, "low_precision": True})
         first = first_call(call(tb))
         cov = torchburn.op_coverage()
+        for _ in range(ROUTING_CALLS):  # routing by measurement decides first (a user's steady state)
+            call(tb)()
+        torchburn.reset_stats()
+        call(tb)()
+        cov["routed"] = torchburn.op_coverage().get("routed", {})
         fns = {"eager": call(model), "torchburn": call(tb)}
         if inductor:
             fns["inductor"] = call(torch.compile(model))
         times = interleaved(fns, repeats=15)
-    return times, first, sum(cov["fallback"].values())
+    return times, first, sum(cov["fallback"].values()), sum(cov["routed"].values())
 
 
 def run(threads: int, models: tuple[str, ...] = ("llama", "gpt2")) -> list[dict[str, Any]]:
@@ -76,23 +84,23 @@ def run(threads: int, models: tuple[str, ...] = ("llama", "gpt2")) -> list[dict[
     rows = []
     for batch in (32, 1):
         model, (x,) = readme_mlp(batch=batch)
-        times, first, fb = _case(model.to(BF16), (x.to(BF16),), autocast=False, inductor=True)
-        rows.append(_row(f"README model bf16 (.to(bfloat16)), batch {batch}", threads, times, first, fb))
+        times, first, fb, rt = _case(model.to(BF16), (x.to(BF16),), autocast=False, inductor=True)
+        rows.append(_row(f"README model bf16 (.to(bfloat16)), batch {batch}", threads, times, first, fb, rt))
         model, (x,) = readme_mlp(batch=batch)
-        times, first, fb = _case(model, (x,), autocast=True, inductor=True)
-        rows.append(_row(f"README model under autocast bf16, batch {batch}", threads, times, first, fb))
+        times, first, fb, rt = _case(model, (x,), autocast=True, inductor=True)
+        rows.append(_row(f"README model under autocast bf16, batch {batch}", threads, times, first, fb, rt))
     for name, factory in (("small CNN", small_cnn), ("transformer layer", transformer_layer)):
         model, args = factory()
-        times, first, fb = _case(model.to(BF16), tuple(a.to(BF16) for a in args), autocast=False, inductor=False)
-        rows.append(_row(f"{name} bf16 (.to(bfloat16))", threads, times, first, fb))
+        times, first, fb, rt = _case(model.to(BF16), tuple(a.to(BF16) for a in args), autocast=False, inductor=False)
+        rows.append(_row(f"{name} bf16 (.to(bfloat16))", threads, times, first, fb, rt))
     from benchmarks.bench_models import MODELS
 
     for key in models:
         desc, build = MODELS[key]
         model, args = build()
         low = tuple(a.to(BF16) if a.is_floating_point() else a for a in args)
-        times, first, fb = _case(model.to(BF16), low, autocast=False, inductor=False)
-        rows.append(_row(f"{desc} bf16 (.to(bfloat16))", threads, times, first, fb))
+        times, first, fb, rt = _case(model.to(BF16), low, autocast=False, inductor=False)
+        rows.append(_row(f"{desc} bf16 (.to(bfloat16))", threads, times, first, fb, rt))
     return rows
 
 

@@ -178,3 +178,23 @@ def test_widened_path_of_another_backend_runs_the_readme_model() -> None:
         close(_call(fn, x, "bf16"), want)
     finally:
         _native.set_gemm_backend("auto")
+
+
+def test_empty_sum_after_a_full_one() -> None:
+    """k = 0 after a GEMM of the same result size: the float32 result scratch is reused between
+    calls, and an empty sum must still read as zeros (plus the bias), not the last call's values."""
+    torch.manual_seed(5)
+    bias = torch.randn(48).to(BF16)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(bias, x, w)
+
+    full = compiled(fn)
+    x, w = torch.randn(32, 64).to(BF16), torch.randn(64, 48).to(BF16)
+    with torch.no_grad():
+        close(full(x, w), fn(x, w))
+        empty = compiled(fn)
+        x0, w0 = torch.randn(32, 0).to(BF16), torch.randn(0, 48).to(BF16)
+        got = empty(x0, w0)
+    assert torch.equal(got, fn(x0, w0))
+    assert torch.equal(got, bias.expand(32, 48))

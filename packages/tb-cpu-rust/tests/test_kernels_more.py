@@ -298,15 +298,17 @@ def test_cast_spec_with_mismatched_shapes_is_an_error() -> None:
     with pytest.raises(ValueError):
         _native.Executor(json.dumps(spec))
     spec["values"][1]["sizes"] = [3]
+    spec["buffers"][0]["dtype"] = "int64"
     spec["steps"] = [
         {
             "op": "ew",
-            "compute": "f32",
+            "compute": "i64",
             "ins": [0],
             "outs": [1],
             "prog": [{"op": "load", "dst": 0, "a": [0]}, {"op": "store", "dst": 0, "a": [0]}],
         }
     ]
+    # float16 / bfloat16 operands are storage of float32 programs only
     with pytest.raises(ValueError):
         _native.Executor(json.dumps(spec))
 

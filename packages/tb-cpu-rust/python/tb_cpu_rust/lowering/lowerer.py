@@ -272,6 +272,10 @@ class Lowerer:
         from tb_cpu_rust.lowering.gemm import fold_low_precision_casts  # gemm.py imports this module
 
         fold_low_precision_casts(self, outputs)
+        from tb_cpu_rust.lowering.low_precision_ew import fold_casts_into_ew, merge_rounded_ew_chains
+
+        fold_casts_into_ew(self, outputs)
+        merge_rounded_ew_chains(self, outputs)
         return self.finish(outputs)
 
     def finish(self, outputs: list[Any]) -> dict[str, Any]:

@@ -47,6 +47,9 @@ pub enum Instr {
     Bin { op: Bin, dst: usize, a: usize, b: usize },
     Where { dst: usize, c: usize, a: usize, b: usize },
     Store { dst: usize, src: usize },
+    /// Rounds a float32 register to `to` (bfloat16 / float16, nearest even) and back: a
+    /// low-precision intermediate kept in a register, rounded as storing it would round it.
+    Narrow { dst: usize, a: usize, to: DType },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -90,6 +93,8 @@ fn parse_instr(s: &InstrSpec, compute: Compute) -> Result<Instr> {
         "store" => Ok(Instr::Store { dst: s.dst, src: arg(0)? }),
         "const" => Ok(Instr::Const { dst: s.dst, v: *f.first().ok_or("const without value")? }),
         "where" => Ok(Instr::Where { dst: s.dst, c: arg(0)?, a: arg(1)?, b: arg(2)? }),
+        "round_bf16" => Ok(Instr::Narrow { dst: s.dst, a: arg(0)?, to: DType::BF16 }),
+        "round_f16" => Ok(Instr::Narrow { dst: s.dst, a: arg(0)?, to: DType::F16 }),
         "neg" => un(Un::Neg),
         "abs" => un(Un::Abs),
         "exp" => un(Un::Exp),
@@ -211,8 +216,14 @@ impl EwStep {
             if v.sizes != shape {
                 return Err(format!("elementwise operand of shape {:?} where {:?} was expected", v.sizes, shape));
             }
-            if !v.dtype.is_core() {
-                return Err(format!("elementwise operand of dtype {}: float32, int64 and bool only", v.dtype.name()));
+            // bfloat16 / float16 operands are storage: a float32 program loads them widened and
+            // stores its float32 result rounded (to nearest even), one pass, no cast steps around it
+            let low = matches!(v.dtype, DType::BF16 | DType::F16);
+            if !(v.dtype.is_core() || (low && compute == Compute::F32)) {
+                return Err(format!(
+                    "elementwise operand of dtype {}: float32, int64 and bool (bfloat16 and float16 in float32 programs) only",
+                    v.dtype.name()
+                ));
             }
             if compute == Compute::I64 && v.dtype == DType::F32 && ins.contains(v) {
                 return Err("integer elementwise program cannot read float32".into());
@@ -235,7 +246,7 @@ impl EwStep {
                     (Some(dst), vec![])
                 }
                 Instr::Const { dst, .. } => (Some(dst), vec![]),
-                Instr::Un { dst, a, .. } => (Some(dst), vec![a]),
+                Instr::Un { dst, a, .. } | Instr::Narrow { dst, a, .. } => (Some(dst), vec![a]),
                 Instr::Bin { dst, a, b, .. } => (Some(dst), vec![a, b]),
                 Instr::Where { dst, c, a, b } => (Some(dst), vec![c, a, b]),
                 Instr::Store { dst, src } => {
@@ -422,6 +433,9 @@ pub trait Scalar: Copy + Default + Send + Sync + 'static {
     /// As `load`, for writing.
     unsafe fn store(self, p: *mut u8, dt: DType, i: usize);
     fn from_f64(v: f64) -> Self;
+    /// The value rounded to the float dtype `dt` and read back (a float32 program's registers
+    /// holding a bfloat16 / float16 intermediate); unchanged where `dt` holds it exactly.
+    fn narrow(self, dt: DType) -> Self;
     fn truthy(self) -> bool;
     fn from_bool(b: bool) -> Self;
     fn un(op: Un, x: &mut [Self], a: &[Self]);
@@ -449,6 +463,19 @@ fn with_pool<T: Copy + Default>(pool: &'static std::thread::LocalKey<std::cell::
     })
 }
 
+/// float32 -> bfloat16 bits, round to nearest even, NaN -> the quiet NaN (as c10::BFloat16 and
+/// `core::element::f32_to_bf16`), written without a branch so the store loops vectorise.
+#[inline(always)]
+fn round_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        0x7fc0
+    } else {
+        rounded
+    }
+}
+
 impl Scalar for f32 {
     #[inline(always)]
     unsafe fn load(p: *const u8, dt: DType, i: usize) -> f32 {
@@ -457,7 +484,9 @@ impl Scalar for f32 {
                 DType::F32 => *(p as *const f32).add(i),
                 DType::I64 => *(p as *const i64).add(i) as f32,
                 DType::Bool => (*p.add(i) != 0) as u8 as f32,
-                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+                DType::BF16 => f32::from_bits((*(p as *const u16).add(i) as u32) << 16),
+                DType::F16 => crate::core::element::f16_to_f32(*(p as *const u16).add(i)),
+                _ => unreachable!("EwStep::new admits float32, int64, bool, bfloat16 and float16 only"),
             }
         }
     }
@@ -468,12 +497,22 @@ impl Scalar for f32 {
                 DType::F32 => *(p as *mut f32).add(i) = self,
                 DType::I64 => *(p as *mut i64).add(i) = self as i64,
                 DType::Bool => *p.add(i) = (self != 0.0) as u8,
-                _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+                DType::BF16 => *(p as *mut u16).add(i) = round_bf16(self),
+                DType::F16 => *(p as *mut u16).add(i) = crate::core::element::f32_to_f16(self),
+                _ => unreachable!("EwStep::new admits float32, int64, bool, bfloat16 and float16 only"),
             }
         }
     }
     fn from_f64(v: f64) -> f32 {
         v as f32
+    }
+    #[inline(always)]
+    fn narrow(self, dt: DType) -> f32 {
+        match dt {
+            DType::BF16 => f32::from_bits((round_bf16(self) as u32) << 16),
+            DType::F16 => crate::core::element::f16_to_f32(crate::core::element::f32_to_f16(self)),
+            _ => self,
+        }
     }
     #[inline(always)]
     fn truthy(self) -> bool {
@@ -683,6 +722,9 @@ impl Scalar for i64 {
     fn from_f64(v: f64) -> i64 {
         v as i64
     }
+    fn narrow(self, _dt: DType) -> i64 {
+        self // integer programs never narrow (parse_instr refuses round_* there)
+    }
     fn truthy(self) -> bool {
         self != 0
     }
@@ -775,7 +817,15 @@ macro_rules! with_dtype {
                 let $d = DType::Bool;
                 $body
             }
-            _ => unreachable!("EwStep::new admits float32, int64 and bool only"),
+            DType::BF16 => {
+                let $d = DType::BF16;
+                $body
+            }
+            DType::F16 => {
+                let $d = DType::F16;
+                $body
+            }
+            _ => unreachable!("EwStep::new admits float32, int64, bool, bfloat16 and float16 only"),
         }
     };
 }
@@ -840,6 +890,15 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let base = regs.as_mut_ptr();
                     let (ra, rb) = unsafe { (&(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
                     T::bin(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, ra, rb);
+                }
+                Instr::Narrow { dst, a, to } => {
+                    let base = regs.as_mut_ptr();
+                    let (src, out) = unsafe { (&(&(*base.add(a)))[..n], &mut (&mut (*base.add(dst)))[..n]) };
+                    with_dtype!(to, dt => {
+                        for (o, &x) in out.iter_mut().zip(src) {
+                            *o = x.narrow(dt);
+                        }
+                    })
                 }
                 Instr::Where { dst, c, a, b } => {
                     let base = regs.as_mut_ptr();
@@ -908,6 +967,79 @@ mod tests {
         assert_eq!(st, vec![vec![12, 1], vec![0, 1]]);
         let (s, _) = coalesce(&[1, 1], vec![vec![1, 1]]);
         assert_eq!(s, vec![1]);
+    }
+
+    #[test]
+    fn low_precision_operands_load_widened_and_store_rounded() {
+        use crate::core::element::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+        // values around bfloat16 / float16 ties, specials and a strided second input
+        let xs: Vec<f32> = vec![1.0, 1.00390625, 1.01171875, -2.5, 0.0, -0.0, f32::INFINITY, f32::NAN, 3.0e38, 1.0e-40];
+        let n = xs.len();
+        let a16: Vec<u16> = xs.iter().map(|&x| f32_to_bf16(x)).collect();
+        let h16: Vec<u16> = xs.iter().map(|&x| f32_to_f16(x)).collect();
+        let b32: Vec<f32> = (0..2 * n).map(|i| 0.001953125 * i as f32).collect();
+        let mut y_bf = vec![0u16; n];
+        let mut y_h = vec![0u16; n];
+        let view = |buf, dtype, stride| View { buf, offset: 0, sizes: vec![n], strides: vec![stride], dtype };
+        let prog = vec![
+            InstrSpec { op: "load".into(), dst: 0, a: vec![0], f: vec![] },
+            InstrSpec { op: "load".into(), dst: 1, a: vec![1], f: vec![] },
+            InstrSpec { op: "load".into(), dst: 2, a: vec![2], f: vec![] },
+            InstrSpec { op: "add".into(), dst: 3, a: vec![0, 1], f: vec![] },
+            InstrSpec { op: "mul".into(), dst: 4, a: vec![2, 1], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 0, a: vec![3], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 1, a: vec![4], f: vec![] },
+        ];
+        let ins = vec![view(0, DType::BF16, 1), view(1, DType::F32, 2), view(2, DType::F16, 1)];
+        let outs = vec![view(3, DType::BF16, 1), view(4, DType::F16, 1)];
+        let step = EwStep::new(Compute::F32, &prog, ins, outs).unwrap();
+        let mem = Mem {
+            ptrs: vec![
+                a16.as_ptr() as *mut u8,
+                b32.as_ptr() as *mut u8,
+                h16.as_ptr() as *mut u8,
+                y_bf.as_mut_ptr() as *mut u8,
+                y_h.as_mut_ptr() as *mut u8,
+            ],
+        };
+        step.run(&mem);
+        for i in 0..n {
+            let want_bf = f32_to_bf16(bf16_to_f32(a16[i]) + b32[2 * i]);
+            let want_h = f32_to_f16(f16_to_f32(h16[i]) * b32[2 * i]);
+            assert_eq!(y_bf[i], want_bf, "bfloat16 element {i}");
+            assert_eq!(y_h[i], want_h, "float16 element {i}");
+        }
+        // an integer program never reads a low-precision operand
+        let prog = vec![
+            InstrSpec { op: "load".into(), dst: 0, a: vec![0], f: vec![] },
+            InstrSpec { op: "store".into(), dst: 0, a: vec![0], f: vec![] },
+        ];
+        assert!(EwStep::new(Compute::I64, &prog, vec![view(0, DType::BF16, 1)], vec![view(1, DType::I64, 1)]).is_err());
+    }
+
+    #[test]
+    fn narrow_rounds_a_register_as_a_store_would() {
+        use crate::core::element::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+        let xs: Vec<f32> = vec![1.00390625, 1.01171875, -2.5e-3, 65520.0, f32::NAN, -f32::INFINITY, 1.0e-40, 3.3e38];
+        let n = xs.len();
+        let (mut yb, mut yh) = (vec![0f32; n], vec![0f32; n]);
+        let view = |buf| View { buf, offset: 0, sizes: vec![n], strides: vec![1], dtype: DType::F32 };
+        let spec = |op: &str, dst: usize, a: Vec<usize>| InstrSpec { op: op.into(), dst, a, f: vec![] };
+        let prog = vec![
+            spec("load", 0, vec![0]),
+            spec("round_bf16", 1, vec![0]),
+            spec("round_f16", 2, vec![0]),
+            spec("store", 0, vec![1]),
+            spec("store", 1, vec![2]),
+        ];
+        let step = EwStep::new(Compute::F32, &prog, vec![view(0)], vec![view(1), view(2)]).unwrap();
+        let mem = Mem { ptrs: vec![xs.as_ptr() as *mut u8, yb.as_mut_ptr() as *mut u8, yh.as_mut_ptr() as *mut u8] };
+        step.run(&mem);
+        for i in 0..n {
+            assert_eq!(yb[i].to_bits(), bf16_to_f32(f32_to_bf16(xs[i])).to_bits(), "bfloat16 element {i}");
+            assert_eq!(yh[i].to_bits(), f16_to_f32(f32_to_f16(xs[i])).to_bits(), "float16 element {i}");
+        }
+        assert!(EwStep::new(Compute::I64, &prog, vec![view(0)], vec![view(1), view(2)]).is_err());
     }
 
     #[test]

@@ -93,7 +93,10 @@ pub unsafe fn gemm(mem: &Mem, a: &View, b: &View, c: &View, bias: Option<&View>,
     let fbias = bias.map(|v| f32_of(mem, v));
     let fres = res.map(|v| f32_of(mem, v));
     // the float32 result: c itself, or a scratch laid out as c
-    let mut scratch = if c.dtype == DType::F32 { Vec::new() } else { vec![0f32; span(c)] };
+    let mut scratch = if c.dtype == DType::F32 { Vec::new() } else { take_scratch(span(c)) };
+    if k == 0 {
+        scratch.fill(0.0); // an empty sum: whatever the GEMM path does with k = 0 starts from zeros
+    }
     let pc = if c.dtype == DType::F32 { mem.ptr::<f32>(c) } else { SPtr(scratch.as_mut_ptr()) };
     let mat = |p: SPtr<f32>, v: &View, i: usize| {
         let off = if r == 3 { i * v.strides[0] } else { 0 };
@@ -124,7 +127,35 @@ pub unsafe fn gemm(mem: &Mem, a: &View, b: &View, c: &View, bias: Option<&View>,
     }
     if c.dtype != DType::F32 {
         narrow_into(mem, pc.0, c);
+        give_back_scratch(scratch);
     }
+}
+
+thread_local! {
+    /// The float32 result scratch of the last low-precision GEMM on this thread, kept: a fresh
+    /// zeroed allocation per call (megabytes: fresh pages from the kernel each time) cost more
+    /// than the rounding sweep it feeds.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A float32 scratch of `n` elements (contents unspecified: every element the GEMM reads back
+/// is written first), from this thread's pool.
+fn take_scratch(n: usize) -> Vec<f32> {
+    let mut v = SCRATCH.with(|c| c.try_borrow_mut().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default());
+    if v.len() < n.max(1) {
+        v.resize(n.max(1), 0.0);
+    }
+    v
+}
+
+fn give_back_scratch(v: Vec<f32>) {
+    SCRATCH.with(|c| {
+        if let Ok(mut slot) = c.try_borrow_mut() {
+            if slot.capacity() < v.capacity() {
+                *slot = v;
+            }
+        }
+    });
 }
 
 /// Whether a and b suit the pair kernels: both bfloat16, A contiguous along k, k even, every
@@ -399,8 +430,14 @@ pub(crate) mod amx {
             for jp in j0..j1 {
                 let j = jp * NR;
                 let nv = NR.min(n - j);
-                // SAFETY: rows 0..2 * k2, columns j..j+nv of B are valid
-                unsafe { pack_pairs(b0.get().add(j), ldb, k2, nv, &mut panel) };
+                // SAFETY: rows 0..2 * k2, columns j..j+nv of B are valid; AMX implies AVX-512F
+                unsafe {
+                    if nv == NR {
+                        pack_pairs_full(b0.get().add(j), ldb, k2, &mut panel)
+                    } else {
+                        pack_pairs(b0.get().add(j), ldb, k2, nv, &mut panel)
+                    }
+                };
                 let mut i = 0;
                 while i < m {
                     let mv = 32.min(m - i);
@@ -428,6 +465,23 @@ pub(crate) mod amx {
             let row = &mut panel[p * NR..p * NR + NR];
             for (q, d) in row.iter_mut().enumerate() {
                 *d = if q < nv { *r0.add(q) as u32 | (*r1.add(q) as u32) << 16 } else { 0 };
+            }
+        }
+    }
+
+    /// `pack_pairs` of a whole panel (32 columns), 16 pairs per instruction: the weight is
+    /// re-packed on every call, so this runs once per weight element per call.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_pairs_full(b: *const u16, ldb: usize, k2: usize, panel: &mut [u32]) {
+        use std::arch::x86_64::*;
+        debug_assert!(panel.len() >= k2 * NR);
+        let out = panel.as_mut_ptr();
+        for p in 0..k2 {
+            let (r0, r1) = (b.add(2 * p * ldb), b.add((2 * p + 1) * ldb));
+            for h in 0..2 {
+                let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(r0.add(16 * h) as *const __m256i));
+                let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(r1.add(16 * h) as *const __m256i));
+                _mm512_storeu_si512(out.add(p * NR + 16 * h) as *mut _, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
             }
         }
     }
