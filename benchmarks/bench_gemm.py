@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,12 @@ def _row(shape: str, threads: int, rounds: int, inductor: bool) -> list[str]:
     w, bias = torch.randn(n, k), torch.randn(n)
     flops = 2 * m * n * k
     peak = _peak_gflops(threads)
-    opts = {"engine": "native_cpu", "warn": False, "fallback": "error", "min_partition_size": 1}
+    opts: dict[str, str | int | bool | Callable[..., Any]] = {
+        "engine": "native_cpu",
+        "warn": False,
+        "fallback": "error",
+        "min_partition_size": 1,
+    }
     graphs: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
         "mm": (lambda x, y: x @ y, (a, b)),
         "linear": (lambda x, y, z: F.linear(x, y, z), (a, w, bias)),
@@ -55,13 +61,9 @@ def _row(shape: str, threads: int, rounds: int, inductor: bool) -> list[str]:
         torch._dynamo.reset()
         native = torch.compile(fn, backend="torchburn", options=opts, dynamic=False)
         torch.testing.assert_close(native(*args), fn(*args), rtol=1e-4, atol=1e-3)
-        cands: dict[str, Callable[[], object]] = {
-            "eager": lambda fn=fn, args=args: fn(*args),
-            "native": lambda native=native, args=args: native(*args),
-        }
+        cands: dict[str, Callable[[], object]] = {"eager": partial(fn, *args), "native": partial(native, *args)}
         if inductor:
-            ind = torch.compile(fn, backend="inductor", dynamic=False)
-            cands["inductor"] = lambda ind=ind, args=args: ind(*args)
+            cands["inductor"] = partial(torch.compile(fn, backend="inductor", dynamic=False), *args)
         with torch.no_grad():
             times = interleaved(cands, repeats=rounds, min_time=0.05)
         cols = "  ".join(

@@ -199,7 +199,7 @@ unsafe fn dots_avx512<const R: usize>(cols: usize, k: usize, a: *const f32, a_rs
 unsafe fn axpy_columns(m: usize, j0: usize, j1: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, epi: &Epi) {
     let cols = j1 - j0;
     let mut acc = [[0f32; COLS_PER_TASK]; MAX_ROWS];
-    axpy(m, cols, k, a.p.0, a.rs, b.p.0.offset(j0 as isize), b.rs, &mut acc);
+    axpy(m, cols, k, a.p.0, a.rs, b.p.0.add(j0), b.rs, &mut acc);
     for (i, sums) in acc.iter().enumerate().take(m) {
         let out = std::slice::from_raw_parts_mut(c.p.0.offset(i as isize * c.rs + j0 as isize), cols);
         for (o, &v) in out.iter_mut().zip(&sums[..cols]) {
