@@ -411,7 +411,8 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 {
                     let mut forms: Vec<(&str, [[f32; COLS_PER_TASK]; MAX_ROWS])> = Vec::new();
-                    let run = |f: unsafe fn(usize, usize, *const f32, isize, *const f32, isize, &mut [[f32; COLS_PER_TASK]; MAX_ROWS])| {
+                    type Axpy = unsafe fn(usize, usize, *const f32, isize, *const f32, isize, &mut [[f32; COLS_PER_TASK]; MAX_ROWS]);
+                    let run = |f: Axpy| {
                         let mut got = [[0f32; COLS_PER_TASK]; MAX_ROWS];
                         // SAFETY: as above; the caller checked the ISA
                         unsafe { f(cols, k, a.as_ptr(), k as isize, b.as_ptr(), 70, &mut got) };
@@ -429,6 +430,42 @@ mod tests {
                         for r in 0..m {
                             for q in 0..cols {
                                 assert!((got[r][q] - want[r][q]).abs() <= 1e-4 * (1.0 + want[r][q].abs()), "{name} m={m} cols={cols} [{r},{q}]");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each SIMD form of `dots` this CPU has (AVX2 too on an AVX-512 machine) against a float64
+    /// sum, for 1 and 2 rows, 1-4 columns and k around the vector widths.
+    #[test]
+    fn dots_isa_forms_match_reference() {
+        for k in [1, 7, 8, 9, 15, 16, 17, 33, 100] {
+            let a: Vec<f32> = (0..2 * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.25).collect();
+            let w: Vec<f32> = (0..4 * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.5).collect();
+            for rows in [1, 2] {
+                for cols in 1..=4 {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        type Dots = unsafe fn(usize, usize, *const f32, isize, *const f32, isize, &mut [[f32; 4]; 2]);
+                        let mut forms: Vec<(&str, Dots)> = Vec::new();
+                        if crate::core::isa::has_avx2() {
+                            forms.push(("avx2", if rows == 2 { dots_avx2::<2> } else { dots_avx2::<1> }));
+                        }
+                        if crate::core::isa::has_avx512() {
+                            forms.push(("avx512", if rows == 2 { dots_avx512::<2> } else { dots_avx512::<1> }));
+                        }
+                        for (name, f) in forms {
+                            let mut got = [[f32::NAN; 4]; 2];
+                            // SAFETY: a holds 2 rows of k, w 4 rows of k; the ISA was checked
+                            unsafe { f(cols, k, a.as_ptr(), k as isize, w.as_ptr(), k as isize, &mut got) };
+                            for r in 0..rows {
+                                for q in 0..cols {
+                                    let want: f64 = (0..k).map(|t| a[r * k + t] as f64 * w[q * k + t] as f64).sum();
+                                    assert!((got[r][q] as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{name} k={k} rows={rows} cols={cols} [{r},{q}]");
+                                }
                             }
                         }
                     }
