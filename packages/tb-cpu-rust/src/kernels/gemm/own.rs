@@ -402,11 +402,14 @@ unsafe fn tiles_b<I: Isa>(
                 }
             }
         } else {
+            // only the tile's mv rows where the ISA has a kernel for them (a partial last
+            // tile of a narrow product would otherwise cost a whole one)
             let mut tile = [0f32; MAX_TILE];
-            if packed {
-                I::kernel(kc, ap, pb, tile.as_mut_ptr(), I::NR as isize, 1.0, false);
-            } else {
-                I::kernel_b_rows(I::MR, kc, ap, pb, bs, tile.as_mut_ptr(), I::NR as isize, 1.0, false);
+            let t = tile.as_mut_ptr();
+            if !packed {
+                I::kernel_b_rows(mv, kc, ap, pb, bs, t, I::NR as isize, 1.0, false);
+            } else if mv == I::MR || !I::kernel_rows(mv, kc, ap, pb, t, I::NR as isize, 1.0, false) {
+                I::kernel(kc, ap, pb, t, I::NR as isize, 1.0, false);
             }
             store_tile(&tile[..I::MR * I::NR], I::NR, c, i, j, mv, nv, alpha, acc, if last { Some(epi) } else { None });
         }
