@@ -4,13 +4,16 @@
 //!
 //! Why an own kernel: the `gemm` crate only uses AVX-512 with its `nightly` feature and
 //! `matrixmultiply` has no AVX-512 kernel; on AVX2 both pack every operand whatever its shape
-//! and split threads statically. Here the micro-kernel is per ISA (`Isa`: 8×32 in zmm
+//! and split threads statically. Here the micro-kernel is per ISA (`Isa`: 12×32 in zmm
 //! registers, 6×16 in ymm registers) and one driver chooses the loop order by shape:
 //!
 //! - few rows (m ≤ `SMALL_M`, the Linear layers of small batches): tasks split the columns;
-//!   A is packed once per call (in parallel, before the tasks) and each task packs each
-//!   NR-column panel of B just before the micro-kernels use it (so it is in L1 for all of them). Every element
-//!   of B is read from memory once and no B-sized buffer is written.
+//!   A is packed once per call (in parallel, before the tasks). A row-major B (`x @ W`) is read
+//!   in place by the micro-kernels (`Isa::kernel_b_rows`: each panel feeds only m / MR tiles,
+//!   too few to pay for copying it; packing was a quarter of 64x784x512), except when its rows
+//!   are a multiple of 4 KiB apart (they would share a few L1 sets). Otherwise each task packs
+//!   each NR-column panel of B just before the micro-kernels use it (so it is in L1 for all of
+//!   them). Every element of B is read from memory once and no B-sized buffer is written.
 //! - many rows: B is packed once per call, in parallel, into NR-column panels for every
 //!   KC-deep slice of k (Goto/BLIS); tasks are blocks of MC rows, each packing its A block
 //!   into MR-row panels.
@@ -23,7 +26,7 @@ use crate::kernels::gemm::{Epi, Mat};
 use std::cell::RefCell;
 
 /// Largest MR×NR tile of any micro-kernel (edge tiles go through a buffer of this size).
-const MAX_TILE: usize = 256;
+const MAX_TILE: usize = 512;
 
 /// One micro-kernel and the packing it needs.
 pub(crate) trait Isa: Copy + Send + Sync + 'static {
@@ -32,6 +35,8 @@ pub(crate) trait Isa: Copy + Send + Sync + 'static {
     /// Default depth (KC) and row (MC) blocking.
     const KC: usize;
     const MC: usize;
+    /// The ISA has `kernel_b_rows`.
+    const B_ROWS: bool = false;
     /// C[r, j] (r < MR, j < NR; row stride `rs`, unit column stride) = [C +] alpha * sum_p
     /// A[p * MR + r] * B[p * NR + j].
     ///
@@ -47,12 +52,29 @@ pub(crate) trait Isa: Copy + Send + Sync + 'static {
     unsafe fn kernel_rows(_mv: usize, _kc: usize, _a: *const f32, _b: *const f32, _c: *mut f32, _rs: isize, _alpha: f32, _acc: bool) -> bool {
         false
     }
+    /// As `kernel_rows` for any 0 < mv ≤ MR, with B read in place instead of from a packed
+    /// panel: step p's NR values are the contiguous floats at `b + p * bs` (a row-major B's row).
+    /// False, touching nothing, where the ISA has no such kernel (`B_ROWS` false).
+    ///
+    /// # Safety
+    /// As `kernel`; B valid for kc steps of NR floats `bs` apart.
+    unsafe fn kernel_b_rows(_mv: usize, _kc: usize, _a: *const f32, _b: *const f32, _bs: usize, _c: *mut f32, _rs: isize, _alpha: f32, _acc: bool) -> bool {
+        false
+    }
     /// Packs depth p0..p0+kc, columns j0..j0+nv (nv ≤ NR) of a B whose columns are contiguous
     /// (rs == 1) into one NR-wide panel, zero-filling columns past nv.
     ///
     /// # Safety
     /// B must be valid there; `dst` holds kc * NR floats.
     unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32);
+    /// `pack_b_rows` compiled for this ISA (its copies in full-width vectors, not SSE2's); the
+    /// default is the baseline build.
+    ///
+    /// # Safety
+    /// As `pack_b_rows`.
+    unsafe fn pack_b_rows(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+        pack_b_rows::<Self>(b, p0, kc, g0, g1, n, dst)
+    }
 }
 
 fn blocking<I: Isa>() -> (usize, usize) {
@@ -158,6 +180,10 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
         // A_SCRATCH floats at a time: a deep k is taken in groups of whole KC slices.
         let m_pad = mpan * I::MR;
         let group = (A_SCRATCH / (m_pad * kc_)).max(1) * kc_;
+        // a row-major B is read in place when each of its panels feeds few row tiles (packing
+        // it costs more than the tiles' reads of it save) and its rows are not a multiple of
+        // 4 KiB apart (those would all fall into the same few L1 sets)
+        let direct_b = I::B_ROWS && b.cs == 1 && b.rs > 0 && b.rs as usize != I::NR && !(b.rs as usize * 4).is_multiple_of(4096);
         let mut d0 = 0;
         while d0 < k {
             let d1 = (d0 + group).min(k);
@@ -193,8 +219,23 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
                             while g0 < j1 {
                                 let g1 = (g0 + PANEL_GROUP).min(j1);
                                 let panel = |jp: usize| pb.add((jp - g0) * kc * I::NR);
+                                if direct_b {
+                                    // full panels read in place, a partial last one packed
+                                    for jp in g0..g1 {
+                                        let j = jp * I::NR;
+                                        if j + I::NR <= n {
+                                            let src = b.p.0.offset(p0 as isize * b.rs + j as isize);
+                                            tiles_b::<I>(0, m, jp, n, kc, pa, src, b.rs as usize, c, alpha, accumulate || p0 > 0, p0 + kc >= k, epi);
+                                        } else {
+                                            pack_b::<I>(b, p0, kc, j, n, panel(jp));
+                                            tiles::<I>(0, m, jp, n, kc, pa, panel(jp), c, alpha, accumulate || p0 > 0, p0 + kc >= k, epi);
+                                        }
+                                    }
+                                    g0 = g1;
+                                    continue;
+                                }
                                 if b.cs == 1 {
-                                    pack_b_rows::<I>(b, p0, kc, g0, g1, n, panel(g0));
+                                    I::pack_b_rows(b, p0, kc, g0, g1, n, panel(g0));
                                 } else {
                                     for jp in g0..g1 {
                                         pack_b::<I>(b, p0, kc, jp * I::NR, n, panel(jp));
@@ -323,8 +364,19 @@ unsafe fn tiles<I: Isa>(
     r0: usize, r1: usize, jp: usize, n: usize, kc: usize, pa: *const f32, pb: *const f32, c: Mat, alpha: f32, acc: bool, last: bool,
     epi: &Epi,
 ) {
+    tiles_b::<I>(r0, r1, jp, n, kc, pa, pb, I::NR, c, alpha, acc, last, epi)
+}
+
+/// `tiles` with B's steps `bs` floats apart: a packed panel (bs = NR) or, for a full-width
+/// panel only, the rows of a row-major B read in place (`Isa::kernel_b_rows`).
+#[inline(always)]
+unsafe fn tiles_b<I: Isa>(
+    r0: usize, r1: usize, jp: usize, n: usize, kc: usize, pa: *const f32, pb: *const f32, bs: usize, c: Mat, alpha: f32, acc: bool,
+    last: bool, epi: &Epi,
+) {
     let j = jp * I::NR;
     let nv = I::NR.min(n - j);
+    let packed = bs == I::NR;
     let mut i = r0;
     while i < r1 {
         let mv = I::MR.min(r1 - i);
@@ -334,7 +386,9 @@ unsafe fn tiles<I: Isa>(
         // fewer rows where the ISA has a kernel for them)
         let direct = nv == I::NR
             && c.cs == 1
-            && if mv == I::MR {
+            && if !packed {
+                I::kernel_b_rows(mv, kc, ap, pb, bs, cp, c.rs, alpha, acc)
+            } else if mv == I::MR {
                 I::kernel(kc, ap, pb, cp, c.rs, alpha, acc);
                 true
             } else {
@@ -348,8 +402,15 @@ unsafe fn tiles<I: Isa>(
                 }
             }
         } else {
+            // only the tile's mv rows where the ISA has a kernel for them (a partial last
+            // tile of a narrow product would otherwise cost a whole one)
             let mut tile = [0f32; MAX_TILE];
-            I::kernel(kc, ap, pb, tile.as_mut_ptr(), I::NR as isize, 1.0, false);
+            let t = tile.as_mut_ptr();
+            if !packed {
+                I::kernel_b_rows(mv, kc, ap, pb, bs, t, I::NR as isize, 1.0, false);
+            } else if mv == I::MR || !I::kernel_rows(mv, kc, ap, pb, t, I::NR as isize, 1.0, false) {
+                I::kernel(kc, ap, pb, t, I::NR as isize, 1.0, false);
+            }
             store_tile(&tile[..I::MR * I::NR], I::NR, c, i, j, mv, nv, alpha, acc, if last { Some(epi) } else { None });
         }
         i += I::MR;
@@ -406,7 +467,7 @@ unsafe fn pack_b<I: Isa>(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst:
     let nr = I::NR;
     let nv = nr.min(n - j0);
     if b.cs == 1 {
-        pack_b_rows::<I>(b, p0, kc, j0 / nr, j0 / nr + 1, n, dst);
+        I::pack_b_rows(b, p0, kc, j0 / nr, j0 / nr + 1, n, dst);
     } else if b.rs == 1 {
         // transposed weights (linear): each column of B is contiguous along k
         I::pack_b_t(b, p0, kc, j0, nv, dst);
@@ -430,7 +491,7 @@ unsafe fn pack_b<I: Isa>(b: Mat, p0: usize, kc: usize, j0: usize, n: usize, dst:
 /// consecutive NR-wide panels of kc rows each (zero columns past n), reading each row of B
 /// once across the group.
 #[inline(always)]
-unsafe fn pack_b_rows<I: Isa>(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+pub(crate) unsafe fn pack_b_rows<I: Isa>(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
     let nr = I::NR;
     let (c0, c1) = (g0 * nr, (g1 * nr).min(n));
     // rows a few steps ahead are requested while this one is copied, so that many of the
@@ -550,11 +611,11 @@ unsafe fn store_tile_generic(tile: &[f32], ts: usize, c: Mat, i: usize, j: usize
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{pack_b_t_scalar, Isa};
+    use super::{pack_b_rows, pack_b_t_scalar, Isa};
     use crate::kernels::gemm::Mat;
     use std::arch::x86_64::*;
 
-    /// 8×32 tiles in 16 zmm accumulators.
+    /// MR512×32 tiles (12×32: 24 zmm accumulators).
     #[derive(Clone, Copy)]
     pub struct Avx512;
 
@@ -565,18 +626,67 @@ pub(crate) mod x86 {
     pub struct Avx2;
 
     impl Isa for Avx512 {
-        const MR: usize = 8;
+        const MR: usize = MR512;
         const NR: usize = 32;
-        const KC: usize = 512;
-        const MC: usize = 64;
+        const KC: usize = 256;
+        const MC: usize = 96;
+        const B_ROWS: bool = true;
         #[inline(always)]
         unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) {
-            kernel_avx512(kc, a, b, c, rs, alpha, acc)
+            kernel_avx512::<MR512>(kc, a, b, 32, c, rs, alpha, acc)
+        }
+        #[inline(always)]
+        unsafe fn kernel_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
+            // every row count below MR512 (the match is exhaustive up to the largest MR512 tried)
+            match mv {
+                1 => kernel_avx512::<1>(kc, a, b, 32, c, rs, alpha, acc),
+                2 => kernel_avx512::<2>(kc, a, b, 32, c, rs, alpha, acc),
+                3 => kernel_avx512::<3>(kc, a, b, 32, c, rs, alpha, acc),
+                4 => kernel_avx512::<4>(kc, a, b, 32, c, rs, alpha, acc),
+                5 => kernel_avx512::<5>(kc, a, b, 32, c, rs, alpha, acc),
+                6 => kernel_avx512::<6>(kc, a, b, 32, c, rs, alpha, acc),
+                7 => kernel_avx512::<7>(kc, a, b, 32, c, rs, alpha, acc),
+                8 if MR512 > 8 => kernel_avx512::<8>(kc, a, b, 32, c, rs, alpha, acc),
+                9 if MR512 > 9 => kernel_avx512::<9>(kc, a, b, 32, c, rs, alpha, acc),
+                10 if MR512 > 10 => kernel_avx512::<10>(kc, a, b, 32, c, rs, alpha, acc),
+                11 if MR512 > 11 => kernel_avx512::<11>(kc, a, b, 32, c, rs, alpha, acc),
+                12 if MR512 > 12 => kernel_avx512::<12>(kc, a, b, 32, c, rs, alpha, acc),
+                13 if MR512 > 13 => kernel_avx512::<13>(kc, a, b, 32, c, rs, alpha, acc),
+                _ => return false,
+            }
+            true
+        }
+        #[inline(always)]
+        unsafe fn kernel_b_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
+            match mv {
+                1 => kernel_avx512::<1>(kc, a, b, bs, c, rs, alpha, acc),
+                2 => kernel_avx512::<2>(kc, a, b, bs, c, rs, alpha, acc),
+                3 => kernel_avx512::<3>(kc, a, b, bs, c, rs, alpha, acc),
+                4 => kernel_avx512::<4>(kc, a, b, bs, c, rs, alpha, acc),
+                5 => kernel_avx512::<5>(kc, a, b, bs, c, rs, alpha, acc),
+                6 => kernel_avx512::<6>(kc, a, b, bs, c, rs, alpha, acc),
+                7 => kernel_avx512::<7>(kc, a, b, bs, c, rs, alpha, acc),
+                8 => kernel_avx512::<8>(kc, a, b, bs, c, rs, alpha, acc),
+                9 => kernel_avx512::<9>(kc, a, b, bs, c, rs, alpha, acc),
+                10 => kernel_avx512::<10>(kc, a, b, bs, c, rs, alpha, acc),
+                11 => kernel_avx512::<11>(kc, a, b, bs, c, rs, alpha, acc),
+                _ => kernel_avx512::<MR512>(kc, a, b, bs, c, rs, alpha, acc),
+            }
+            true
         }
         #[inline(always)]
         unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32) {
             pack_b_t_avx512(b, p0, kc, j0, nv, dst)
         }
+        #[inline(always)]
+        unsafe fn pack_b_rows(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+            pack_b_rows_avx512(b, p0, kc, g0, g1, n, dst)
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_b_rows_avx512(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+        pack_b_rows::<Avx512>(b, p0, kc, g0, g1, n, dst)
     }
 
     impl Isa for Avx2 {
@@ -584,19 +694,32 @@ pub(crate) mod x86 {
         const NR: usize = 16;
         const KC: usize = 256;
         const MC: usize = 96;
+        const B_ROWS: bool = true;
         #[inline(always)]
         unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) {
-            kernel_avx2::<6>(kc, a, b, c, rs, alpha, acc)
+            kernel_avx2::<6>(kc, a, b, 16, c, rs, alpha, acc)
         }
         #[inline(always)]
         unsafe fn kernel_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
             match mv {
-                1 => kernel_avx2::<1>(kc, a, b, c, rs, alpha, acc),
-                2 => kernel_avx2::<2>(kc, a, b, c, rs, alpha, acc),
-                3 => kernel_avx2::<3>(kc, a, b, c, rs, alpha, acc),
-                4 => kernel_avx2::<4>(kc, a, b, c, rs, alpha, acc),
-                5 => kernel_avx2::<5>(kc, a, b, c, rs, alpha, acc),
+                1 => kernel_avx2::<1>(kc, a, b, 16, c, rs, alpha, acc),
+                2 => kernel_avx2::<2>(kc, a, b, 16, c, rs, alpha, acc),
+                3 => kernel_avx2::<3>(kc, a, b, 16, c, rs, alpha, acc),
+                4 => kernel_avx2::<4>(kc, a, b, 16, c, rs, alpha, acc),
+                5 => kernel_avx2::<5>(kc, a, b, 16, c, rs, alpha, acc),
                 _ => return false,
+            }
+            true
+        }
+        #[inline(always)]
+        unsafe fn kernel_b_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
+            match mv {
+                1 => kernel_avx2::<1>(kc, a, b, bs, c, rs, alpha, acc),
+                2 => kernel_avx2::<2>(kc, a, b, bs, c, rs, alpha, acc),
+                3 => kernel_avx2::<3>(kc, a, b, bs, c, rs, alpha, acc),
+                4 => kernel_avx2::<4>(kc, a, b, bs, c, rs, alpha, acc),
+                5 => kernel_avx2::<5>(kc, a, b, bs, c, rs, alpha, acc),
+                _ => kernel_avx2::<6>(kc, a, b, bs, c, rs, alpha, acc),
             }
             true
         }
@@ -604,39 +727,60 @@ pub(crate) mod x86 {
         unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32) {
             pack_b_t_avx2(b, p0, kc, j0, nv, dst)
         }
+        #[inline(always)]
+        unsafe fn pack_b_rows(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+            pack_b_rows_avx2(b, p0, kc, g0, g1, n, dst)
+        }
     }
 
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pack_b_rows_avx2(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
+        pack_b_rows::<Avx2>(b, p0, kc, g0, g1, n, dst)
+    }
+
+    /// Rows of the AVX-512 tile: MR512 × 32 accumulators in 2 × MR512 zmm registers, two for
+    /// the step's B vectors and one for A's broadcast value. 12 rows (24 accumulators) against
+    /// the former 8: fewer B loads per FMA; measured ahead of 8 at 1024³ and 256³ (1 thread).
+    pub(crate) const MR512: usize = 12;
+
+    /// Rows 0..R of an MR512×32 tile (R = MR512: the whole tile); A's packed panel has MR512
+    /// rows a step.
     #[target_feature(enable = "avx512f")]
-    unsafe fn kernel_avx512(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
-        const MR: usize = 8;
-        for r in 0..MR {
+    unsafe fn kernel_avx512<const R: usize>(kc: usize, a: *const f32, b: *const f32, bs: usize, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
+        const MR: usize = MR512;
+        for r in 0..R {
             let row = cp.wrapping_offset(r as isize * rs) as *const i8;
             // 128 bytes: up to three lines when the row is not line-aligned
             _mm_prefetch::<_MM_HINT_T0>(row);
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(127));
         }
-        let mut c = [[_mm512_setzero_ps(); 2]; MR];
+        let mut c = [[_mm512_setzero_ps(); 2]; R];
         let (mut a, mut b) = (a, b);
         for _ in 0..kc {
+            // B's and A's lines eight steps ahead (hints: past the panels' ends they are
+            // harmless): 1024³ went 0.78 -> 0.99x MKL, 64x784x512 0.80 -> 0.96x (1 thread)
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(8 * bs) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(8 * bs + 16) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(8 * MR) as *const i8);
             let b0 = _mm512_loadu_ps(b);
             let b1 = _mm512_loadu_ps(b.add(16));
-            for r in 0..MR {
+            for r in 0..R {
                 let av = _mm512_set1_ps(*a.add(r));
                 c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
                 c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
             }
             a = a.add(MR);
-            b = b.add(32);
+            b = b.add(bs);
         }
         let al = _mm512_set1_ps(alpha);
-        for r in 0..MR {
+        for r in 0..R {
             let p = cp.offset(r as isize * rs);
-            let (mut v0, mut v1) = (_mm512_mul_ps(c[r][0], al), _mm512_mul_ps(c[r][1], al));
-            if acc {
-                v0 = _mm512_add_ps(v0, _mm512_loadu_ps(p));
-                v1 = _mm512_add_ps(v1, _mm512_loadu_ps(p.add(16)));
-            }
+            let (v0, v1) = if acc {
+                (_mm512_fmadd_ps(c[r][0], al, _mm512_loadu_ps(p)), _mm512_fmadd_ps(c[r][1], al, _mm512_loadu_ps(p.add(16))))
+            } else {
+                (_mm512_mul_ps(c[r][0], al), _mm512_mul_ps(c[r][1], al))
+            };
             _mm512_storeu_ps(p, v0);
             _mm512_storeu_ps(p.add(16), v1);
         }
@@ -644,7 +788,7 @@ pub(crate) mod x86 {
 
     /// Rows 0..R of a 6×16 tile (R = 6: the whole tile); A's packed panel has 6 rows a step.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn kernel_avx2<const R: usize>(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
+    unsafe fn kernel_avx2<const R: usize>(kc: usize, a: *const f32, b: *const f32, bs: usize, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
         const MR: usize = 6;
         // the tile of C is read (acc) or written once the loop is done: its lines are
         // requested now so that the miss overlaps the loop instead of following it
@@ -659,8 +803,8 @@ pub(crate) mod x86 {
         let mut p = 0;
         while p + 2 <= kc {
             for u in 0..2 {
-                let b0 = _mm256_loadu_ps(b.add(16 * u));
-                let b1 = _mm256_loadu_ps(b.add(16 * u + 8));
+                let b0 = _mm256_loadu_ps(b.add(bs * u));
+                let b1 = _mm256_loadu_ps(b.add(bs * u + 8));
                 for r in 0..R {
                     let av = _mm256_broadcast_ss(&*a.add(MR * u + r));
                     c[r][0] = _mm256_fmadd_ps(av, b0, c[r][0]);
@@ -668,7 +812,7 @@ pub(crate) mod x86 {
                 }
             }
             a = a.add(2 * MR);
-            b = b.add(32);
+            b = b.add(2 * bs);
             p += 2;
         }
         if p < kc {
