@@ -100,6 +100,11 @@ class Lowerer:
                 self.uses[r] = self.uses.get(r, 0) + 1
         for r in _refs(plan.outputs):
             self.uses[r] = self.uses.get(r, 0) + 1
+        from tb_cpu_rust.lowering.rope import find_ropes  # rope.py imports steps, as this module does
+
+        # rotary embeddings lowered as one sweep at their final add; their inner nodes are skipped
+        self.ropes = find_ropes(plan, self.uses)
+        self.rope_inner = {k for r in self.ropes.values() for k in r.inner}
 
     # -- values ---------------------------------------------------------------------------
     def new_buffer(self, kind: str, meta: TensorMeta) -> int:
@@ -260,6 +265,15 @@ class Lowerer:
                 if isinstance(item, Lazy):
                     item.group.members[slot] = item
                 self.slot[slot] = item
+                continue
+            if k in self.rope_inner:
+                self.slot[slot] = None  # read only by its rope's final add, lowered there
+                continue
+            if k in self.ropes:
+                from tb_cpu_rust.lowering.rope import lower_rope
+
+                self.node_slot = slot
+                self.slot[slot] = lower_rope(self, self.ropes[k], node.out)
                 continue
             self.slot[slot] = self.lower_node(node, slot)
         self.flush()
