@@ -64,7 +64,9 @@ def profile(key: str, threads: int, calls: int) -> None:
                 counts[kind] += 1
     total = sum(sum(v) for v in by_kind.values())
     print(f"\n{key}: {desc}, {threads} thread(s), {len(programs)} native partition(s)")
-    print(f"  eager {1e3 * times['eager']:.3f} ms, torchburn {1e3 * times['torchburn']:.3f} ms, steps {1e3 * total:.3f} ms")
+    print(
+        f"  eager {1e3 * times['eager']:.3f} ms, torchburn {1e3 * times['torchburn']:.3f} ms, steps {1e3 * total:.3f} ms"
+    )
     for kind, ts in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
         s = sum(ts)
         print(f"  {kind:<22} x{counts[kind]:<4} {1e3 * s:8.3f} ms  {100 * s / total:5.1f}%")

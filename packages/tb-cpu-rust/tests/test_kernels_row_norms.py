@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from native_helpers import check_native, randn
 
 ROW_LENGTHS = [1, 7, 31, 32, 33, 256, 1023, 1025, 4099]

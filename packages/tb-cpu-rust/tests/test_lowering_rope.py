@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from native_helpers import randn, run_native
 
 
@@ -46,7 +45,9 @@ def _ew_count(specs: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.parametrize("b,h,hk,seq,d", [(4, 4, 2, 64, 64), (1, 2, 2, 7, 2), (2, 8, 1, 33, 128), (3, 3, 3, 5, 10)])
-def test_rope_matches_eager_in_one_sweep_per_tensor(lowered: list[dict[str, Any]], b: int, h: int, hk: int, seq: int, d: int) -> None:
+def test_rope_matches_eager_in_one_sweep_per_tensor(
+    lowered: list[dict[str, Any]], b: int, h: int, hk: int, seq: int, d: int
+) -> None:
     # projections viewed as (B, L, H, D) and transposed, as attention layers do
     q = randn(b, seq, h, d, seed=1).transpose(1, 2)
     k = randn(b, seq, hk, d, seed=2).transpose(1, 2)

@@ -14,7 +14,11 @@ from torchburn.testing import compile_with, native_and_fallback
 
 def _qkv(b: int, h: int, hk: int, lq: int, lk: int, e: int, seed: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, h, lq, e, generator=g), torch.randn(b, hk, lk, e, generator=g), torch.randn(b, hk, lk, e, generator=g)
+    return (
+        torch.randn(b, h, lq, e, generator=g),
+        torch.randn(b, hk, lk, e, generator=g),
+        torch.randn(b, hk, lk, e, generator=g),
+    )
 
 
 @pytest.mark.parametrize("h,hk", [(4, 2), (6, 3), (8, 1), (4, 4)])
@@ -54,9 +58,8 @@ def test_grouped_query_sdpa_with_a_mask_and_non_contiguous_operands(kind: str) -
     assert not native_and_fallback(reports)[1]
 
 
-def test_heads_that_do_not_divide_stay_eager_with_the_reason() -> None:
-    """3 key/value heads for 4 query heads: eager refuses it too; the node is refused on its own
-    (eager raises the error it raises) and the reason names the head counts."""
+def test_heads_that_do_not_divide_raise_as_eager_does() -> None:
+    """3 key/value heads for 4 query heads: eager refuses it, and so does the compiled call."""
     q, k, v = _qkv(1, 4, 3, 5, 5, 8, seed=2)
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -64,11 +67,26 @@ def test_heads_that_do_not_divide_stay_eager_with_the_reason() -> None:
 
     with pytest.raises(RuntimeError):
         f(q, k, v)
-    fn, reports = compile_with("native_cpu", f)
-    with pytest.raises(Exception):
+    fn, _ = compile_with("native_cpu", f)
+    with pytest.raises(RuntimeError):
         fn(q, k, v)
-    reasons = [r for rep in reports for op, r in rep.fallbacks if "scaled_dot_product" in op]
-    assert not reasons or any("4 query heads, 3 key heads" in r for r in reasons), reasons
+
+
+def test_the_lowering_check_names_head_counts_that_do_not_divide() -> None:
+    from types import SimpleNamespace
+
+    from tb_cpu_rust.lowering.attention import _sdpa_check
+
+    def meta(*shape: int) -> SimpleNamespace:
+        return SimpleNamespace(shape=shape)
+
+    info = SimpleNamespace(args=(None, None, None), inputs=[meta(1, 4, 5, 8), meta(1, 3, 5, 8), meta(1, 3, 5, 8)])
+    reason = _sdpa_check(info)
+    assert reason is not None and "4 query heads, 3 key heads" in reason, reason
+    info.inputs = [meta(1, 4, 5, 8), meta(1, 2, 5, 8), meta(1, 2, 5, 8)]
+    assert _sdpa_check(info) is None
+    info.inputs = [meta(1, 4, 5, 8), meta(1, 2, 5, 8), meta(1, 4, 5, 8)]
+    assert _sdpa_check(info) is not None
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -82,8 +100,14 @@ def test_very_negative_scores_flush_to_zero_probabilities(causal: bool) -> None:
     m[3] = -95.0 - torch.rand(48, generator=g)  # the whole row very negative
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=False) if not causal else (
-            F.scaled_dot_product_attention(q, k, v, attn_mask=m + torch.triu(torch.full((48, 48), float("-inf")), 1))
+        return (
+            F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=False)
+            if not causal
+            else (
+                F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=m + torch.triu(torch.full((48, 48), float("-inf")), 1)
+                )
+            )
         )
 
     fn, reports = compile_with("native_cpu", f)

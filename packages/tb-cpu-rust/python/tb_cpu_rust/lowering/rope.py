@@ -116,7 +116,11 @@ def _match(plan: Plan, node: Any, only_here: Any, out: TensorMeta, m1: Any, m2: 
         xm, cm, sm = _meta(plan, x), _meta(plan, cos), _meta(plan, sin)
         if xm is None or cm is None or sm is None or {xm.dtype, cm.dtype, sm.dtype} != {F32}:
             continue
-        if tuple(xm.shape) != tuple(out.shape) or not _broadcasts(cm.shape, out.shape) or not _broadcasts(sm.shape, out.shape):
+        if (
+            tuple(xm.shape) != tuple(out.shape)
+            or not _broadcasts(cm.shape, out.shape)
+            or not _broadcasts(sm.shape, out.shape)
+        ):
             continue
         if cm.shape[-1] != out.shape[-1] or sm.shape[-1] != out.shape[-1]:
             continue  # cos / sin must vary along the rotated dim as x does (no broadcast there)
@@ -171,4 +175,3 @@ def lower_rope(lw: Any, rope: Rope, out_meta: TensorMeta) -> int:
     ]
     lw.steps.append(S.Ew("f32", ins, [o_lo, o_hi], prog))
     return o
-
