@@ -4,6 +4,9 @@ block sizes, long rows, weights or none, NaN / inf, empty, non-contiguous inputs
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,3 +88,65 @@ def test_empty_rows_and_batches() -> None:
     check_native(lambda x: F.layer_norm(x, (8,)) + 1.0, torch.zeros(0, 8))
     check_native(lambda x: x.sum(-1) + 1.0, torch.zeros(5, 0))
     check_native(lambda x: x.mean(-1) + 1.0, torch.zeros(0, 4))
+
+
+@pytest.fixture
+def lowered(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The lowered spec of every partition compiled while the test runs."""
+    from tb_cpu_rust import lower as lower_mod
+    from tb_cpu_rust import program
+
+    seen: list[dict[str, Any]] = []
+
+    def record(plan: Any) -> dict[str, Any]:
+        result = lower_mod.lower(plan)
+        seen.append(json.loads(result["json"]))
+        return result
+
+    monkeypatch.setattr(program, "lower", record)
+    return seen
+
+
+def _ops(specs: list[dict[str, Any]]) -> list[str]:
+    return [s["op"] for spec in specs for s in spec["steps"]]
+
+
+@pytest.mark.parametrize("weighted", ["left", "right", "none"])
+@pytest.mark.parametrize("n", [1, 33, 256, 1025])
+def test_written_out_rms_norm_becomes_one_step(lowered: list[dict[str, Any]], weighted: str, n: int) -> None:
+    x, w = randn(3, 7, n, seed=n), randn(n, seed=17)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        h = x + 1.0  # the residual add before the norm, as in a decoder layer
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * y if weighted == "left" else y * w if weighted == "right" else y
+
+    check_native(f, x, rtol=1e-5, atol=1e-6)
+    assert _ops(lowered).count("rms_norm") == 1 and "reduce" not in _ops(lowered), _ops(lowered)
+
+
+def test_rms_norm_pattern_near_misses_stay_node_by_node(lowered: list[dict[str, Any]]) -> None:
+    """The mean square read elsewhere, a mean without keepdim, a cube: lowered as written."""
+    x = randn(4, 16, seed=18)
+
+    def shared(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ms = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(ms + 1e-6), ms
+
+    def cube(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(3).mean(-1, keepdim=True) + 1e-6)
+
+    def over_first_dim(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)
+
+    for f in (shared, cube, over_first_dim):
+        lowered.clear()
+        check_native(f, x, rtol=1e-5, atol=1e-6)
+        assert "rms_norm" not in _ops(lowered), f.__name__
+
+
+def test_rms_norm_pattern_propagates_nan_and_inf() -> None:
+    x = randn(3, 40, seed=19)
+    x[0, 3], x[1, 5] = float("nan"), float("inf")
+    w = randn(40, seed=20)
+    check_native(lambda x: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)), x, rtol=1e-5, atol=1e-6)

@@ -100,11 +100,11 @@ class Lowerer:
                 self.uses[r] = self.uses.get(r, 0) + 1
         for r in _refs(plan.outputs):
             self.uses[r] = self.uses.get(r, 0) + 1
-        from tb_cpu_rust.lowering.rope import find_ropes  # rope.py imports steps, as this module does
+        # patterns lowered as one step at their last node (rotary embeddings, written-out RMS
+        # norms): node index -> its lowering; the nodes inside a pattern are skipped
+        from tb_cpu_rust.lowering.patterns import find_patterns  # it imports this module
 
-        # rotary embeddings lowered as one sweep at their final add; their inner nodes are skipped
-        self.ropes = find_ropes(plan, self.uses)
-        self.rope_inner = {k for r in self.ropes.values() for k in r.inner}
+        self.patterns, self.pattern_inner = find_patterns(plan, self.uses)
 
     # -- values ---------------------------------------------------------------------------
     def new_buffer(self, kind: str, meta: TensorMeta) -> int:
@@ -266,14 +266,12 @@ class Lowerer:
                     item.group.members[slot] = item
                 self.slot[slot] = item
                 continue
-            if k in self.rope_inner:
-                self.slot[slot] = None  # read only by its rope's final add, lowered there
+            if k in self.pattern_inner:
+                self.slot[slot] = None  # read only by its pattern's last node, lowered there
                 continue
-            if k in self.ropes:
-                from tb_cpu_rust.lowering.rope import lower_rope
-
+            if k in self.patterns:
                 self.node_slot = slot
-                self.slot[slot] = lower_rope(self, self.ropes[k], node.out)
+                self.slot[slot] = self.patterns[k](self, node.out)
                 continue
             self.slot[slot] = self.lower_node(node, slot)
         self.flush()
