@@ -285,6 +285,7 @@ CASES: dict[str, Callable[[], Call]] = {
     "Executor": lambda: Call(_native.Executor, [_copy_plan(3)], names=[0]),
     "Executor.run": lambda: _run("run"),
     "Executor.run_ptrs": lambda: _run("run_ptrs"),
+    "Executor.run_profiled": lambda: _run("run_profiled"),
     "Executor.n_inputs": lambda: _getter(lambda: _native.Executor(_copy_plan(2)), "n_inputs"),
     "Executor.n_outputs": lambda: _getter(lambda: _native.Executor(_copy_plan(2)), "n_outputs"),
     "Executor.n_steps": lambda: _getter(lambda: _native.Executor(_copy_plan(2)), "n_steps"),

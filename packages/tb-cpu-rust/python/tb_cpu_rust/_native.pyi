@@ -63,6 +63,8 @@ class Executor:
         """
     def run_ptrs(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
         """``run``, under the name of the former bare-pointer entry."""
+    def run_profiled(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[tuple[str, float]]:
+        """``run``, returning each step's kind and wall time in seconds, in step order."""
     @property
     def n_inputs(self) -> int: ...
     @property

@@ -84,6 +84,8 @@ pub struct Executor {
     pub buffers: Vec<Buffer>,
     /// the built steps, in order (each a kernel family's closure over validated views)
     pub steps: Vec<Box<dyn StepKernel>>,
+    /// each step's kind (its `op` tag), in step order: what `run_profiled` reports
+    pub tags: Vec<&'static str>,
     pub n_inputs: usize,
     pub n_outputs: usize,
     workspace: Mutex<Option<Vec<Vec<u64>>>>,
@@ -133,6 +135,7 @@ impl Executor {
         }
         let get = |i: usize| values.get(i).cloned().ok_or_else(|| format!("step names value {i} of {}", values.len()));
         let mut steps = Vec::with_capacity(spec.steps.len());
+        let mut tags = Vec::with_capacity(spec.steps.len());
         for s in &spec.steps {
             let ins: Vec<Option<View>> = s.ins.iter().map(|i| i.map(get).transpose()).collect::<Result<_>>()?;
             let outs: Vec<View> = s.outs.iter().map(|&i| get(i)).collect::<Result<_>>()?;
@@ -145,10 +148,11 @@ impl Executor {
                     return Err(format!("step {op} reads and writes the same buffer"));
                 }
             }
-            let step = step::build(s, ins, outs)?;
+            let (tag, step) = step::build(s, ins, outs)?;
+            tags.push(tag);
             steps.push(step);
         }
-        Ok(Executor { buffers, steps, n_inputs, n_outputs, workspace: Mutex::new(None) })
+        Ok(Executor { buffers, steps, tags, n_inputs, n_outputs, workspace: Mutex::new(None) })
     }
 
     fn check_counts(&self, inputs: usize, outputs: usize) -> Result<()> {
@@ -216,7 +220,22 @@ impl Executor {
     ///
     /// # Safety
     /// The pointers must be live tensors with the sizes and strides `bind` checked.
-    pub unsafe fn run(&self, mut ptrs: Vec<*mut u8>) -> Result<()> {
+    pub unsafe fn run(&self, ptrs: Vec<*mut u8>) -> Result<()> {
+        self.run_steps(ptrs, None)
+    }
+
+    /// `run`, also returning each step's wall time in seconds (step order; `tags` names them):
+    /// the profiling hook that shows where a plan's time goes. One clock read per step.
+    ///
+    /// # Safety
+    /// As `run`.
+    pub unsafe fn run_profiled(&self, ptrs: Vec<*mut u8>) -> Result<Vec<f64>> {
+        let mut times = Vec::with_capacity(self.steps.len());
+        self.run_steps(ptrs, Some(&mut times))?;
+        Ok(times)
+    }
+
+    unsafe fn run_steps(&self, mut ptrs: Vec<*mut u8>, mut times: Option<&mut Vec<f64>>) -> Result<()> {
         let mut ws = self.workspace.lock().ok().and_then(|mut g| g.take()).unwrap_or_else(|| {
             self.buffers
                 .iter()
@@ -228,7 +247,11 @@ impl Executor {
         let mem = Mem { ptrs };
         let mut result = Ok(());
         for step in &self.steps {
+            let start = times.as_ref().map(|_| std::time::Instant::now());
             let r = step.run(&mem);
+            if let (Some(t), Some(s)) = (times.as_deref_mut(), start) {
+                t.push(s.elapsed().as_secs_f64());
+            }
             if r.is_err() {
                 result = r;
                 break;

@@ -44,15 +44,16 @@ pub fn step_kinds() -> Vec<&'static str> {
     tags
 }
 
-/// Builds the kernel of one step over its (already resolved) operand and result views.
-pub fn build(spec: &StepSpec, ins: Vec<Option<View>>, outs: Vec<View>) -> Result<Box<dyn StepKernel>> {
+/// Builds the kernel of one step over its (already resolved) operand and result views; returns
+/// it with its kind's tag.
+pub fn build(spec: &StepSpec, ins: Vec<Option<View>>, outs: Vec<View>) -> Result<(&'static str, Box<dyn StepKernel>)> {
     let def = registry().get(spec.op.as_str()).ok_or_else(|| format!("bad plan spec: unknown step kind {:?}", spec.op))?;
     let op = def.tag;
     // only the kernels declared `any` read or write the storage-only dtypes (float64, int32, ...)
     if !def.any_dtype && ins.iter().flatten().chain(&outs).any(|v| !v.dtype.is_core()) {
         return Err(format!("kernel {op} takes float32, int64 and bool only"));
     }
-    (def.build)(&Args::new(op, ins, outs, &spec.params))
+    (def.build)(&Args::new(op, ins, outs, &spec.params)).map(|k| (op, k))
 }
 
 fn current() -> u32 {

@@ -16,13 +16,16 @@ use crate::core::tensor::{DType, View};
 const BQ: usize = 128;
 
 /// # Safety
-/// Every view must have been validated by its step builder against the buffers of `mem`.
+/// Every view must have been validated by its step builder against the buffers of `mem`. K and V
+/// may have fewer heads than Q when that count divides Q's (grouped-query attention: query head
+/// `hi` reads key/value head `hi / (H / Hkv)`).
 pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32) {
     let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
     let (s, ev) = (k.sizes[2], v.sizes[3]);
     if b * h * l == 0 {
         return;
     }
+    let group = h / k.sizes[1];
     let (pq, pk, pv, po, pl) = (mem.ptr::<f32>(q), mem.ptr::<f32>(k), mem.ptr::<f32>(v), mem.ptr::<f32>(o), mem.ptr::<f32>(lse));
     let pm = mask.map(|m| (SPtr(mem.byte_ptr(m)), m));
     let qblocks = l.div_ceil(BQ);
@@ -30,12 +33,13 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
     let task = |t: usize| {
         let (bh, qb) = (t / qblocks, t % qblocks);
         let (bi, hi) = (bh / h, bh % h);
+        let hk = hi / group;
         let i0 = qb * BQ;
         let rows = BQ.min(l - i0);
         let nk = if causal { s.min(i0 + rows) } else { s };
         let qp = pq.add(bi * q.strides[0] + hi * q.strides[1] + i0 * q.strides[2]);
-        let kp = pk.add(bi * k.strides[0] + hi * k.strides[1]);
-        let vp = pv.add(bi * v.strides[0] + hi * v.strides[1]);
+        let kp = pk.add(bi * k.strides[0] + hk * k.strides[1]);
+        let vp = pv.add(bi * v.strides[0] + hk * v.strides[1]);
         let op = po.add(bi * o.strides[0] + hi * o.strides[1] + i0 * o.strides[2]);
         let lp = pl.add(bi * lse.strides[0] + hi * lse.strides[1] + i0 * lse.strides[2]);
         let mut sc = vec![0f32; rows * nk.max(1)];
@@ -58,30 +62,19 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
             let row = &mut sc[r * nk..(r + 1) * nk];
             let qi = i0 + r;
             if let Some((mp, m)) = &pm {
-                let base = bi * m.strides[0] + hi * m.strides[1] + qi * m.strides[2];
-                for (j, x) in row.iter_mut().enumerate() {
-                    let at = base + j * m.strides[3];
-                    if m.dtype == DType::Bool {
-                        if *mp.add(at) == 0 {
-                            *x = f32::NEG_INFINITY;
-                        }
-                    } else {
-                        *x += *(mp.get() as *const f32).add(at);
-                    }
-                }
+                apply_mask(row, mp.get().add((bi * m.strides[0] + hi * m.strides[1] + qi * m.strides[2]) * m.dtype.size()), m.strides[3], m.dtype);
             }
-            if causal {
-                for x in row.iter_mut().skip(qi + 1) {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-            let mx = row_max(row);
+            // a causal row sees keys 0..=qi: only that prefix is exponentiated, the rest is 0
+            let valid = if causal { nk.min(qi + 1) } else { nk };
+            let (seen, hidden) = row.split_at_mut(valid);
+            hidden.fill(0.0);
+            let mx = row_max(seen);
             if mx == f32::NEG_INFINITY {
-                row.fill(0.0);
+                seen.fill(0.0);
                 *lp.add(r * lse.strides[2]) = f32::NEG_INFINITY;
                 continue;
             }
-            let sum = exp_shift_sum(row, mx);
+            let sum = exp_shift_sum(seen, mx);
             inv[r] = 1.0 / sum;
             *lp.add(r * lse.strides[2]) = mx + sum.ln();
         }
@@ -109,6 +102,31 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
         crate::core::par::for_each(tasks, task);
     } else {
         task(0);
+    }
+}
+
+/// Adds a float mask row (at `mp`, element stride `ms`) to the scores, or sets the scores a
+/// boolean mask row hides to -inf.
+///
+/// # Safety
+/// `mp` must be valid for `row.len()` elements of `dtype` at stride `ms`.
+unsafe fn apply_mask(row: &mut [f32], mp: *const u8, ms: usize, dtype: DType) {
+    if dtype == DType::Bool {
+        for (j, x) in row.iter_mut().enumerate() {
+            if *mp.add(j * ms) == 0 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    } else if ms == 1 {
+        let add = std::slice::from_raw_parts(mp as *const f32, row.len());
+        for (x, a) in row.iter_mut().zip(add) {
+            *x += a;
+        }
+    } else {
+        let mp = mp as *const f32;
+        for (j, x) in row.iter_mut().enumerate() {
+            *x += *mp.add(j * ms);
+        }
     }
 }
 
@@ -170,7 +188,9 @@ mod steps {
         need(q.rank() == 4 && k.rank() == 4 && v.rank() == 4 && o.rank() == 4 && lse.rank() == 3, "sdpa needs 4-d q/k/v")?;
         let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
         let s = k.sizes[2];
-        need(k.sizes == [b, h, s, e] && v.sizes[..3] == [b, h, s] && o.sizes == [b, h, l, v.sizes[3]], "sdpa shapes")?;
+        let hk = k.sizes[1];
+        need((hk > 0 && h % hk == 0) || (h == 0 && hk == 0), "sdpa: the key/value heads must divide the query heads")?;
+        need(k.sizes == [b, hk, s, e] && v.sizes[..3] == [b, hk, s] && o.sizes == [b, h, l, v.sizes[3]], "sdpa shapes")?;
         need(lse.sizes == [b, h, l], "sdpa logsumexp shape")?;
         let mask = a.opt(3);
         if let Some(m) = &mask {

@@ -37,6 +37,28 @@ impl Executor {
         .map_err(err)
     }
 
+    /// `run`, returning each step's kind and wall time in seconds, in step order: where a
+    /// plan's time goes (a profiling hook; one clock read per step).
+    fn run_profiled(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<Bound<'_, PyAny>>,
+        outputs: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(&'static str, f64)>> {
+        let ins = args::tensors(&inputs, "inputs", ANY)?;
+        let outs = args::tensors(&outputs, "outputs", ANY)?;
+        let ptrs = SendPtrs(self.inner.bind(&ins, &outs).map_err(err)?);
+        let inner = &self.inner;
+        let times = py
+            .detach(move || {
+                let ptrs = ptrs;
+                // SAFETY: as in `run`.
+                unsafe { inner.run_profiled(ptrs.0) }
+            })
+            .map_err(err)?;
+        Ok(inner.tags.iter().copied().zip(times).collect())
+    }
+
     /// `run` under the name of the former bare-pointer entry: the same validated call.
     fn run_ptrs(&self, py: Python<'_>, inputs: Vec<Bound<'_, PyAny>>, outputs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         self.run(py, inputs, outputs)

@@ -12,15 +12,16 @@ from tb_cpu_rust.lowering.registry import register_lowering
 
 
 def _sdpa_check(info: Any) -> str | None:
-    """No dropout, and as many key/value heads as query heads: the kernel has no grouped-query
-    (GQA) indexing yet, so such a node stays eager on its own instead of failing the partition."""
+    """No dropout; key and value heads equal in number and dividing the query heads (grouped-query
+    attention: query head ``i`` reads key/value head ``i // (H / Hkv)``)."""
     if len(info.args) > 3 and info.args[3]:
         return "dropout"
     q, k, v = info.inputs[:3]
     if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
         return "sdpa needs 4-d query, key and value"
-    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
-        return f"grouped-query attention ({q.shape[1]} query heads, {k.shape[1]} key/value heads)"
+    hq, hk = q.shape[1], k.shape[1]
+    if v.shape[1] != hk or (hk == 0 and hq != 0) or (hk != 0 and hq % hk != 0):
+        return f"{hq} query heads, {hk} key heads and {v.shape[1]} value heads (grouped-query attention needs equal key/value heads dividing the query heads)"
     return None
 
 

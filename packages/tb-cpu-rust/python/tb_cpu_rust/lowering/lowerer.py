@@ -100,6 +100,11 @@ class Lowerer:
                 self.uses[r] = self.uses.get(r, 0) + 1
         for r in _refs(plan.outputs):
             self.uses[r] = self.uses.get(r, 0) + 1
+        # patterns lowered as one step at their last node (rotary embeddings, written-out RMS
+        # norms): node index -> its lowering; the nodes inside a pattern are skipped
+        from tb_cpu_rust.lowering.patterns import find_patterns  # it imports this module
+
+        self.patterns, self.pattern_inner = find_patterns(plan, self.uses)
 
     # -- values ---------------------------------------------------------------------------
     def new_buffer(self, kind: str, meta: TensorMeta) -> int:
@@ -260,6 +265,13 @@ class Lowerer:
                 if isinstance(item, Lazy):
                     item.group.members[slot] = item
                 self.slot[slot] = item
+                continue
+            if k in self.pattern_inner:
+                self.slot[slot] = None  # read only by its pattern's last node, lowered there
+                continue
+            if k in self.patterns:
+                self.node_slot = slot
+                self.slot[slot] = self.patterns[k](self, node.out)
                 continue
             self.slot[slot] = self.lower_node(node, slot)
         self.flush()

@@ -43,8 +43,8 @@ def _softmax_backward(lw: Lowerer, node: Any) -> int:
 def _layer_norm(lw: Lowerer, node: Any) -> tuple[int, ...]:
     x, shape, w, b, eps = node.args
     y, mean, rstd = (lw.fresh(m) for m in node.out)
-    xv = lw.value(x)
-    weight, bias = (lw.value(t) if t is not None else None for t in (w, b))
+    xv = dense_copy(lw, lw.value(x))
+    weight, bias = (dense_copy(lw, lw.value(t)) if t is not None else None for t in (w, b))
     lw.steps.append(S.LayerNorm(x=xv, weight=weight, bias=bias, y=y, mean=mean, rstd=rstd,
                                 n=math.prod(shape), eps=float(eps)))  # fmt: skip
     return y, mean, rstd
@@ -57,7 +57,7 @@ def _rms_norm(lw: Lowerer, node: Any) -> tuple[int, ...]:
     eps = a[3] if len(a) > 3 else kw.get("eps")
     eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
     y, rstd = (lw.fresh(m) for m in node.out)
-    xv, wv = lw.value(x), lw.value(w) if w is not None else None
+    xv, wv = dense_copy(lw, lw.value(x)), dense_copy(lw, lw.value(w)) if w is not None else None
     lw.steps.append(S.RmsNorm(x=xv, weight=wv, y=y, rstd=rstd, n=math.prod(shape), eps=eps))
     return y, rstd
 
@@ -286,6 +286,15 @@ def _layer_norm_backward(lw: Lowerer, node: Any) -> tuple[int | None, ...]:
         lw.steps.append(S.Reduce(x=src, y=lw.reduced_view(flat, [1, 0], keep=False), kind=0, mask=(1, 0)))
         outs[k] = o
     return tuple(outs)
+
+
+def dense_copy(lw: Lowerer, v: int) -> int:
+    """``v`` itself when it is contiguous, else a contiguous copy (the norm kernels read rows)."""
+    if _dense(lw, v):
+        return v
+    t = lw.temp(list(lw.values[v]["sizes"]), lw.dtype_of(v))
+    lw.copy_into(v, t)
+    return t
 
 
 def _dense(lw: Lowerer, v: int) -> bool:

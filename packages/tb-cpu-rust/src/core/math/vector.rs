@@ -178,7 +178,10 @@ mod imp {
         }
     }
 
-    /// row[i] = exp(row[i] - shift); returns the sum of the new values.
+    /// row[i] = exp(row[i] - shift); returns the sum of the new values. Results below float32's
+    /// smallest normal number (row[i] - shift < -87.3) are flushed to 0, as the AVX2 path does:
+    /// these rows are attention probabilities that a GEMM reads next, and a denormal operand
+    /// costs a microcode assist per multiply (a causal mask's -inf scores made `sdpa` 2× slower).
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
@@ -187,12 +190,15 @@ mod imp {
         let n = row.len();
         let p = row.as_mut_ptr();
         let sh = _mm512_set1_ps(shift);
+        let floor = _mm512_set1_ps(-87.3);
         let mut acc = _mm512_setzero_ps();
         let mut i = 0;
         while i < n {
             let k: __mmask16 = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as __mmask16 };
-            let v = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p.add(i)), sh));
-            let v = _mm512_maskz_mov_ps(k, v);
+            let x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, p.add(i)), sh);
+            // keep lanes at or above the floor, and NaN lanes (NaN in, NaN out)
+            let keep = k & !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, floor);
+            let v = _mm512_maskz_mov_ps(keep, exp(x));
             acc = _mm512_add_ps(acc, v);
             _mm512_mask_storeu_ps(p.add(i), k, v);
             i += 16;

@@ -317,8 +317,12 @@ impl EwStep {
         }
         let inner = *self.shape.last().unwrap_or(&1);
         let outer = numel / inner.max(1);
-        let chunks_per_row = inner.div_ceil(BLK);
-        let items = outer * chunks_per_row;
+        // rows shorter than half a block share one: `rpi` rows per item (the program is
+        // interpreted once per item, so a 32-wide row no longer pays a whole block's dispatch)
+        let rpi = if inner > 0 && inner <= BLK / 2 { BLK / inner } else { 1 };
+        let chunks_per_row = if rpi > 1 { 1 } else { inner.div_ceil(BLK) };
+        let items = if rpi > 1 { outer.div_ceil(rpi) } else { outer * chunks_per_row };
+        let tiling = Tiling { cpr: chunks_per_row, rpi, outer, inner };
         let bases: Vec<SPtr<u8>> = self
             .ins
             .iter()
@@ -326,8 +330,8 @@ impl EwStep {
             .map(|v| SPtr(unsafe { mem.byte_ptr(v) }))
             .collect();
         let work = |range: std::ops::Range<usize>| match self.compute {
-            Compute::F32 => dispatch_f32(self, &bases, range, chunks_per_row, inner),
-            Compute::I64 => i64::with_regs(self.nregs.max(1), |regs| run_items::<i64>(self, &bases, range, chunks_per_row, inner, regs)),
+            Compute::F32 => dispatch_f32(self, &bases, range, tiling),
+            Compute::I64 => i64::with_regs(self.nregs.max(1), |regs| run_items::<i64>(self, &bases, range, tiling, regs)),
         };
         if numel.saturating_mul(self.prog.len()) >= PAR_WORK && items > 1 && crate::core::par::threads() > 1 {
             let tasks = (crate::core::par::threads() * 4).min(items);
@@ -370,33 +374,43 @@ pub fn coalesce(shape: &[usize], strides: Vec<Vec<usize>>) -> (Vec<usize>, Vec<V
     (out_shape, out_strides)
 }
 
-fn dispatch_f32(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize) {
+/// How a sweep is cut into items: `cpr` blocks per row of `inner` elements, or (`rpi` > 1)
+/// `rpi` whole rows per item; `outer` rows in all.
+#[derive(Clone, Copy)]
+struct Tiling {
+    cpr: usize,
+    rpi: usize,
+    outer: usize,
+    inner: usize,
+}
+
+fn dispatch_f32(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, t: Tiling) {
     // the register blocks come from a per-thread pool, fetched here, outside the
     // target-feature functions, so the hot loop below is never split off into a closure
     f32::with_regs(step.nregs.max(1), |regs| {
         #[cfg(target_arch = "x86_64")]
         {
             if crate::core::isa::has_avx512() {
-                return unsafe { run_f32_avx512(step, bases, range, cpr, inner, regs) };
+                return unsafe { run_f32_avx512(step, bases, range, t, regs) };
             }
             if crate::core::isa::has_avx2() {
-                return unsafe { run_f32_avx2(step, bases, range, cpr, inner, regs) };
+                return unsafe { run_f32_avx2(step, bases, range, t, regs) };
             }
         }
-        run_items::<f32>(step, bases, range, cpr, inner, regs)
+        run_items::<f32>(step, bases, range, t, regs)
     })
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn run_f32_avx512(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[f32; BLK]]) {
-    run_items::<f32>(step, bases, range, cpr, inner, regs)
+unsafe fn run_f32_avx512(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, t: Tiling, regs: &mut [[f32; BLK]]) {
+    run_items::<f32>(step, bases, range, t, regs)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[f32; BLK]]) {
-    run_items::<f32>(step, bases, range, cpr, inner, regs)
+unsafe fn run_f32_avx2(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, t: Tiling, regs: &mut [[f32; BLK]]) {
+    run_items::<f32>(step, bases, range, t, regs)
 }
 
 /// `f32::un` in the best instantiation for this CPU.
@@ -831,27 +845,53 @@ macro_rules! with_dtype {
 }
 
 #[inline(always)]
-fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, cpr: usize, inner: usize, regs: &mut [[T; BLK]]) {
+fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Range<usize>, t: Tiling, regs: &mut [[T; BLK]]) {
     let nd = step.shape.len();
     let nin = step.ins.len();
-    let mut idx = vec![0usize; nd];
-    let mut offs = vec![0usize; bases.len()];
-    for item in range {
-        let row = item / cpr;
-        let start = (item % cpr) * BLK;
-        let n = BLK.min(inner - start);
-        // multi-index of the row over the outer dims
-        let mut r = row;
-        for d in (0..nd.saturating_sub(1)).rev() {
-            idx[d] = r % step.shape[d];
-            r /= step.shape[d];
-        }
-        for (k, st) in step.strides.iter().enumerate() {
-            let mut o = start * st[nd - 1];
-            for d in 0..nd - 1 {
-                o += idx[d] * st[d];
+    let nops = bases.len();
+    // offs[j * nops + k]: operand k's element offset at the start of the item's j-th row
+    let mut offs = vec![0usize; nops * t.rpi];
+    if range.is_empty() {
+        return;
+    }
+    // the multi-index of the current row over the outer dims and each operand's offset there:
+    // found by division once per range, then stepped like an odometer (no division per row)
+    let outer_dims = nd.saturating_sub(1);
+    let first_row = if t.rpi > 1 { range.start * t.rpi } else { range.start / t.cpr };
+    let mut idx = vec![0usize; outer_dims];
+    let mut r = first_row;
+    for d in (0..outer_dims).rev() {
+        idx[d] = r % step.shape[d];
+        r /= step.shape[d];
+    }
+    let mut row_offs: Vec<usize> = step.strides.iter().map(|st| (0..outer_dims).map(|d| idx[d] * st[d]).sum()).collect();
+    let advance = |idx: &mut [usize], row_offs: &mut [usize]| {
+        for d in (0..outer_dims).rev() {
+            idx[d] += 1;
+            if idx[d] < step.shape[d] {
+                for (o, st) in row_offs.iter_mut().zip(&step.strides) {
+                    *o += st[d];
+                }
+                return;
             }
-            offs[k] = o;
+            idx[d] = 0;
+            for (o, st) in row_offs.iter_mut().zip(&step.strides) {
+                *o -= (step.shape[d] - 1) * st[d];
+            }
+        }
+    };
+    for item in range {
+        let (nrows, start) = if t.rpi > 1 { (t.rpi.min(t.outer - item * t.rpi), 0) } else { (1, (item % t.cpr) * BLK) };
+        // elements per row in this item, and in all
+        let w = if t.rpi > 1 { t.inner } else { BLK.min(t.inner - start) };
+        let n = w * nrows;
+        for j in 0..nrows {
+            for (k, st) in step.strides.iter().enumerate() {
+                offs[j * nops + k] = row_offs[k] + start * st[nd - 1];
+            }
+            if t.rpi > 1 || item % t.cpr == t.cpr - 1 {
+                advance(&mut idx, &mut row_offs);
+            }
         }
         for ins in &step.prog {
             match *ins {
@@ -859,21 +899,24 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let v = &step.ins[src];
                     let st = step.strides[src][nd - 1];
                     let base = bases[src].0 as *const u8;
-                    let o = offs[src];
                     let reg = &mut regs[dst];
                     // the dtype is matched once per block so each loop below is a plain
                     // (vectorisable) copy or conversion
                     with_dtype!(v.dtype, dt => {
-                        if st == 1 {
-                            for (i, r) in reg[..n].iter_mut().enumerate() {
-                                *r = unsafe { T::load(base, dt, o + i) };
-                            }
-                        } else if st == 0 {
-                            let x = unsafe { T::load(base, dt, o) };
-                            reg[..n].fill(x);
-                        } else {
-                            for (i, r) in reg[..n].iter_mut().enumerate() {
-                                *r = unsafe { T::load(base, dt, o + i * st) };
+                        for j in 0..nrows {
+                            let o = offs[j * nops + src];
+                            let part = &mut reg[j * w..(j + 1) * w];
+                            if st == 1 {
+                                for (i, r) in part.iter_mut().enumerate() {
+                                    *r = unsafe { T::load(base, dt, o + i) };
+                                }
+                            } else if st == 0 {
+                                let x = unsafe { T::load(base, dt, o) };
+                                part.fill(x);
+                            } else {
+                                for (i, r) in part.iter_mut().enumerate() {
+                                    *r = unsafe { T::load(base, dt, o + i * st) };
+                                }
                             }
                         }
                     })
@@ -913,16 +956,19 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let v = &step.outs[dst];
                     let st = step.strides[k][nd - 1];
                     let base = bases[k].0;
-                    let o = offs[k];
                     let reg = &regs[src];
                     with_dtype!(v.dtype, dt => {
-                        if st == 1 {
-                            for (i, &x) in reg[..n].iter().enumerate() {
-                                unsafe { x.store(base, dt, o + i) };
-                            }
-                        } else {
-                            for (i, &x) in reg[..n].iter().enumerate() {
-                                unsafe { x.store(base, dt, o + i * st) };
+                        for j in 0..nrows {
+                            let o = offs[j * nops + k];
+                            let part = &reg[j * w..(j + 1) * w];
+                            if st == 1 {
+                                for (i, &x) in part.iter().enumerate() {
+                                    unsafe { x.store(base, dt, o + i) };
+                                }
+                            } else {
+                                for (i, &x) in part.iter().enumerate() {
+                                    unsafe { x.store(base, dt, o + i * st) };
+                                }
                             }
                         }
                     })

@@ -3,6 +3,7 @@
 
 pub mod batch_norm;
 pub mod norm;
+pub mod rows;
 pub mod softmax;
 
 use crate::core::mem::{Mem, SPtr};
@@ -36,6 +37,25 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
     let outer: usize = out.numel();
     let xk: Vec<usize> = (0..nd).map(|d| if red.contains(&d) { 0 } else { x.strides[d] }).collect();
     if matches!(kind, Red::Sum | Red::Mean) && x.dtype == DType::F32 && out.dtype == DType::F32 && n > 0 {
+        // the reduced dims form one contiguous run of x (a mean over the last dim, as RMS norm
+        // written out in ATen does): one vectorised row sum per output
+        let mut inner = 1;
+        let unit = red.iter().rev().all(|&d| {
+            let ok = x.strides[d] == inner;
+            inner *= x.sizes[d];
+            ok
+        });
+        if unit {
+            let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
+            let scale = if kind == Red::Mean { 1.0 / n as f64 } else { 1.0 };
+            par_rows(outer, outer * n, |o| {
+                let xb = offset_of(o, &out.sizes, &xk);
+                let ob = offset_of(o, &out.sizes, &out.strides);
+                let row = std::slice::from_raw_parts(xf.get().add(xb), n);
+                *of.get().add(ob) = (rows::sum(row) * scale) as f32;
+            });
+            return;
+        }
         // the kept dims form one contiguous run in x and in out (a bias gradient: the sum over
         // the rows of a matrix): add whole rows into float64 accumulators, vectorised, instead
         // of walking each output's strided column

@@ -1,6 +1,8 @@
 //! Row normalisations over the trailing `n` elements of contiguous rows: layer norm (with the
-//! mean and reciprocal standard deviation it saves for backward) and RMS norm.
+//! mean and reciprocal standard deviation it saves for backward) and RMS norm; each row by the
+//! vectorised passes of `rows`.
 
+use super::rows;
 use crate::core::par::par_rows;
 use crate::core::tensor::need;
 use crate::kernels::registry::{f32s, kernel, uint, Args, Built, StepDef};
@@ -34,22 +36,11 @@ fn norm(a: &Args) -> Built {
             par_rows(rows, x.numel(), |r| {
                 let xs = std::slice::from_raw_parts(px.add(r * n), n);
                 let ys = std::slice::from_raw_parts_mut(py.add(r * n), n);
-                let mu = xs.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-                let var = xs.iter().map(|&v| (v as f64 - mu) * (v as f64 - mu)).sum::<f64>() / n as f64;
-                let rs = 1.0 / (var + eps as f64).sqrt();
-                let (mu32, rs32) = (mu as f32, rs as f32);
-                for i in 0..n {
-                    let mut v = (xs[i] - mu32) * rs32;
-                    if let Some(pw) = pw {
-                        v *= *pw.add(i);
-                    }
-                    if let Some(pb) = pb {
-                        v += *pb.add(i);
-                    }
-                    ys[i] = v;
-                }
-                *pm.add(r) = mu32;
-                *pr.add(r) = rs32;
+                let ws = pw.map(|p| std::slice::from_raw_parts(p.get() as *const f32, n));
+                let bs = pb.map(|p| std::slice::from_raw_parts(p.get() as *const f32, n));
+                let (mu, rs) = rows::layer_norm(xs, ys, ws, bs, eps);
+                *pm.add(r) = mu;
+                *pr.add(r) = rs;
             });
             Ok(())
         });
@@ -63,12 +54,8 @@ fn norm(a: &Args) -> Built {
         par_rows(rows, x.numel(), |r| {
             let xs = std::slice::from_raw_parts(px.add(r * n), n);
             let ys = std::slice::from_raw_parts_mut(py.add(r * n), n);
-            let ms = xs.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
-            let rs = (1.0 / (ms + eps as f64).sqrt()) as f32;
-            for i in 0..n {
-                ys[i] = xs[i] * rs * pw.map(|p| *p.add(i)).unwrap_or(1.0);
-            }
-            *pr.add(r) = rs;
+            let ws = pw.map(|p| std::slice::from_raw_parts(p.get() as *const f32, n));
+            *pr.add(r) = rows::rms_norm(xs, ys, ws, eps);
         });
         Ok(())
     })

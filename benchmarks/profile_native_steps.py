@@ -1,0 +1,92 @@
+"""Where a model's native plan spends its time: each native_cpu partition of a model of the model
+set run through ``Executor.run_profiled`` (one clock read per step), summed by step kind, next to
+the whole call's eager and torchburn time (same run, interleaved medians).
+
+    python -m benchmarks.profile_native_steps --only qwen2,llama [--threads 1] [--calls 20]
+
+Routing by measurement is switched off here (``TORCHBURN_ROUTING=off``): this shows the native
+path itself. Step times are medians over ``--calls`` profiled calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from benchmarks.bench_models import MODELS
+from benchmarks.harness import interleaved
+
+
+def _programs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, list[tuple[Any, list[Any]]]]:
+    """The model compiled by torchburn, and each native program it called with its call's tensors."""
+    from tb_cpu_rust import program as prog
+
+    seen: list[tuple[Any, list[Any]]] = []
+    original = prog.NativeProgram.__call__
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen.append((self, [*args, *self._constants]))
+        return original(self, *args)
+
+    compiled = torch.compile(model, backend="torchburn", options={"warn": False})
+    prog.NativeProgram.__call__ = spy  # type: ignore[method-assign]
+    try:
+        compiled(*inputs)
+        seen.clear()
+        compiled(*inputs)
+    finally:
+        prog.NativeProgram.__call__ = original  # type: ignore[method-assign]
+    return compiled, seen
+
+
+def profile(key: str, threads: int, calls: int) -> None:
+    desc, build = MODELS[key]
+    torch.manual_seed(0)
+    model, inputs = build()
+    torch._dynamo.reset()
+    torch.set_num_threads(threads)
+    with torch.no_grad():
+        compiled, programs = _programs(model, inputs)
+        times = interleaved({"eager": lambda: model(*inputs), "torchburn": lambda: compiled(*inputs)}, repeats=7)
+        by_kind: dict[str, list[float]] = defaultdict(list)
+        counts: dict[str, int] = defaultdict(int)
+        for program, tensors in programs:
+            bufs = [torch.empty_strided(s, st, dtype=d) for s, st, d in program._alloc]
+            runs = [program.executor.run_profiled(tensors, bufs) for _ in range(calls)]
+            for step in range(len(runs[0])):
+                kind = runs[0][step][0]
+                by_kind[kind].append(statistics.median(r[step][1] for r in runs))
+                counts[kind] += 1
+    total = sum(sum(v) for v in by_kind.values())
+    print(f"\n{key}: {desc}, {threads} thread(s), {len(programs)} native partition(s)")
+    print(
+        f"  eager {1e3 * times['eager']:.3f} ms, torchburn {1e3 * times['torchburn']:.3f} ms, steps {1e3 * total:.3f} ms"
+    )
+    for kind, ts in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
+        s = sum(ts)
+        print(f"  {kind:<22} x{counts[kind]:<4} {1e3 * s:8.3f} ms  {100 * s / total:5.1f}%")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="transformer_layer,bert,gpt2,qwen2,llama,vit")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args()
+    os.environ["TORCHBURN_ROUTING"] = "off"
+    import warnings
+
+    import torchburn
+
+    warnings.filterwarnings("ignore", category=torchburn.TorchburnFallbackWarning)
+    for key in args.only.split(","):
+        profile(key, args.threads, args.calls)
+
+
+if __name__ == "__main__":
+    main()
