@@ -10,7 +10,7 @@ from typing import Any
 
 from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check
-from tb_cpu_rust.lowering.conv_pool import reads_item
+from tb_cpu_rust.lowering.conv_pool import masked_results
 from tb_cpu_rust.lowering.lowerer import Lowerer
 from tb_cpu_rust.lowering.registry import LoweringError, register_lowering
 
@@ -43,18 +43,7 @@ def _batch_norm_backward(lw: Lowerer, node: Any) -> tuple[int | None, ...]:
         except RuntimeError as exc:  # spatial dims that do not merge into one stride
             raise LoweringError(f"batch norm backward layout: {exc}") from exc
 
-    outs: list[int | None] = [None, None, None]
-    kernel_outs: list[int] = []
-    flags = []
-    for i, meta in enumerate(node.out):
-        # a result the mask leaves out but the graph still reads (its getitem is an output) is
-        # computed all the same: the node's meta gives it a tensor where eager gives None
-        want = meta is not None and (bool(mask[i]) or reads_item(lw, i))
-        flags.append(int(want))
-        if want:
-            o = lw.fresh(meta)
-            outs[i] = o
-            kernel_outs.append(as_ncs(o) if i == 0 else o)
+    outs, kernel_outs, flags = masked_results(lw, node, mask, lambda i, o: as_ncs(o) if i == 0 else o)
     lw.steps.append(
         BatchNormBackward(
             grad=as_ncs(g), x=as_ncs(x), weight=lw.value(w_arg) if w_arg is not None else None,

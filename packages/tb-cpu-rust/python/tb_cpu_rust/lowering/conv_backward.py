@@ -9,7 +9,7 @@ from typing import Any
 
 from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check
-from tb_cpu_rust.lowering.conv_pool import reads_item
+from tb_cpu_rust.lowering.conv_pool import masked_results
 from tb_cpu_rust.lowering.lowerer import Lowerer
 from tb_cpu_rust.lowering.registry import register_lowering
 
@@ -41,19 +41,8 @@ def _convolution_backward(lw: Lowerer, node: Any) -> tuple[int | None, ...]:
         # a 1-d convolution is a 2-d one over a height of 1
         gy, x, w = (lw.unsqueeze2(v) for v in (gy, x, w))
         st, pad, dil = (1, st[0]), (0, pad[0]), (1, dil[0])
-    outs: list[int | None] = [None, None, None]
-    kernel_outs: list[int] = []
-    flags = []
-    for i, meta in enumerate(node.out):
-        # a result the mask leaves out but the graph still reads (its getitem is an output) is
-        # computed all the same: the node's meta gives it a tensor where eager gives None
-        want = meta is not None and (bool(mask[i]) or reads_item(lw, i))
-        flags.append(int(want))
-        if want:
-            o = lw.fresh(meta)
-            outs[i] = o
-            # grad_bias is (OC,) in both ranks; the others take the height of 1 in 1-d
-            kernel_outs.append(lw.unsqueeze2(o) if one_d and i < 2 else o)
+    # grad_bias is (OC,) in both ranks; the others take the height of 1 in 1-d
+    outs, kernel_outs, flags = masked_results(lw, node, mask, lambda i, o: lw.unsqueeze2(o) if one_d and i < 2 else o)
     lw.steps.append(Conv2dBackward(grad=gy, x=x, weight=w, outs=kernel_outs, stride=st, padding=pad, dilation=dil,
                                    groups=int(groups), mask=tuple(flags)))  # fmt: skip
     return tuple(outs)

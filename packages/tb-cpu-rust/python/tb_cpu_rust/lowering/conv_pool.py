@@ -3,6 +3,7 @@ max-pool backward), interpolation and grid sampling: one kernel step each."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tb_cpu_rust.lowering import steps as S
@@ -92,6 +93,26 @@ def reads_item(lw: Lowerer, item: int) -> bool:
         n.op == GETITEM and isinstance(n.args[0], Ref) and n.args[0].slot == lw.node_slot and n.args[1] == item
         for n in lw.plan.nodes
     )
+
+
+def masked_results(
+    lw: Lowerer, node: Any, mask: Any, kernel_view: Callable[[int, int], int]
+) -> tuple[list[int | None], list[int], list[int]]:
+    """The results of a backward node with an output mask: (the node's result per slot, None where
+    not computed; the values the kernel writes, ``kernel_view(slot, value)``; one flag per slot).
+    A result the mask leaves out but the graph still reads (its getitem is an output) is computed
+    all the same: the node's meta gives it a tensor where eager gives None."""
+    outs: list[int | None] = [None] * len(node.out)
+    kernel_outs: list[int] = []
+    flags: list[int] = []
+    for i, meta in enumerate(node.out):
+        want = meta is not None and (bool(mask[i]) or reads_item(lw, i))
+        flags.append(int(want))
+        if want:
+            o = lw.fresh(meta)
+            outs[i] = o
+            kernel_outs.append(kernel_view(i, o))
+    return outs, kernel_outs, flags
 
 
 @register_lowering(
