@@ -122,6 +122,11 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         from benchmarks.bench_models import render as render_models
 
         lines += render_models(model_rows)
+    bf16_rows = [r for r in rows if r.get("suite") == "bf16"]
+    if bf16_rows:
+        from benchmarks.bench_bf16 import render as render_bf16
+
+        lines += render_bf16(bf16_rows)
     dynamic_rows = [r for r in rows if r.get("suite") == "dynamic"]
     if dynamic_rows:
         from benchmarks.bench_dynamic import render as render_dynamic

@@ -3,10 +3,11 @@
 ``torch.autocast("cpu", dtype=torch.bfloat16)``, through the torchburn backend against eager in the
 same dtype (and inductor on the README rows), interleaved in one run.
 
-The torchburn column is the low-precision path (``options={"low_precision": True}``): bfloat16
-graphs computed in float32 between casts at eager's rounding points (torchburn.low_precision),
-native_cpu's GEMMs reading and writing the bfloat16 buffers themselves; the notes column says how
-many ops fell back to eager.
+The torchburn column is the default path: bfloat16 graphs computed in float32 between casts at
+eager's rounding points (torchburn.low_precision), native_cpu's GEMMs reading and writing the
+bfloat16 buffers themselves, or the graph as traced in eager PyTorch where that measured faster in
+the first calls (torchburn.low_precision_route); the notes column says how many ops fell back to
+eager, how many were routed to eager by measurement, and which path the graph took.
 
     python -m benchmarks.bench_bf16 [--threads 2] [--models llama,gpt2]
     python -m benchmarks.bench_bf16 --gemm [--threads 1]   # single bfloat16 Linear layers
@@ -15,6 +16,8 @@ many ops fell back to eager.
 from __future__ import annotations
 
 import contextlib
+import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +43,7 @@ def _row(
         "torchburn_s": times["torchburn"],
         "inductor_s": times.get("inductor"),
         "torchburn_first_s": first,
+        "fallback": fallback,
         "notes": f"{fallback} fallback ops, {routed} ops routed to eager by measurement",
         **extra,
     }
@@ -49,6 +53,7 @@ def _case(
     model: torch.nn.Module, args: tuple[Any, ...], autocast: bool, inductor: bool
 ) -> tuple[dict[str, float], float, int, int]:
     import torchburn
+    from torchburn.low_precision_route import MEASURE_CALLS, SETTLE_CALLS
 
     ctx: Callable[[], Any] = (lambda: torch.autocast("cpu", dtype=BF16)) if autocast else contextlib.nullcontext
 
@@ -62,10 +67,12 @@ def _case(
     with torch.no_grad():
         torch._dynamo.reset()
         torchburn.reset_stats()
-        tb = torch.compile(model, backend="torchburn", options={"warn": False, "low_precision": True})
+        tb = torch.compile(model, backend="torchburn", options={"warn": False})
         first = first_call(call(tb))
         cov = torchburn.op_coverage()
-        for _ in range(ROUTING_CALLS):  # routing by measurement decides first (a user's steady state)
+        # routing by measurement decides first (a user's steady state): the partitions, then the
+        # widened graph against the graph as traced
+        for _ in range(SETTLE_CALLS + max(ROUTING_CALLS, MEASURE_CALLS)):
             call(tb)()
         torchburn.reset_stats()
         call(tb)()
@@ -77,7 +84,23 @@ def _case(
     return times, first, sum(cov["fallback"].values()), sum(cov["routed"].values())
 
 
-def run(threads: int, models: tuple[str, ...] = ("llama", "gpt2")) -> list[dict[str, Any]]:
+def run(threads: int, models: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The bfloat16 rows at 1 thread and at ``threads``: README model, small CNN and transformer
+    layer, then each model of the model set (``models``: keys of bench_models.MODELS, default all
+    of them) converted to bfloat16 and in float32 under autocast."""
+    from benchmarks.bench_models import MODELS
+
+    if models is None:
+        models = tuple(MODELS)
+    rows = []
+    for n in sorted({1, threads}):
+        rows += _rows_at(n, models)
+    torch.set_num_threads(threads)
+    return rows
+
+
+def _rows_at(threads: int, models: tuple[str, ...]) -> list[dict[str, Any]]:
+    from benchmarks.bench_models import MODELS
     from torchburn.testing.models import readme_mlp, small_cnn, transformer_layer
 
     torch.set_num_threads(threads)
@@ -93,15 +116,35 @@ def run(threads: int, models: tuple[str, ...] = ("llama", "gpt2")) -> list[dict[
         model, args = factory()
         times, first, fb, rt = _case(model.to(BF16), tuple(a.to(BF16) for a in args), autocast=False, inductor=False)
         rows.append(_row(f"{name} bf16 (.to(bfloat16))", threads, times, first, fb, rt))
-    from benchmarks.bench_models import MODELS
-
     for key in models:
         desc, build = MODELS[key]
+        torch.manual_seed(0)
         model, args = build()
         low = tuple(a.to(BF16) if a.is_floating_point() else a for a in args)
         times, first, fb, rt = _case(model.to(BF16), low, autocast=False, inductor=False)
-        rows.append(_row(f"{desc} bf16 (.to(bfloat16))", threads, times, first, fb, rt))
+        rows.append(_row(f"{desc} bf16 (.to(bfloat16))", threads, times, first, fb, rt, model=key))
+        torch.manual_seed(0)
+        model, args = build()
+        times, first, fb, rt = _case(model, args, autocast=True, inductor=False)
+        rows.append(_row(f"{desc} under autocast bf16", threads, times, first, fb, rt, model=key))
     return rows
+
+
+def render(rows: list[dict[str, Any]]) -> list[str]:
+    """The bfloat16 section of docs/benchmarks.md: per thread count, the geometric mean of the
+    speed-ups over eager bfloat16 and the rows below 1.0×."""
+    lines = ["", "## bfloat16: geometric means", ""]
+    lines += ["Against eager PyTorch in the same dtype (the rows above; model set converted with"]
+    lines += ["`.to(bfloat16)` and in float32 under `torch.autocast`)."]
+    lines += ["", "| threads | rows | torchburn vs eager bf16 | fallback ops | below 1.0× eager |"]
+    lines += ["| --- | --- | --- | --- | --- |"]
+    for n in sorted({r["threads"] for r in rows}):
+        sel = [r for r in rows if r["threads"] == n]
+        geo = math.exp(statistics.fmean(math.log(r["eager_s"] / r["torchburn_s"]) for r in sel))
+        fallback = sum(r.get("fallback", 0) for r in sel)
+        slow = [f"{r['name']} {r['eager_s'] / r['torchburn_s']:.2f}×" for r in sel if r["eager_s"] < r["torchburn_s"]]
+        lines.append(f"| {n} | {len(sel)} | {geo:.2f}× | {fallback} | {'; '.join(slow) or 'none'} |")
+    return lines
 
 
 #: (rows, in_features, out_features) of the single bfloat16 Linear layers ``--gemm`` times
@@ -143,13 +186,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--models", default="llama,gpt2", help="transformers of the model set (bench_models) to add")
+    parser.add_argument("--models", default=None, help="comma list of bench_models keys (default: all)")
     parser.add_argument("--gemm", action="store_true", help="time single bfloat16 Linear layers instead")
     a = parser.parse_args()
     if a.gemm:
         print("\n".join(gemm_rows(a.threads)))
         return
-    for r in run(a.threads, tuple(m for m in a.models.split(",") if m)):
+    for r in run(a.threads, tuple(m for m in a.models.split(",") if m) if a.models else None):
         ratio = r["eager_s"] / r["torchburn_s"]
         ind = f", inductor {fmt_time(r['inductor_s'])}" if r["inductor_s"] else ""
         print(

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn import direct_inference
+from torchburn import direct_inference, low_precision_route
 from torchburn.cache import graph_cache, traced_graph_key
 from torchburn.catalog import kept_op_names
-from torchburn.low_precision import taken_as_is, widen_low_precision
+from torchburn.low_precision import low_precision_ops, taken_as_is, widen_low_precision
 from torchburn.options import Options, TorchburnFallbackWarning, select_engines
 from torchburn.partition import compile_graph, make_record, warn_fallbacks
 
@@ -49,10 +49,16 @@ def torchburn_backend(
     engines = select_engines(opts)
     opts.routing_mode()  # a bad TORCHBURN_ROUTING fails here, not as a partitioning fallback later
 
-    def runner(graph: torch.fx.GraphModule, kind: str, boxed: bool) -> Callable[..., Any]:
+    def runner(
+        graph: torch.fx.GraphModule, kind: str, boxed: bool, source: torch.fx.GraphModule | None = None
+    ) -> Callable[..., Any]:
         """The partitioned graph as the callable AOTAutograd (boxed: one list argument) or Dynamo
-        (direct inference: the arguments) calls, counted in telemetry."""
-        if opts.widen_low_precision():
+        (direct inference: the arguments) calls, counted in telemetry. ``source``: the Dynamo graph
+        ``graph`` was traced from, taking the same arguments (direct inference)."""
+        traced = None
+        if opts.widen_low_precision() and low_precision_ops(graph.graph.nodes):
+            if low_precision_route.not_measured_reason(graph, kind, opts.routing_mode()) is None:
+                traced = low_precision_route.copy_graph(graph)
             graph = widen_low_precision(graph, keep=taken_as_is(engines))
         runnable, report = compile_graph(graph, engines, opts, kind)
         warn_fallbacks(report, opts)
@@ -61,13 +67,28 @@ def torchburn_backend(
         record = make_record(report)
         forward = runnable.forward if isinstance(runnable, torch.nn.Module) else runnable
 
-        def run_boxed(args: list[Any]) -> Any:
+        def counted(*args: Any) -> Any:
             record.calls += 1
             return forward(*args)
 
+        call: Callable[..., Any] = counted
+        if traced is not None and report.partitions:
+            chooser = low_precision_route.LowPrecisionRoute(
+                counted,
+                traced,
+                pending=report.partitions_pending,
+                engine=report.partitions[0].engine,
+                fallback_ops=record.fallback,
+                run_as_traced=source.forward if source is not None else None,
+            )
+            report.low_precision = chooser.stats
+            call = chooser
+
+        def run_boxed(args: list[Any]) -> Any:
+            return call(*args)
+
         def run_direct(*args: Any) -> Any:
-            record.calls += 1
-            return forward(*args)
+            return call(*args)
 
         run: Any = run_boxed if boxed else run_direct
         if boxed:
@@ -85,7 +106,7 @@ def torchburn_backend(
     if opts.direct_inference and direct_inference.eligible(gm, example_inputs):
         traced = _traced(gm, example_inputs, opts, engines)
         if traced is not None:
-            return runner(traced, "inference", boxed=False)
+            return runner(traced, "inference", boxed=False, source=gm)
 
     try:
         return aot_autograd(  # type: ignore[no-any-return]

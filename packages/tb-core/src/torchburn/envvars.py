@@ -43,9 +43,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "TORCHBURN_LOW_PRECISION",
-        "0",
+        "1",
         "tb-core",
-        "`1` or `on`: bfloat16 / float16 compute is rewritten to float32 between casts at eager's rounding points so the engines run it (torchburn.low_precision); off by default: with native_cpu's bfloat16 GEMMs and elementwise programs it measures 0.7-4x eager bfloat16 by model (Llama 0.74-0.95x, GPT-2 0.78-1.05x; docs/architecture.md). Off, such nodes run where an engine takes that dtype itself, else in eager PyTorch. `options={'low_precision': ...}` overrides it.",
+        "On by default: bfloat16 / float16 compute is rewritten to float32 between casts at eager's rounding points so the engines run it (torchburn.low_precision); an inference graph keeps the rewrite only where it measures faster than the graph as traced run by eager PyTorch in its own dtype (torchburn.low_precision_route). `0` or `off`: such nodes run where an engine takes that dtype itself, else in eager PyTorch. `options={'low_precision': ...}` overrides it.",
     ),
     EnvVar(
         "TORCHBURN_ROUTING",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchburn.low_precision_route import MEASURE_CALLS, SETTLE_CALLS
 from torchburn.partition import GraphReport
 from torchburn.routing import MAX_CALLS
 
@@ -70,6 +71,10 @@ class Explanation:
         for i, g in enumerate(self.graphs):
             engines = ", ".join(g.engines) or "none (eager only)"
             lines.append(f"graph {i} ({g.kind}); engines in force: {engines}")
+            if g.low_precision is not None:
+                lines.append(
+                    f"  bfloat16/float16 graph, widened or as traced by measurement: {g.low_precision.describe()}"
+                )
             for j, p in enumerate(g.partitions):
                 ops = Counter(op for op in p.ops if op != "getitem")
                 listing = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(ops.items()))
@@ -110,7 +115,8 @@ def explain(
     ``measure``: while a partition is still being timed against eager (``torchburn.routing``),
     ``fn`` is called again with the same arguments (at most ``routing.MAX_CALLS`` calls in all), so
     the report shows each partition's times and decision; never when a graph writes into its
-    inputs or draws random numbers (a second call would not be the same call). The output is the
+    inputs or draws random numbers (a second call would not be the same call); a bfloat16 / float16
+    graph may take up to ``low_precision_route.SETTLE_CALLS`` more (``torchburn.low_precision_route``). The output is the
     first call's. False: one call, and the report says "measuring"."""
     from torchburn.backend import torchburn_backend
 
@@ -123,7 +129,7 @@ def explain(
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
     output = compiled(*example_args, **example_kwargs)
     if measure and all(g.repeatable for g in sink):
-        for _ in range(MAX_CALLS - 1):
+        for _ in range(SETTLE_CALLS + max(MAX_CALLS, MEASURE_CALLS) - 1):
             if not any(g.pending_routes() for g in sink):
                 break
             compiled(*example_args, **example_kwargs)

@@ -46,8 +46,9 @@ class Options:
     #: None: ``TORCHBURN_SHAPE_CACHE_SIZE``, else 8.
     shape_cache_size: int | None = None
     #: bfloat16 / float16 compute runs on the engines in float32 between casts at eager's rounding
-    #: points (``torchburn.low_precision``). None: ``TORCHBURN_LOW_PRECISION``, else off: not yet
-    #: at least as fast as eager bfloat16 on every model measured (docs/architecture.md).
+    #: points (``torchburn.low_precision``); an inference graph keeps it only where it measures
+    #: faster than the graph as traced (``torchburn.low_precision_route``). None:
+    #: ``TORCHBURN_LOW_PRECISION``, else on.
     low_precision: bool | None = None
     #: "measure": each compiled partition times its engine program against its eager sub-graph
     #: during its first calls and keeps the faster (``torchburn.routing``); "off": the engine
@@ -100,9 +101,9 @@ class Options:
         if self.low_precision is not None:
             return self.low_precision
         raw = os.environ.get("TORCHBURN_LOW_PRECISION", "").strip().lower()
-        if raw in ("1", "on", "true"):
+        if raw in ("", "1", "on", "true"):
             return True
-        if raw in ("", "0", "off", "false"):
+        if raw in ("0", "off", "false"):
             return False
         raise ValueError(f"TORCHBURN_LOW_PRECISION must be 1 or 0, not {raw!r}")
 

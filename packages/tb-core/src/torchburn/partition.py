@@ -85,10 +85,21 @@ class GraphReport:
     #: An inference graph that writes no input, draws no random number and has no other side
     #: effect: calling it again changes nothing (``explain`` may call it until routing decides).
     repeatable: bool = False
+    #: A bfloat16 / float16 graph the low-precision pass widened, run widened or as traced by
+    #: measurement (``torchburn.low_precision_route.LowPrecisionStats``; live), or None.
+    low_precision: Any = None
+
+    @property
+    def traced_only(self) -> bool:
+        """The graph as traced (eager PyTorch, its own dtype) measured faster than the widened graph
+        at every thread count decided so far: no partition runs."""
+        return self.low_precision is not None and self.low_precision.traced_only
 
     def native_ops(self) -> Counter[str]:
         """Nodes engines ran with their own kernels."""
         c: Counter[str] = Counter()
+        if self.traced_only:
+            return c
         for p in self.partitions:
             if p.ran:
                 c.update(op for op in p.ops if op != GETITEM and op not in p.delegated)
@@ -97,6 +108,8 @@ class GraphReport:
     def delegated_ops(self) -> Counter[str]:
         """Nodes engines took but ran with PyTorch's own kernels."""
         c: Counter[str] = Counter()
+        if self.traced_only:
+            return c
         for p in self.partitions:
             if p.ran:
                 c.update(op for op in p.ops if op != GETITEM and op in p.delegated)
@@ -105,12 +118,23 @@ class GraphReport:
     def routed_ops(self) -> Counter[str]:
         """Nodes of partitions an engine compiled that run in eager PyTorch, measured faster there."""
         c: Counter[str] = Counter()
+        if self.traced_only:
+            c.update(self.low_precision.ops)
+            c.subtract(Counter(op for op, _ in self.fallbacks))  # eager's on either path
+            return +c
         for p in self.partitions:
             if p.routed and p.shapes is None:
                 c.update(op for op in p.ops if op != GETITEM)
         return c
 
     def pending_routes(self) -> bool:
+        """Some partition (or the choice of the low-precision pass) is still being measured (or not
+        yet called)."""
+        if self.low_precision is not None and self.low_precision.route.pending:
+            return True
+        return self.partitions_pending()
+
+    def partitions_pending(self) -> bool:
         """Some partition is still being measured (or not yet called)."""
         return any(
             (p.route is not None and p.route.pending)

@@ -1,0 +1,232 @@
+"""Widened or as traced: a bfloat16 / float16 inference graph keeps the low-precision pass only
+where it measures faster.
+
+``torchburn.low_precision`` rewrites bfloat16 / float16 compute to float32 between casts so the
+engines run it. Whether that pays depends on the machine: where PyTorch's own bfloat16 kernels are
+slow (a CPU without bfloat16 dot products, where oneDNN widens too) the engines win by several
+times; where oneDNN runs bfloat16 on AMX tiles, its convolutions and GEMMs can beat the widened
+float32 kernels by 2x. Partition-level routing (``torchburn.routing``) cannot see that: the eager
+alternative of a widened partition is itself widened.
+
+So an inference graph the pass changed keeps the graph as traced beside the widened one, and a
+``LowPrecisionRoute`` chooses between them by measurement, per thread count:
+
+* first the widened graph runs alone until its partitions' own routing has decided (at most
+  ``SETTLE_CALLS`` calls), so what is compared is the widened graph as it will run;
+* then it times the widened graph against the graph as traced, run by eager PyTorch in its own
+  dtype, in blocks of ``BLOCK`` consecutive calls of one path (the first of each untimed: a switch
+  of paths costs the next call, which neither path pays once chosen), ``BLOCKS`` blocks each, and
+  pins the faster with the lower-quartile estimates and margin of a partition's routing
+  (``routing.decide``).
+
+Both paths return the same dtypes, and each call runs one path only. Nodes of the graph as traced
+count as "routed" in ``op_coverage()`` when that path runs (an engine took them, eager PyTorch
+measured faster), except those the widened graph would run in eager anyway, which stay "fallback".
+Not measured (the widened graph always runs): routing off, training graphs, symbolic sizes, and
+graphs that draw random numbers or write into their inputs (the same reasons as a partition's).
+Decisions are kept in memory with the compiled graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchburn import routing, telemetry
+from torchburn.plan import op_name
+
+#: The most calls the widened graph runs alone, waiting for its partitions' routing to decide.
+SETTLE_CALLS = routing.MAX_CALLS + 2
+#: Consecutive calls of one path while measuring (the first of them untimed), and blocks per path.
+BLOCK = 4
+BLOCKS = 3
+#: Calls the comparison takes.
+MEASURE_CALLS = 2 * BLOCKS * BLOCK
+
+_SKIPPED = frozenset({"getitem"})
+
+
+@dataclass
+class LowPrecisionStats:
+    """What the choice between the widened graph and the graph as traced did, for ``explain``."""
+
+    route: routing.RouteStats
+    ops: list[str]  # the compute nodes of the graph as traced
+
+    @property
+    def traced_only(self) -> bool:
+        """Every decision so far is the graph as traced: no engine runs any of it."""
+        return self.route.eager_only
+
+    def describe(self) -> str:
+        stats = self.route
+        if not stats.measured:
+            return f"widened, not measured: {stats.reason}"
+        parts = []
+        for n, d in sorted(stats.decisions.items()):
+            chosen = "as traced (eager PyTorch)" if d.choice == routing.EAGER else "widened (engines)"
+            parts.append(
+                f"{n} thread{'s' if n != 1 else ''}: {chosen}; widened {_us(d.engine_s)}, as traced {_us(d.eager_s)}"
+            )
+        parts += [
+            f"{n} thread{'s' if n != 1 else ''}: measuring ({calls} of {MEASURE_CALLS} calls)"
+            for n, calls in sorted(stats.measuring.items())
+        ]
+        if stats.reason:
+            parts.append(stats.reason)
+        return "; ".join(parts) or "widened, waiting for its partitions' routing"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
+
+
+def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """An independent copy of ``gm`` (the pass rewrites its graph in place)."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def not_measured_reason(gm: torch.fx.GraphModule, kind: str, mode: str) -> str | None:
+    """Why the widened graph must run without comparing it to the graph as traced, or None."""
+    if mode == "off":
+        return "routing is off"
+    if kind != "inference":
+        return f"a {kind} graph (only inference graphs are compared)"
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in val.shape):
+                return "symbolic sizes: one decision cannot fit every size"
+        elif node.op == "call_function":
+            effect = routing.node_effect(node)
+            if effect is not None:
+                return effect
+    return None
+
+
+def traced_ops(gm: torch.fx.GraphModule) -> list[str]:
+    return [
+        op
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and (op := op_name(node.target)) not in _SKIPPED
+        and not op.startswith("aten.sym_")
+    ]
+
+
+class LowPrecisionRoute:
+    """The callable of a graph the low-precision pass changed: the widened graph (``wide``: its
+    partitions on the engines) or ``traced`` (the ATen graph as traced, eager PyTorch), whichever
+    measured faster at the calling thread count. ``run_as_traced``: what runs for ``traced``, when
+    a graph computing the same from the same arguments runs faster (direct inference's Dynamo
+    graph: ``linear`` where the ATen graph has ``permute`` and ``addmm``)."""
+
+    def __init__(
+        self,
+        wide: Callable[..., Any],
+        traced: torch.fx.GraphModule,
+        *,
+        pending: Callable[[], bool],
+        engine: str,
+        fallback_ops: Counter[str],
+        run_as_traced: Callable[..., Any] | None = None,
+    ) -> None:
+        self.wide = wide
+        self._pending = pending
+        ops = traced_ops(traced)
+        counts = Counter(ops)
+        # ops the widened graph leaves to eager stay fallback on this path too (as many as it has)
+        fallback = Counter({op: min(n, counts[op]) for op, n in fallback_ops.items() if counts[op]})
+        routed = Counter({f"{engine}:{op}": n - fallback[op] for op, n in counts.items() if n > fallback[op]})
+        self.traced_record = telemetry.new_record(Counter(), fallback, routed=routed)
+        forward = run_as_traced if run_as_traced is not None else traced.forward
+
+        def run_traced(*args: Any) -> Any:
+            self.traced_record.calls += 1
+            return forward(*args)
+
+        self.traced = run_traced
+        self.stats = LowPrecisionStats(routing.RouteStats(measured=True), ops)
+        self._settling: int | None = 0
+        self._pinned: dict[int, Callable[..., Any]] = {}
+        self._runs: dict[int, _Blocks] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        settling = self._settling
+        if settling is not None:
+            if settling < SETTLE_CALLS and self._pending():
+                self._settling = settling + 1
+                return self.wide(*args)
+            self._settling = None
+        threads = torch.get_num_threads()
+        pinned = self._pinned.get(threads)
+        if pinned is not None:
+            return pinned(*args)
+        return self._measured_call(threads, args)
+
+    def _measured_call(self, threads: int, args: tuple[Any, ...]) -> Any:
+        with self._lock:
+            run = self._runs.setdefault(threads, _Blocks())
+            path, timed = run.next_path()
+            self.stats.route.measuring[threads] = run.calls
+        fn = self.traced if path == routing.EAGER else self.wide
+        start = time.perf_counter()
+        out = fn(*args)
+        elapsed = time.perf_counter() - start
+        if timed:
+            with self._lock:
+                if self._runs.get(threads) is run:
+                    run.samples[path].append(elapsed)
+                    if run.done():
+                        wide, traced = run.samples[routing.ENGINE], run.samples[routing.EAGER]
+                        decision = routing.Decision(
+                            routing.decide(wide, traced), routing.estimate(wide), routing.estimate(traced)
+                        )
+                        del self._runs[threads]
+                        self.stats.route.measuring.pop(threads, None)
+                        self.stats.route.decisions[threads] = decision
+                        chosen = self.traced if decision.choice == routing.EAGER else self.wide
+                        self._pinned = {**self._pinned, threads: chosen}  # a new dict: read without the lock
+        return out
+
+
+class _Blocks:
+    """The schedule and samples of one measurement: blocks of ``BLOCK`` consecutive calls of one
+    path, widened and as traced in the order W T T W W T ...; the first call of a block is not
+    timed. Consecutive calls because switching paths costs the next call (the other path's
+    caches, OpenMP's threads asleep while the engine's pool ran), which neither path pays once
+    chosen."""
+
+    __slots__ = ("calls", "samples")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.samples: dict[str, list[float]] = {routing.ENGINE: [], routing.EAGER: []}
+
+    def next_path(self) -> tuple[str, bool]:
+        block, at = divmod(self.calls, BLOCK)
+        self.calls += 1
+        path = routing.ENGINE if block % 4 in (0, 3) else routing.EAGER
+        return path, at > 0
+
+    def done(self) -> bool:
+        return self.calls >= 2 * BLOCKS * BLOCK
+
+
+__all__ = [
+    "MEASURE_CALLS",
+    "SETTLE_CALLS",
+    "LowPrecisionRoute",
+    "LowPrecisionStats",
+    "copy_graph",
+    "not_measured_reason",
+]
