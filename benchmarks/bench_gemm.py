@@ -14,10 +14,9 @@ With ``--kernel`` the same products run as one ``gemm`` step through the native 
 the kernels alone, without Dynamo's and the compiled wrapper's per-call cost.
 
 Printed per row: milliseconds, GFLOP/s and fraction of the FMA peak for each contender, and
-eager/native and inductor/native ratios (> 1: native faster). The peak is 32 float32 FLOP per
-cycle per thread at the clock /proc/cpuinfo reports (as ``bench_native_cpu``), or ``--peak``: on
-the 2-core Sapphire Rapids development machine a 24-chain zmm FMA loop measures 213 GFLOP/s on
-one thread (2 FMA pipes at turbo), twice that formula, and MKL itself reaches 190% of it. Compiled calls
+eager/native and inductor/native ratios (> 1: native faster). The peak is measured in the same run by native_cpu's FMA probe
+(``_native.fma_peak_gflops``, as ``bench_native_cpu``), or ``--peak``: on the 2-core Sapphire
+Rapids development machine it measures 213 GFLOP/s on one thread and 408 on two. Compiled calls
 include Dynamo's per-call cost (~10-20 µs), which is most of a call below ~50 µs.
 """
 

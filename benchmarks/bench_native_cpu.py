@@ -160,8 +160,16 @@ def _rows() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]
 
 
 def _peak_gflops(threads: int) -> float:
-    """FMA peak of `threads` cores: 32 float32 FLOP per cycle (2 x 256-bit FMA pipes, the same
-    for AVX-512 on Zen 4, which splits 512-bit ops) at the clock /proc/cpuinfo reports."""
+    """float32 FMA peak of `threads` threads running at once, measured by native_cpu's probe
+    (`_native.fma_peak_gflops`: independent FMAs on the widest vectors, all threads together, so
+    turbo clocks, FMA units per core and logical CPUs sharing a core all show); without the
+    extension, 32 FLOP per cycle per thread at the clock /proc/cpuinfo reports."""
+    try:
+        from tb_cpu_rust import _native
+
+        return float(_native.fma_peak_gflops(threads))
+    except ImportError:
+        pass
     mhz = 0.0
     try:
         with open("/proc/cpuinfo") as f:

@@ -124,7 +124,11 @@ def test_online_softmax_matches_torch_over_shapes_strides_and_specials(log: bool
         torch.testing.assert_close(_run_native(lambda t: op(t, 0), xt), op(xt, 0), equal_nan=True)
 
 
-@pytest.mark.parametrize("act", [F.gelu, F.silu, torch.sigmoid, torch.exp])
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+@pytest.mark.parametrize("act", [F.gelu, _gelu_tanh, F.silu, torch.sigmoid, torch.exp, torch.tanh])
 def test_vector_activations_match_torch(act: Callable[..., Any]) -> None:
     x = torch.cat([torch.linspace(-30, 30, 10007), torch.tensor([0.0, -0.0, 88.0, 89.0, -87.5, -104.5, 1e-30])])
     x = torch.cat([x, torch.tensor([float("inf"), float("-inf"), float("nan")])])

@@ -276,6 +276,7 @@ CASES: dict[str, Callable[[], Call]] = {
     ),
     "unary_ops": lambda: Call(_native.unary_ops, []),
     "isa": lambda: Call(_native.isa, []),
+    "fma_peak_gflops": lambda: Call(_native.fma_peak_gflops, [1, 0.001]),  # its bounds: test_fma_peak.py
     "gemm_backend": lambda: Call(_native.gemm_backend, []),
     "set_gemm_backend": lambda: _restoring(_native.set_gemm_backend, _native.gemm_backend),
     "num_threads": lambda: Call(_native.num_threads, []),

@@ -3,6 +3,7 @@
 //! loops, runtime ISA detection, strided iteration, element access and the math helpers.
 
 pub mod element;
+pub mod fma_peak;
 pub mod host_tensor;
 pub mod isa;
 pub mod math;

@@ -20,6 +20,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(eager::unary_f32, m)?)?;
     m.add_function(wrap_pyfunction!(eager::unary_ops, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::isa_name, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::fma_peak_gflops, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::num_threads, m)?)?;

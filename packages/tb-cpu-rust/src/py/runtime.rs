@@ -12,6 +12,15 @@ pub fn isa_name() -> &'static str {
     isa::describe()
 }
 
+/// The float32 FMA peak of `threads` threads running at once (GFLOP/s), measured for about
+/// `seconds` (`core::fma_peak`): what the benchmarks' GEMM rows give their fraction of peak of.
+#[pyfunction]
+#[pyo3(signature = (threads, seconds = 0.2))]
+pub fn fma_peak_gflops(py: Python<'_>, threads: usize, seconds: f64) -> PyResult<f64> {
+    py.detach(|| crate::core::fma_peak::fma_peak_gflops(threads, seconds))
+        .map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
 #[pyfunction]
 pub fn gemm_backend() -> &'static str {
     gemm::backend()

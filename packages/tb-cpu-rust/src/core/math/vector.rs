@@ -10,33 +10,32 @@ mod imp {
 
     #[inline(always)]
     unsafe fn exp(x: __m512) -> __m512 {
-        let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0)), _mm512_set1_ps(89.0));
+        let xc = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(-104.0)),
+            _mm512_set1_ps(89.0),
+        );
         // k = round(x / ln2), r = x - k ln2 (two-part ln2)
-        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
         let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693_145_75), xc);
         let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428_606_8e-6), r);
         let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        for c in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
         let y = _mm512_scalef_ps(p, k);
         // NaN in, NaN out (the clamp above would have turned it into a number)
         let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
         _mm512_mask_mov_ps(y, nan, x)
-    }
-
-    /// exp for x <= 0 or NaN (NaN propagates through the polynomial; no overflow side).
-    #[inline(always)]
-    unsafe fn exp_nonpos(x: __m512) -> __m512 {
-        let xc = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
-        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)));
-        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693_145_75), xc);
-        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-        }
-        _mm512_scalef_ps(p, k)
     }
 
     /// 1/d for d >= 1 (finite): rcp14 and one Newton step, ~1 ulp.
@@ -50,28 +49,69 @@ mod imp {
     unsafe fn sigmoid(x: __m512) -> __m512 {
         // exp(87) is finite, so the reciprocal never sees inf; below -87 the result is 0
         let xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-        let s = recip(_mm512_add_ps(_mm512_set1_ps(1.0), exp(_mm512_sub_ps(_mm512_setzero_ps(), xc))));
+        let s = recip(_mm512_add_ps(
+            _mm512_set1_ps(1.0),
+            exp(_mm512_sub_ps(_mm512_setzero_ps(), xc)),
+        ));
         let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.0));
         let s = _mm512_mask_mov_ps(s, tiny, _mm512_setzero_ps());
         let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
         _mm512_mask_mov_ps(s, nan, x)
     }
 
+    /// erf as u·P(u²)/Q(u²) on |u| ≤ 4, ±1 beyond: the AVX2 path's fit (`imp2::erf`, same
+    /// coefficients), the division as `rcp14` and a Newton step (Q ≥ 1). No exp: about 20
+    /// instructions a vector, where 512-bit code issues on two ports only.
     #[inline(always)]
-    unsafe fn erf_for_gelu(x: __m512) -> __m512 {
-        let a = _mm512_abs_ps(x);
-        let t = recip(_mm512_fmadd_ps(_mm512_set1_ps(0.327_591_1), a, _mm512_set1_ps(1.0)));
-        let mut p = _mm512_set1_ps(1.061_405_4);
-        for c in [-1.453_152_1, 1.421_413_7, -0.284_496_74, 0.254_829_6] {
-            p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(c));
+    unsafe fn erf(u: __m512) -> __m512 {
+        use super::imp2::{ERF_CLAMP, ERF_P, ERF_Q};
+        // min/max pass a NaN in their second operand through: NaN in, NaN out
+        let uc = _mm512_max_ps(
+            _mm512_set1_ps(-ERF_CLAMP),
+            _mm512_min_ps(_mm512_set1_ps(ERF_CLAMP), u),
+        );
+        let t = _mm512_mul_ps(uc, uc);
+        let mut p = _mm512_set1_ps(ERF_P[5]);
+        let mut q = _mm512_set1_ps(ERF_Q[5]);
+        for k in (0..5).rev() {
+            p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ERF_P[k]));
+            q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(ERF_Q[k]));
         }
-        p = _mm512_mul_ps(p, t);
-        let e = exp_nonpos(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a)));
-        // absolute error ~1.5e-7: GELU multiplies it by x/2, so no small-|x| series is needed
-        let r = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.0));
-        // copy the sign of x
-        let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
-        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), sign))
+        let e = _mm512_mul_ps(_mm512_mul_ps(uc, p), recip(q));
+        // clamped to [-1, 1]: 1 + erf is exactly 0 where erf saturates low (-inf -> NaN below)
+        _mm512_max_ps(_mm512_set1_ps(-1.0), _mm512_min_ps(_mm512_set1_ps(1.0), e))
+    }
+
+    /// tanh as x·P(x²)/Q(x²) on |x| < 9, ±1 beyond: the AVX2 path's fit (`imp2::tanh`).
+    #[inline(always)]
+    unsafe fn tanh(x: __m512) -> __m512 {
+        use super::imp2::{TANH_CLAMP, TANH_P, TANH_Q};
+        let xc = _mm512_max_ps(
+            _mm512_set1_ps(-TANH_CLAMP),
+            _mm512_min_ps(_mm512_set1_ps(TANH_CLAMP), x),
+        );
+        let t = _mm512_mul_ps(xc, xc);
+        let mut p = _mm512_set1_ps(TANH_P[4]);
+        let mut q = _mm512_set1_ps(TANH_Q[4]);
+        for k in (0..4).rev() {
+            p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(TANH_P[k]));
+            q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(TANH_Q[k]));
+        }
+        let y = _mm512_mul_ps(_mm512_mul_ps(xc, p), recip(q));
+        let sat = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(x), _mm512_set1_ps(TANH_CLAMP));
+        let one = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(_mm512_set1_ps(1.0)),
+            _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN)),
+        ));
+        _mm512_mask_mov_ps(y, sat, one)
+    }
+
+    /// x/2 · (1 + f) as one FMA: +inf·(1 + 1) = inf, −inf·(1 − 1) = NaN as PyTorch's CPU kernel
+    /// (−inf·0), NaN stays NaN.
+    #[inline(always)]
+    unsafe fn half_x_one_plus(x: __m512, f: __m512) -> __m512 {
+        let h = _mm512_mul_ps(_mm512_set1_ps(0.5), x);
+        _mm512_fmadd_ps(h, f, h)
     }
 
     #[inline(always)]
@@ -79,21 +119,26 @@ mod imp {
         match op {
             Un::Exp => exp(x),
             Un::Sigmoid => sigmoid(x),
-            Un::Silu => {
-                let y = _mm512_mul_ps(x, sigmoid(x));
-                // -inf * 0 is NaN in PyTorch as well; keep that
-                y
+            // -inf * 0 is NaN in PyTorch as well; keep that
+            Un::Silu => _mm512_mul_ps(x, sigmoid(x)),
+            Un::Tanh => tanh(x),
+            Un::GeluTanh => {
+                // tanh(√(2/π)·(x + 0.044715·x³)) = tanh(√(2/π)·x·(1 + 0.044715·x²))
+                let s = _mm512_fmadd_ps(
+                    _mm512_mul_ps(x, x),
+                    _mm512_set1_ps(0.044_715),
+                    _mm512_set1_ps(1.0),
+                );
+                let z = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.797_884_6), x), s);
+                half_x_one_plus(x, tanh(z))
             }
-            _ => {
-                // GeluErf
-                let e = erf_for_gelu(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2)));
-                let y = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5), x), _mm512_add_ps(_mm512_set1_ps(1.0), e));
-                // as PyTorch's CPU kernel: +inf -> inf, -inf -> NaN (-inf·0)
-                let pinf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::INFINITY));
-                let ninf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::NEG_INFINITY));
-                let y = _mm512_mask_mov_ps(y, pinf, _mm512_set1_ps(f32::INFINITY));
-                _mm512_mask_mov_ps(y, ninf, _mm512_set1_ps(f32::NAN))
-            }
+            _ => half_x_one_plus(
+                x,
+                erf(_mm512_mul_ps(
+                    x,
+                    _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
+                )),
+            ), // GeluErf
         }
     }
 
@@ -138,7 +183,11 @@ mod imp {
             }
             let nm = _mm512_max_ps(m, bm);
             // an all -inf lane keeps sum 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
-            let mu = _mm512_mask_mov_ps(nm, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(nm, ninf), _mm512_setzero_ps());
+            let mu = _mm512_mask_mov_ps(
+                nm,
+                _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(nm, ninf),
+                _mm512_setzero_ps(),
+            );
             s = _mm512_mul_ps(s, exp(_mm512_sub_ps(m, mu)));
             m = nm;
             let mut j = i;
@@ -158,7 +207,11 @@ mod imp {
         let mx = hmax(m);
         let mc = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
         let mcv = _mm512_set1_ps(mc);
-        let mlanes = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m, ninf), _mm512_set1_ps(-200.0));
+        let mlanes = _mm512_mask_mov_ps(
+            m,
+            _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m, ninf),
+            _mm512_set1_ps(-200.0),
+        );
         let sum = _mm512_reduce_add_ps(_mm512_mul_ps(s, exp(_mm512_sub_ps(mlanes, mcv))));
         let mut i = 0;
         if log {
@@ -194,7 +247,11 @@ mod imp {
         let mut acc = _mm512_setzero_ps();
         let mut i = 0;
         while i < n {
-            let k: __mmask16 = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as __mmask16 };
+            let k: __mmask16 = if n - i >= 16 {
+                0xffff
+            } else {
+                ((1u32 << (n - i)) - 1) as __mmask16
+            };
             let x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, p.add(i)), sh);
             // keep lanes at or above the floor, and NaN lanes (NaN in, NaN out)
             let keep = k & !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, floor);
@@ -212,22 +269,33 @@ mod imp {
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn un_avx512(op: Un, out: &mut [f32], inp: &[f32]) -> bool {
-        if !matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf) {
-            return false;
+        match op {
+            Un::Exp => map512(out, inp, |x| apply(Un::Exp, x)),
+            Un::Sigmoid => map512(out, inp, |x| apply(Un::Sigmoid, x)),
+            Un::Silu => map512(out, inp, |x| apply(Un::Silu, x)),
+            Un::Tanh => map512(out, inp, |x| apply(Un::Tanh, x)),
+            Un::GeluTanh => map512(out, inp, |x| apply(Un::GeluTanh, x)),
+            Un::GeluErf => map512(out, inp, |x| apply(Un::GeluErf, x)),
+            _ => return false,
         }
+        true
+    }
+
+    /// out[i] = f(inp[i]); one loop per op (the match outside it), the tail through a mask.
+    #[inline(always)]
+    unsafe fn map512(out: &mut [f32], inp: &[f32], f: impl Fn(__m512) -> __m512) {
         let n = out.len().min(inp.len());
         let mut i = 0;
         while i + 16 <= n {
             let x = _mm512_loadu_ps(inp.as_ptr().add(i));
-            _mm512_storeu_ps(out.as_mut_ptr().add(i), apply(op, x));
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), f(x));
             i += 16;
         }
         if i < n {
             let m: __mmask16 = (1u32 << (n - i)).wrapping_sub(1) as __mmask16;
             let x = _mm512_maskz_loadu_ps(m, inp.as_ptr().add(i));
-            _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), m, apply(op, x));
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), m, f(x));
         }
-        true
     }
 }
 
@@ -249,7 +317,9 @@ mod imp2 {
     /// 2^k·p for integral k in [-126, 128]: 2^(k-1) from the exponent bits, times 2p.
     #[inline(always)]
     unsafe fn exp_core(xc: __m256) -> __m256 {
-        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(xc, set(std::f32::consts::LOG2_E)));
+        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(xc, set(std::f32::consts::LOG2_E)),
+        );
         let r = _mm256_fnmadd_ps(k, set(0.693_145_75), xc);
         let r = _mm256_fnmadd_ps(k, set(1.428_606_8e-6), r);
         // e^r on |r| ≤ ln2/2: 1 + r + c2 r² + … + c5 r⁵, this crate's own relative-error fit
@@ -258,7 +328,10 @@ mod imp2 {
         for c in [4.1890286e-02, 1.6667116e-01, 4.999923e-01, 1.0, 1.0] {
             p = _mm256_fmadd_ps(p, r, set(c));
         }
-        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(126)));
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(k),
+            _mm256_set1_epi32(126),
+        ));
         _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), set(2.0))
     }
 
@@ -267,8 +340,16 @@ mod imp2 {
     pub(super) unsafe fn exp(x: __m256) -> __m256 {
         let xc = _mm256_min_ps(_mm256_max_ps(x, set(-87.3)), set(88.72));
         let y = exp_core(xc);
-        let y = _mm256_blendv_ps(y, set(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(x, set(88.72)));
-        let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.3)));
+        let y = _mm256_blendv_ps(
+            y,
+            set(f32::INFINITY),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x, set(88.72)),
+        );
+        let y = _mm256_blendv_ps(
+            y,
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.3)),
+        );
         _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
     }
 
@@ -278,7 +359,11 @@ mod imp2 {
     pub(super) unsafe fn exp_nonpos(x: __m256) -> __m256 {
         let xc = _mm256_max_ps(x, set(-87.3));
         let y = exp_core(xc);
-        _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.3)))
+        _mm256_blendv_ps(
+            y,
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.3)),
+        )
     }
 
     /// 1/d for finite d >= 1: rcpps and one Newton step (~1 ulp more than a division).
@@ -289,21 +374,49 @@ mod imp2 {
     }
 
     /// erf(u) = u·P(u²)/Q(u²) for |u| < ERF_CLAMP (see `erf`).
-    const ERF_CLAMP: f32 = 4.0;
-    const ERF_P: [f32; 6] = [std::f32::consts::FRAC_2_SQRT_PI, 1.9455428e-01, 5.3238638e-02, 3.927603e-03, 2.8570523e-04, 1.9808706e-06];
-    const ERF_Q: [f32; 6] = [1.0, 5.0575167e-01, 1.1577019e-01, 1.5295738e-02, 1.1965742e-03, 3.741861e-05];
+    pub(super) const ERF_CLAMP: f32 = 4.0;
+    pub(super) const ERF_P: [f32; 6] = [
+        std::f32::consts::FRAC_2_SQRT_PI,
+        1.9455428e-01,
+        5.3238638e-02,
+        3.927603e-03,
+        2.8570523e-04,
+        1.9808706e-06,
+    ];
+    pub(super) const ERF_Q: [f32; 6] = [
+        1.0,
+        5.0575167e-01,
+        1.1577019e-01,
+        1.5295738e-02,
+        1.1965742e-03,
+        3.741861e-05,
+    ];
     /// tanh(x) = x·P(x²)/Q(x²) for |x| < TANH_CLAMP (see `tanh`).
-    const TANH_CLAMP: f32 = 9.0;
-    const TANH_P: [f32; 5] = [1.0, 1.3380408e-01, 3.4948646e-03, 2.0597783e-05, 1.334031e-08];
-    const TANH_Q: [f32; 5] = [1.0, 4.6713725e-01, 2.58742e-02, 3.284476e-04, 7.7704016e-07];
+    pub(super) const TANH_CLAMP: f32 = 9.0;
+    pub(super) const TANH_P: [f32; 5] = [
+        1.0,
+        1.3380408e-01,
+        3.4948646e-03,
+        2.0597783e-05,
+        1.334031e-08,
+    ];
+    pub(super) const TANH_Q: [f32; 5] =
+        [1.0, 4.6713725e-01, 2.58742e-02, 3.284476e-04, 7.7704016e-07];
 
     #[inline(always)]
     unsafe fn sigmoid(x: __m256) -> __m256 {
         // exp(87) is finite, so the reciprocal never sees inf; below -87 the result is 0 and
         // above 87 it is 1 (exp_core needs its argument inside [-87.3, 88.7])
         let xc = _mm256_min_ps(_mm256_max_ps(x, set(-87.0)), set(87.0));
-        let s = recip(_mm256_add_ps(set(1.0), exp_core(_mm256_sub_ps(_mm256_setzero_ps(), xc))));
-        let s = _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.0)));
+        let s = recip(_mm256_add_ps(
+            set(1.0),
+            exp_core(_mm256_sub_ps(_mm256_setzero_ps(), xc)),
+        ));
+        let s = _mm256_blendv_ps(
+            s,
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.0)),
+        );
         _mm256_blendv_ps(s, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
     }
 
@@ -370,6 +483,16 @@ mod imp2 {
         _mm256_mul_ps(_mm256_mul_ps(set(0.5), x), _mm256_add_ps(set(1.0), e))
     }
 
+    /// GELU (tanh form): x/2 · (1 + tanh(√(2/π)·x·(1 + 0.044715·x²))), the same inf / NaN
+    /// behaviour as the erf form.
+    #[inline(always)]
+    unsafe fn gelu_tanh(x: __m256) -> __m256 {
+        let s = _mm256_fmadd_ps(_mm256_mul_ps(x, x), set(0.044_715), set(1.0));
+        let th = tanh(_mm256_mul_ps(_mm256_mul_ps(set(0.797_884_6), x), s));
+        let h = _mm256_mul_ps(set(0.5), x);
+        _mm256_fmadd_ps(h, th, h)
+    }
+
     /// out[i] = op(inp[i]) for the ops this module covers; false for any other op.
     ///
     /// # Safety
@@ -383,8 +506,11 @@ mod imp2 {
             // -inf * 0 is NaN in PyTorch as well; keep that
             Un::Silu => map(out, inp, |x| _mm256_mul_ps(x, sigmoid(x))),
             Un::Tanh => map(out, inp, |x| tanh(x)),
-            Un::Relu => map(out, inp, |x| _mm256_and_ps(x, _mm256_cmp_ps::<_CMP_NLT_UQ>(x, _mm256_setzero_ps()))),
+            Un::Relu => map(out, inp, |x| {
+                _mm256_and_ps(x, _mm256_cmp_ps::<_CMP_NLT_UQ>(x, _mm256_setzero_ps()))
+            }),
             Un::GeluErf => map(out, inp, |x| gelu(x)),
+            Un::GeluTanh => map(out, inp, |x| gelu_tanh(x)),
             _ => return false,
         }
         true
@@ -456,7 +582,15 @@ mod imp2 {
             i += 16;
         }
         while i < n {
-            let v = if n - i >= 8 { _mm256_loadu_ps(x.add(i)) } else { _mm256_blendv_ps(ninf, _mm256_maskload_ps(x.add(i), tail_mask(n - i)), _mm256_castsi256_ps(tail_mask(n - i))) };
+            let v = if n - i >= 8 {
+                _mm256_loadu_ps(x.add(i))
+            } else {
+                _mm256_blendv_ps(
+                    ninf,
+                    _mm256_maskload_ps(x.add(i), tail_mask(n - i)),
+                    _mm256_castsi256_ps(tail_mask(n - i)),
+                )
+            };
             nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
             m0 = _mm256_max_ps(m0, v);
             i += 8;
@@ -542,7 +676,10 @@ mod imp2 {
             let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             while i + 16 <= n {
                 s0 = _mm256_add_ps(s0, exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), sh)));
-                s1 = _mm256_add_ps(s1, exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), sh)));
+                s1 = _mm256_add_ps(
+                    s1,
+                    exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), sh)),
+                );
                 i += 16;
             }
             while i < n {
@@ -571,7 +708,6 @@ mod imp2 {
 #[cfg(target_arch = "x86_64")]
 pub use imp2::{exp_shift_sum_avx2, hsum as hsum256, softmax_row_avx2, un_avx2};
 
-
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -586,6 +722,16 @@ mod tests {
             Un::Silu => xd / (1.0 + (-xd).exp()),
             Un::Tanh => xd.tanh(),
             Un::Relu => xd.max(0.0),
+            Un::GeluTanh => {
+                if x == f32::NEG_INFINITY {
+                    f64::NAN
+                } else if x == f32::INFINITY {
+                    f64::INFINITY
+                } else {
+                    let k = (2.0 / std::f64::consts::PI).sqrt();
+                    0.5 * xd * (1.0 + (k * (xd + 0.044_715 * xd * xd * xd)).tanh())
+                }
+            }
             _ => {
                 if x == f32::NEG_INFINITY {
                     f64::NAN
@@ -605,16 +751,26 @@ mod tests {
                 assert!(y.is_nan(), "{op:?}({x}) = {y}, want NaN");
                 continue;
             }
-            let want = if want.abs() > f32::MAX as f64 { want.signum() * f64::INFINITY } else { want };
+            let want = if want.abs() > f32::MAX as f64 {
+                want.signum() * f64::INFINITY
+            } else {
+                want
+            };
             let err = (y as f64 - want).abs();
             // float32 assert_close: atol 1e-5, rtol 1.3e-6
-            assert!(err <= 1e-6 + 1.3e-6 * want.abs() || (want.is_infinite() && y as f64 == want), "{op:?}({x}) = {y}, want {want}");
+            assert!(
+                err <= 1e-6 + 1.3e-6 * want.abs() || (want.is_infinite() && y as f64 == want),
+                "{op:?}({x}) = {y}, want {want}"
+            );
         }
     }
 
     fn inputs() -> Vec<f32> {
         let mut xs: Vec<f32> = (0..40000).map(|i| -20.0 + i as f32 * 0.001).collect();
-        xs.extend([0.0, -0.0, 1e-30, -1e-30, 0.06, -0.0624, 88.0, 88.5, 88.8, 89.0, -87.2, -87.5, -100.0, -104.5, 200.0]);
+        xs.extend([
+            0.0, -0.0, 1e-30, -1e-30, 0.06, -0.0624, 88.0, 88.5, 88.8, 89.0, -87.2, -87.5, -100.0,
+            -104.5, 200.0,
+        ]);
         xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0, 1e-3, -1e-3]);
         xs
     }
@@ -626,7 +782,15 @@ mod tests {
         }
         let xs = inputs();
         let mut out = vec![0f32; xs.len()];
-        for op in [Un::Exp, Un::Sigmoid, Un::Silu, Un::GeluErf, Un::Tanh, Un::Relu] {
+        for op in [
+            Un::Exp,
+            Un::Sigmoid,
+            Un::Silu,
+            Un::GeluErf,
+            Un::GeluTanh,
+            Un::Tanh,
+            Un::Relu,
+        ] {
             assert!(unsafe { un_avx2(op, &mut out, &xs) });
             check_close(op, &xs, &out);
             // tails: every length below two vectors, at an odd offset
@@ -641,12 +805,35 @@ mod tests {
 
     #[test]
     fn avx2_tanh_is_exact_at_the_edges() {
-        if !crate::core::isa::has_avx2() {
-            return;
+        if crate::core::isa::has_avx2() {
+            tanh_is_exact_at_the_edges(un_avx2);
         }
-        let xs = [9.0f32, -9.0, 9.5, -30.0, 1e30, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-30, -1e-38, 8.999_999];
+    }
+
+    #[test]
+    fn avx512_tanh_is_exact_at_the_edges() {
+        if crate::core::isa::has_avx512() {
+            tanh_is_exact_at_the_edges(un_avx512);
+        }
+    }
+
+    fn tanh_is_exact_at_the_edges(run: unsafe fn(Un, &mut [f32], &[f32]) -> bool) {
+        let xs = [
+            9.0f32,
+            -9.0,
+            9.5,
+            -30.0,
+            1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-38,
+            8.999_999,
+        ];
         let mut out = [0f32; 12];
-        assert!(unsafe { un_avx2(Un::Tanh, &mut out, &xs) });
+        assert!(unsafe { run(Un::Tanh, &mut out, &xs) });
         assert_eq!(&out[..7], &[1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0]);
         assert_eq!(out[7].to_bits(), 0.0f32.to_bits());
         assert_eq!(out[8].to_bits(), (-0.0f32).to_bits());
@@ -657,8 +844,12 @@ mod tests {
         for i in 0..=180_000 {
             let x = -9.0 + i as f32 * 1e-4;
             let mut y = [0f32; 1];
-            assert!(unsafe { un_avx2(Un::Tanh, &mut y, &[x]) });
-            assert!((y[0] as f64 - (x as f64).tanh()).abs() <= 4e-7, "tanh({x}) = {}", y[0]);
+            assert!(unsafe { run(Un::Tanh, &mut y, &[x]) });
+            assert!(
+                (y[0] as f64 - (x as f64).tanh()).abs() <= 4e-7,
+                "tanh({x}) = {}",
+                y[0]
+            );
         }
     }
 
@@ -668,15 +859,24 @@ mod tests {
             return;
         }
         for n in [1usize, 3, 7, 8, 9, 15, 16, 17, 33, 100, 2048, 5000] {
-            let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3).collect();
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3)
+                .collect();
             let mx = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
             let sum: f64 = x.iter().map(|&v| (v as f64 - mx).exp()).sum();
             for log in [false, true] {
                 let mut y = vec![0f32; n];
                 unsafe { softmax_row_avx2(x.as_ptr(), y.as_mut_ptr(), n, log) };
                 for (i, (&v, &got)) in x.iter().zip(&y).enumerate() {
-                    let want = if log { v as f64 - mx - sum.ln() } else { (v as f64 - mx).exp() / sum };
-                    assert!((got as f64 - want).abs() <= 1e-6 + 1e-5 * want.abs(), "n={n} log={log} [{i}]: {got} vs {want}");
+                    let want = if log {
+                        v as f64 - mx - sum.ln()
+                    } else {
+                        (v as f64 - mx).exp() / sum
+                    };
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-6 + 1e-5 * want.abs(),
+                        "n={n} log={log} [{i}]: {got} vs {want}"
+                    );
                 }
             }
         }
@@ -692,7 +892,10 @@ mod tests {
         let mut x = [f32::NEG_INFINITY; 11];
         x[4] = 2.0;
         unsafe { softmax_row_avx2(x.as_ptr(), y.as_mut_ptr(), 11, false) };
-        assert!(y.iter().enumerate().all(|(i, &v)| v == if i == 4 { 1.0 } else { 0.0 }));
+        assert!(y
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == if i == 4 { 1.0 } else { 0.0 }));
     }
 
     #[test]
@@ -700,36 +903,34 @@ mod tests {
         if !crate::core::isa::has_avx512() {
             return;
         }
-        let mut xs: Vec<f32> = (0..40000).map(|i| -20.0 + i as f32 * 0.001).collect();
-        xs.extend([0.0, -0.0, 1e-30, -1e-30, 88.0, 89.0, -87.5, -100.0, -104.5, 200.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0]);
+        let mut xs = inputs();
+        xs.extend([
+            89.0,
+            -104.5,
+            9.0,
+            -9.0,
+            8.999_999,
+            4.0 * std::f32::consts::SQRT_2,
+            -4.0 * std::f32::consts::SQRT_2,
+            1e30,
+            -1e30,
+        ]);
         let mut out = vec![0f32; xs.len()];
-        let phi = |x: f64| 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
-        for op in [Un::Exp, Un::Sigmoid, Un::Silu, Un::GeluErf] {
+        for op in [
+            Un::Exp,
+            Un::Sigmoid,
+            Un::Silu,
+            Un::GeluErf,
+            Un::GeluTanh,
+            Un::Tanh,
+        ] {
             assert!(unsafe { un_avx512(op, &mut out, &xs) });
-            for (&x, &y) in xs.iter().zip(&out) {
-                let xd = x as f64;
-                let want = match op {
-                    Un::Exp => xd.exp(),
-                    Un::Sigmoid => 1.0 / (1.0 + (-xd).exp()),
-                    Un::Silu => xd / (1.0 + (-xd).exp()),
-                    _ => {
-                        if x == f32::NEG_INFINITY {
-                            f64::NAN
-                        } else if x == f32::INFINITY {
-                            f64::INFINITY
-                        } else {
-                            xd * phi(xd)
-                        }
-                    }
-                };
-                if want.is_nan() {
-                    assert!(y.is_nan(), "{op:?}({x}) = {y}, want NaN");
-                    continue;
-                }
-                let want = if want.abs() > f32::MAX as f64 { want.signum() * f64::INFINITY } else { want };
-                let err = (y as f64 - want).abs();
-                // float32 assert_close: atol 1e-5, rtol 1.3e-6
-                assert!(err <= 1e-6 + 1.3e-6 * want.abs() || (want.is_infinite() && y as f64 == want), "{op:?}({x}) = {y}, want {want}");
+            check_close(op, &xs, &out);
+            // tails: every length below two vectors, at an odd offset
+            for len in 0..33 {
+                let mut o = vec![7f32; len];
+                assert!(unsafe { un_avx512(op, &mut o, &xs[3..3 + len]) });
+                check_close(op, &xs[3..3 + len], &o);
             }
         }
         assert!(!unsafe { un_avx512(Un::Relu, &mut out, &xs) });

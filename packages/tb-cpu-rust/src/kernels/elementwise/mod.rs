@@ -543,12 +543,12 @@ impl Scalar for f32 {
     fn un(op: Un, x: &mut [f32], a: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf) && crate::core::isa::has_avx512() {
+            if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf | Un::GeluTanh | Un::Tanh) && crate::core::isa::has_avx512() {
                 // SAFETY: the CPU has AVX-512F (checked just above)
                 if unsafe { crate::core::math::vector::un_avx512(op, x, a) } {
                     return;
                 }
-            } else if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf | Un::Tanh) && crate::core::isa::has_avx2() {
+            } else if matches!(op, Un::Exp | Un::Sigmoid | Un::Silu | Un::GeluErf | Un::GeluTanh | Un::Tanh) && crate::core::isa::has_avx2() {
                 // SAFETY: the CPU has AVX2 and FMA (checked just above)
                 if unsafe { crate::core::math::vector::un_avx2(op, x, a) } {
                     return;
