@@ -27,7 +27,7 @@ MODES = ["bf16", "fp16", "autocast"]
 
 @pytest.fixture(autouse=True)
 def _low_precision_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pass is opt-in (off by default: slower than eager bfloat16 today); these tests turn it on."""
+    """On by default; set here so a developer's ``TORCHBURN_LOW_PRECISION=0`` does not turn these off."""
     monkeypatch.setenv("TORCHBURN_LOW_PRECISION", "1")
 
 
@@ -157,6 +157,45 @@ def test_turned_off_runs_in_eager() -> None:
     with torch.no_grad():
         check_close(compiled(*args), model(*args))
     assert "aten.addmm.default" in fallback()
+
+
+@pytest.mark.parametrize("mode", ["bf16", "autocast"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_widened_or_as_traced_by_measurement(name: str, mode: str) -> None:
+    """With routing on (the default outside the test suites), the widened graph is timed against
+    the graph as traced (torchburn.low_precision_route); whichever is pinned, every call gives
+    eager's answer, nothing falls back, and the graph as traced runs eager's kernels bit for bit."""
+    model, args = prepared(name, mode)
+    with torch.no_grad(), context(mode):
+        expected = model(*args)
+    sink: list[Any] = []
+    compiled = torch.compile(
+        model, backend="torchburn", options={"engine": "native_cpu", "routing": "measure", "report_sink": sink}
+    )
+    from torchburn.low_precision_route import MEASURE_CALLS, SETTLE_CALLS
+
+    with torch.no_grad(), context(mode):
+        for _ in range(SETTLE_CALLS + MEASURE_CALLS + 1):
+            out = compiled(*args)
+            check_close(out.to(expected.dtype), expected)
+        widened = [g for g in sink if g.low_precision is not None]
+        torchburn.reset_stats()
+        out = compiled(*args)
+    assert fallback() == {}
+    if not widened:
+        # nn.TransformerEncoderLayer under autocast: torch.compile's graph of it is float32 (as
+        # aot_eager's; eager's fused layer is another path), so there is nothing to widen
+        assert (name, mode, out.dtype) == ("transformer_layer", "autocast", torch.float32)
+        return
+    (report,) = widened
+    assert not report.low_precision.route.pending, report.low_precision.describe()
+    cov = torchburn.op_coverage()
+    if report.traced_only:
+        assert sum(cov["native"].values()) == 0 and sum(cov["routed"].values()) > 0
+        if mode == "bf16":
+            assert torch.equal(out, expected)
+    else:
+        assert sum(cov["native"].values()) > 0
 
 
 class _Head(torch.nn.Module):
