@@ -284,3 +284,30 @@ def test_copy_graph_is_independent() -> None:
             node.target = torch.ops.aten.sub.Tensor
     gm.recompile()
     torch.testing.assert_close(twin(x), x + 1)
+
+
+def test_decision_is_reused_from_the_compile_cache(laggard: type[Laggard], tmp_path: Any) -> None:
+    from torchburn.cache import configure
+
+    configure(disk_dir=tmp_path)
+    try:
+        model, x = bf16_mlp()
+        compiled, sink = compile_model(model, cache=True)
+        with torch.no_grad():
+            for _ in range(calls_to_decide()):
+                compiled(x)
+        assert sink[0].traced_only
+        for fresh_memory in (False, True):  # a recompile; a new process (only the disk folder)
+            if fresh_memory:
+                configure(disk_dir=tmp_path)
+            torch._dynamo.reset()
+            compiled, sink = compile_model(model, cache=True)
+            before = Laggard.calls
+            with torch.no_grad():
+                assert torch.equal(compiled(x), model(x))
+            (report,) = sink
+            decision = report.low_precision.route.decisions[torch.get_num_threads()]
+            assert decision.source == "cache" and decision.choice == routing.EAGER
+            assert Laggard.calls == before  # no settling, no measuring: the stored choice ran
+    finally:
+        configure(disk_dir=None)

@@ -80,6 +80,7 @@ def torchburn_backend(
                 engine=report.partitions[0].engine,
                 fallback_ops=record.fallback,
                 run_as_traced=source.forward if source is not None else None,
+                **_stored_decisions(traced, engines, opts),
             )
             report.low_precision = chooser.stats
             call = chooser
@@ -128,6 +129,34 @@ def torchburn_backend(
             stacklevel=2,
         )
         return gm.forward
+
+
+def _stored_decisions(traced: torch.fx.GraphModule, engines: Sequence[Any], opts: Options) -> dict[str, Any]:
+    """``lookup`` / ``store`` of a LowPrecisionRoute: its decisions in the compile cache, under
+    ``low_precision_route.decision_key`` and the thread count; none when the cache is off or the
+    graph has no stable key."""
+    if not opts.cache:
+        return {}
+    from torchburn import routing
+    from torchburn.cache import engine_tag
+
+    try:
+        base = low_precision_route.decision_key(traced, [engine_tag(e) for e in engines])
+    except Exception:  # a graph without a stable text: decided in memory only
+        return {}
+    cache = graph_cache()
+
+    def lookup(threads: int) -> routing.Decision | None:
+        data = cache.load_route(routing.route_key(base, "", threads))
+        try:
+            return routing.Decision.from_json(data) if data is not None else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def store(threads: int, decision: routing.Decision) -> None:
+        cache.store_route(routing.route_key(base, "", threads), decision.to_json())
+
+    return {"lookup": lookup, "store": store}
 
 
 def _traced(

@@ -19,17 +19,22 @@ So an inference graph the pass changed keeps the graph as traced beside the wide
   pins the faster with the lower-quartile estimates and margin of a partition's routing
   (``routing.decide``).
 
+Decisions are kept with the compiled graph and in the compile cache (``GraphCache.store_route``,
+in memory and on disk) under ``decision_key``: the graph as traced, its inputs and the engines'
+cache tags, plus the thread count; a later compile or process pins the stored choice at its first
+call, without settling or measuring.
+
 Both paths return the same dtypes, and each call runs one path only. Nodes of the graph as traced
 count as "routed" in ``op_coverage()`` when that path runs (an engine took them, eager PyTorch
 measured faster), except those the widened graph would run in eager anyway, which stay "fallback".
 Not measured (the widened graph always runs): routing off, training graphs, symbolic sizes, and
 graphs that draw random numbers or write into their inputs (the same reasons as a partition's).
-Decisions are kept in memory with the compiled graph.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from collections import Counter
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import torch
 import torch.fx
 
@@ -112,6 +118,37 @@ def not_measured_reason(gm: torch.fx.GraphModule, kind: str, mode: str) -> str |
     return None
 
 
+def decision_key(traced: torch.fx.GraphModule, engine_tags: list[str]) -> str:
+    """What a stored decision is about: the graph as traced (its nodes and its inputs' dtypes,
+    sizes and strides) and the engines in force (their cache tags: builds, ISA). ``routing.route_key``
+    adds the thread count and the machine."""
+    metas = []
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                metas.append([str(val.dtype), list(val.shape), list(val.stride()), str(val.device)])
+            else:
+                metas.append(repr(val))
+    material = json.dumps(["low_precision_route", 1, _canonical(traced), metas, engine_tags], default=str)
+    return blake3.blake3(material.encode()).hexdigest()
+
+
+def _canonical(gm: torch.fx.GraphModule) -> list[Any]:
+    """The graph's nodes in order, each an (op, target, args, kwargs) with other nodes as their
+    positions: the same for a graph traced now and one restored from the compile cache, whose
+    node names differ."""
+    index = {node: i for i, node in enumerate(gm.graph.nodes)}
+
+    def ref(a: torch.fx.Node) -> Any:
+        return f"%{index[a]}"
+
+    return [
+        [n.op, str(n.target), repr(torch.fx.map_arg(n.args, ref)), repr(torch.fx.map_arg(n.kwargs, ref))]
+        for n in gm.graph.nodes
+    ]
+
+
 def traced_ops(gm: torch.fx.GraphModule) -> list[str]:
     return [
         op
@@ -138,6 +175,8 @@ class LowPrecisionRoute:
         engine: str,
         fallback_ops: Counter[str],
         run_as_traced: Callable[..., Any] | None = None,
+        lookup: routing.Lookup | None = None,
+        store: routing.Store | None = None,
     ) -> None:
         self.wide = wide
         self._pending = pending
@@ -159,18 +198,28 @@ class LowPrecisionRoute:
         self._pinned: dict[int, Callable[..., Any]] = {}
         self._runs: dict[int, _Blocks] = {}
         self._lock = threading.Lock()
+        self._lookup = lookup
+        self._store = store
+        self._looked_up: set[int] = set()
 
     def __call__(self, *args: Any) -> Any:
+        threads = torch.get_num_threads()
+        pinned = self._pinned.get(threads)
+        if pinned is not None:
+            return pinned(*args)
+        if self._lookup is not None and threads not in self._looked_up:
+            self._looked_up.add(threads)
+            decision = self._lookup(threads)  # a former compile or process measured it
+            if decision is not None:
+                with self._lock:
+                    self._pin(threads, decision)
+                return self._pinned[threads](*args)
         settling = self._settling
         if settling is not None:
             if settling < SETTLE_CALLS and self._pending():
                 self._settling = settling + 1
                 return self.wide(*args)
             self._settling = None
-        threads = torch.get_num_threads()
-        pinned = self._pinned.get(threads)
-        if pinned is not None:
-            return pinned(*args)
         return self._measured_call(threads, args)
 
     def _measured_call(self, threads: int, args: tuple[Any, ...]) -> Any:
@@ -191,12 +240,18 @@ class LowPrecisionRoute:
                         decision = routing.Decision(
                             routing.decide(wide, traced), routing.estimate(wide), routing.estimate(traced)
                         )
-                        del self._runs[threads]
-                        self.stats.route.measuring.pop(threads, None)
-                        self.stats.route.decisions[threads] = decision
-                        chosen = self.traced if decision.choice == routing.EAGER else self.wide
-                        self._pinned = {**self._pinned, threads: chosen}  # a new dict: read without the lock
+                        self._pin(threads, decision)
+                        if self._store is not None:
+                            self._store(threads, decision)
         return out
+
+    def _pin(self, threads: int, decision: routing.Decision) -> None:
+        """Called with the lock held."""
+        self._runs.pop(threads, None)
+        self.stats.route.measuring.pop(threads, None)
+        self.stats.route.decisions[threads] = decision
+        chosen = self.traced if decision.choice == routing.EAGER else self.wide
+        self._pinned = {**self._pinned, threads: chosen}  # a new dict: read without the lock
 
 
 class _Blocks:
