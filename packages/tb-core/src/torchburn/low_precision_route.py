@@ -122,7 +122,7 @@ def decision_key(traced: torch.fx.GraphModule, engine_tags: list[str]) -> str:
     """What a stored decision is about: the graph as traced (its nodes and its inputs' dtypes,
     sizes and strides) and the engines in force (their cache tags: builds, ISA). ``routing.route_key``
     adds the thread count and the machine."""
-    metas = []
+    metas: list[Any] = []
     for node in traced.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
