@@ -59,25 +59,29 @@ mod imp {
         _mm512_mask_mov_ps(s, nan, x)
     }
 
+    /// x clamped to [−c, c], then x·P(x²)/Q(x²) (coefficients lowest degree first; Q ≥ 1 there,
+    /// so the division is `rcp14` and a Newton step). min/max pass a NaN in their second operand
+    /// through: NaN in, NaN out.
+    #[inline(always)]
+    unsafe fn odd_rational<const N: usize>(x: __m512, c: f32, p: &[f32; N], q: &[f32; N]) -> __m512 {
+        let xc = _mm512_max_ps(_mm512_set1_ps(-c), _mm512_min_ps(_mm512_set1_ps(c), x));
+        let t = _mm512_mul_ps(xc, xc);
+        let mut pv = _mm512_set1_ps(p[N - 1]);
+        let mut qv = _mm512_set1_ps(q[N - 1]);
+        for k in (0..N - 1).rev() {
+            pv = _mm512_fmadd_ps(pv, t, _mm512_set1_ps(p[k]));
+            qv = _mm512_fmadd_ps(qv, t, _mm512_set1_ps(q[k]));
+        }
+        _mm512_mul_ps(_mm512_mul_ps(xc, pv), recip(qv))
+    }
+
     /// erf as u·P(u²)/Q(u²) on |u| ≤ 4, ±1 beyond: the AVX2 path's fit (`imp2::erf`, same
-    /// coefficients), the division as `rcp14` and a Newton step (Q ≥ 1). No exp: about 20
-    /// instructions a vector, where 512-bit code issues on two ports only.
+    /// coefficients). No exp: about 20 instructions a vector, where 512-bit code issues on two
+    /// ports only.
     #[inline(always)]
     unsafe fn erf(u: __m512) -> __m512 {
         use super::imp2::{ERF_CLAMP, ERF_P, ERF_Q};
-        // min/max pass a NaN in their second operand through: NaN in, NaN out
-        let uc = _mm512_max_ps(
-            _mm512_set1_ps(-ERF_CLAMP),
-            _mm512_min_ps(_mm512_set1_ps(ERF_CLAMP), u),
-        );
-        let t = _mm512_mul_ps(uc, uc);
-        let mut p = _mm512_set1_ps(ERF_P[5]);
-        let mut q = _mm512_set1_ps(ERF_Q[5]);
-        for k in (0..5).rev() {
-            p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ERF_P[k]));
-            q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(ERF_Q[k]));
-        }
-        let e = _mm512_mul_ps(_mm512_mul_ps(uc, p), recip(q));
+        let e = odd_rational(u, ERF_CLAMP, &ERF_P, &ERF_Q);
         // clamped to [-1, 1]: 1 + erf is exactly 0 where erf saturates low (-inf -> NaN below)
         _mm512_max_ps(_mm512_set1_ps(-1.0), _mm512_min_ps(_mm512_set1_ps(1.0), e))
     }
@@ -86,18 +90,7 @@ mod imp {
     #[inline(always)]
     unsafe fn tanh(x: __m512) -> __m512 {
         use super::imp2::{TANH_CLAMP, TANH_P, TANH_Q};
-        let xc = _mm512_max_ps(
-            _mm512_set1_ps(-TANH_CLAMP),
-            _mm512_min_ps(_mm512_set1_ps(TANH_CLAMP), x),
-        );
-        let t = _mm512_mul_ps(xc, xc);
-        let mut p = _mm512_set1_ps(TANH_P[4]);
-        let mut q = _mm512_set1_ps(TANH_Q[4]);
-        for k in (0..4).rev() {
-            p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(TANH_P[k]));
-            q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(TANH_Q[k]));
-        }
-        let y = _mm512_mul_ps(_mm512_mul_ps(xc, p), recip(q));
+        let y = odd_rational(x, TANH_CLAMP, &TANH_P, &TANH_Q);
         let sat = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(x), _mm512_set1_ps(TANH_CLAMP));
         let one = _mm512_castsi512_ps(_mm512_or_si512(
             _mm512_castps_si512(_mm512_set1_ps(1.0)),
