@@ -774,25 +774,9 @@ mod tests {
             return;
         }
         let xs = inputs();
+        let ops = [Un::Exp, Un::Sigmoid, Un::Silu, Un::GeluErf, Un::GeluTanh, Un::Tanh, Un::Relu];
+        match_reference_at_every_length(un_avx2, &ops, &xs, 16);
         let mut out = vec![0f32; xs.len()];
-        for op in [
-            Un::Exp,
-            Un::Sigmoid,
-            Un::Silu,
-            Un::GeluErf,
-            Un::GeluTanh,
-            Un::Tanh,
-            Un::Relu,
-        ] {
-            assert!(unsafe { un_avx2(op, &mut out, &xs) });
-            check_close(op, &xs, &out);
-            // tails: every length below two vectors, at an odd offset
-            for len in 0..17 {
-                let mut o = vec![7f32; len];
-                assert!(unsafe { un_avx2(op, &mut o, &xs[3..3 + len]) });
-                check_close(op, &xs[3..3 + len], &o);
-            }
-        }
         assert!(!unsafe { un_avx2(Un::Log, &mut out, &xs) });
     }
 
@@ -908,24 +892,23 @@ mod tests {
             1e30,
             -1e30,
         ]);
+        let ops = [Un::Exp, Un::Sigmoid, Un::Silu, Un::GeluErf, Un::GeluTanh, Un::Tanh];
+        match_reference_at_every_length(un_avx512, &ops, &xs, 32);
         let mut out = vec![0f32; xs.len()];
-        for op in [
-            Un::Exp,
-            Un::Sigmoid,
-            Un::Silu,
-            Un::GeluErf,
-            Un::GeluTanh,
-            Un::Tanh,
-        ] {
-            assert!(unsafe { un_avx512(op, &mut out, &xs) });
-            check_close(op, &xs, &out);
-            // tails: every length below two vectors, at an odd offset
-            for len in 0..33 {
+        assert!(!unsafe { un_avx512(Un::Relu, &mut out, &xs) });
+    }
+
+    /// Every op over `xs`, then every tail length up to `tails` at an odd offset.
+    fn match_reference_at_every_length(run: unsafe fn(Un, &mut [f32], &[f32]) -> bool, ops: &[Un], xs: &[f32], tails: usize) {
+        let mut out = vec![0f32; xs.len()];
+        for &op in ops {
+            assert!(unsafe { run(op, &mut out, xs) });
+            check_close(op, xs, &out);
+            for len in 0..=tails {
                 let mut o = vec![7f32; len];
-                assert!(unsafe { un_avx512(op, &mut o, &xs[3..3 + len]) });
+                assert!(unsafe { run(op, &mut o, &xs[3..3 + len]) });
                 check_close(op, &xs[3..3 + len], &o);
             }
         }
-        assert!(!unsafe { un_avx512(Un::Relu, &mut out, &xs) });
     }
 }
