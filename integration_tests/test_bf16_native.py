@@ -188,7 +188,7 @@ def test_widened_or_as_traced_by_measurement(name: str, mode: str) -> None:
         assert (name, mode, out.dtype) == ("transformer_layer", "autocast", torch.float32)
         return
     (report,) = widened
-    assert not report.low_precision.route.pending, report.low_precision.describe()
+    assert not report.low_precision.pending, report.low_precision.describe()
     cov = torchburn.op_coverage()
     if report.traced_only:
         assert sum(cov["native"].values()) == 0 and sum(cov["routed"].values()) > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -80,6 +80,7 @@ def torchburn_backend(
                 engine=report.partitions[0].engine,
                 fallback_ops=record.fallback,
                 run_as_traced=source.forward if source is not None else None,
+                symbolic=direct_inference.symbolic(traced),
                 **_stored_decisions(traced, engines, opts),
             )
             report.low_precision = chooser.stats
@@ -133,7 +134,8 @@ def torchburn_backend(
 
 def _stored_decisions(traced: torch.fx.GraphModule, engines: Sequence[Any], opts: Options) -> dict[str, Any]:
     """``lookup`` / ``store`` of a LowPrecisionRoute: its decisions in the compile cache, under
-    ``low_precision_route.decision_key`` and the thread count; none when the cache is off or the
+    ``low_precision_route.decision_key``, the thread count and, for symbolic sizes, the input sizes;
+    none when the cache is off or the
     graph has no stable key."""
     if not opts.cache:
         return {}
@@ -146,15 +148,19 @@ def _stored_decisions(traced: torch.fx.GraphModule, engines: Sequence[Any], opts
         return {}
     cache = graph_cache()
 
-    def lookup(threads: int) -> routing.Decision | None:
-        data = cache.load_route(routing.route_key(base, "", threads))
+    def key_of(where: Hashable) -> str:
+        threads, sizes = where if isinstance(where, tuple) else (where, None)
+        return routing.route_key(base, repr(sizes), threads)
+
+    def lookup(where: Hashable) -> routing.Decision | None:
+        data = cache.load_route(key_of(where))
         try:
             return routing.Decision.from_json(data) if data is not None else None
         except (ValueError, KeyError, TypeError):
             return None
 
-    def store(threads: int, decision: routing.Decision) -> None:
-        cache.store_route(routing.route_key(base, "", threads), decision.to_json())
+    def store(where: Hashable, decision: routing.Decision) -> None:
+        cache.store_route(key_of(where), decision.to_json())
 
     return {"lookup": lookup, "store": store}
 

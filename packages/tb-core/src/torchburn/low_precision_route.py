@@ -27,8 +27,10 @@ call, without settling or measuring.
 Both paths return the same dtypes, and each call runs one path only. Nodes of the graph as traced
 count as "routed" in ``op_coverage()`` when that path runs (an engine took them, eager PyTorch
 measured faster), except those the widened graph would run in eager anyway, which stay "fallback".
-Not measured (the widened graph always runs): routing off, training graphs, symbolic sizes, and
-graphs that draw random numbers or write into their inputs (the same reasons as a partition's).
+A graph with symbolic sizes (dynamic shapes) is decided per concrete shape of its inputs, at most
+``MAX_KEYS`` of them. Not measured (the widened graph always runs): routing off, training graphs,
+and graphs that draw random numbers or write into their inputs (the same reasons as a
+partition's).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
@@ -56,39 +58,55 @@ BLOCK = 4
 BLOCKS = 3
 #: Calls the comparison takes.
 MEASURE_CALLS = 2 * BLOCKS * BLOCK
+#: Thread counts and shapes (a graph with symbolic sizes) measured at most; beyond them a new
+#: shape takes the choice most of the measured ones made.
+MAX_KEYS = 16
 
 _SKIPPED = frozenset({"getitem"})
 
 
 @dataclass
 class LowPrecisionStats:
-    """What the choice between the widened graph and the graph as traced did, for ``explain``."""
+    """What the choice between the widened graph and the graph as traced did, for ``explain``
+    (live). Keys are thread counts, or (thread count, input sizes) for a graph with symbolic sizes,
+    which is decided per concrete shape."""
 
-    route: routing.RouteStats
     ops: list[str]  # the compute nodes of the graph as traced
+    measured: bool = True
+    reason: str = ""
+    decisions: dict[Hashable, routing.Decision] = field(default_factory=dict)
+    measuring: dict[Hashable, int] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> bool:
+        """Still measuring somewhere, or not yet decided anywhere."""
+        return self.measured and not self.reason and (bool(self.measuring) or not self.decisions)
 
     @property
     def traced_only(self) -> bool:
         """Every decision so far is the graph as traced: no engine runs any of it."""
-        return self.route.eager_only
+        return bool(self.decisions) and all(d.choice == routing.EAGER for d in self.decisions.values())
 
     def describe(self) -> str:
-        stats = self.route
-        if not stats.measured:
-            return f"widened, not measured: {stats.reason}"
+        if not self.measured:
+            return f"widened, not measured: {self.reason}"
         parts = []
-        for n, d in sorted(stats.decisions.items()):
+        for key, d in self.decisions.items():
             chosen = "as traced (eager PyTorch)" if d.choice == routing.EAGER else "widened (engines)"
-            parts.append(
-                f"{n} thread{'s' if n != 1 else ''}: {chosen}; widened {_us(d.engine_s)}, as traced {_us(d.eager_s)}"
-            )
+            cached = ", from the compile cache" if d.source == "cache" else ""
+            parts.append(f"{_where(key)}: {chosen}; widened {_us(d.engine_s)}, as traced {_us(d.eager_s)}{cached}")
         parts += [
-            f"{n} thread{'s' if n != 1 else ''}: measuring ({calls} of {MEASURE_CALLS} calls)"
-            for n, calls in sorted(stats.measuring.items())
+            f"{_where(key)}: measuring ({calls} of {MEASURE_CALLS} calls)" for key, calls in self.measuring.items()
         ]
-        if stats.reason:
-            parts.append(stats.reason)
+        if self.reason:
+            parts.append(self.reason)
         return "; ".join(parts) or "widened, waiting for its partitions' routing"
+
+
+def _where(key: Hashable) -> str:
+    threads, sizes = key if isinstance(key, tuple) else (key, None)
+    text = f"{threads} thread{'s' if threads != 1 else ''}"
+    return f"{text}, sizes {list(sizes)}" if sizes is not None else text
 
 
 def _us(seconds: float) -> str:
@@ -107,11 +125,7 @@ def not_measured_reason(gm: torch.fx.GraphModule, kind: str, mode: str) -> str |
     if kind != "inference":
         return f"a {kind} graph (only inference graphs are compared)"
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in val.shape):
-                return "symbolic sizes: one decision cannot fit every size"
-        elif node.op == "call_function":
+        if node.op == "call_function":
             effect = routing.node_effect(node)
             if effect is not None:
                 return effect
@@ -175,8 +189,9 @@ class LowPrecisionRoute:
         engine: str,
         fallback_ops: Counter[str],
         run_as_traced: Callable[..., Any] | None = None,
-        lookup: routing.Lookup | None = None,
-        store: routing.Store | None = None,
+        lookup: Callable[[Hashable], routing.Decision | None] | None = None,
+        store: Callable[[Hashable, routing.Decision], None] | None = None,
+        symbolic: bool = False,
     ) -> None:
         self.wide = wide
         self._pending = pending
@@ -193,65 +208,80 @@ class LowPrecisionRoute:
             return forward(*args)
 
         self.traced = run_traced
-        self.stats = LowPrecisionStats(routing.RouteStats(measured=True), ops)
+        self.stats = LowPrecisionStats(ops)
+        self._symbolic = symbolic
         self._settling: int | None = 0
-        self._pinned: dict[int, Callable[..., Any]] = {}
-        self._runs: dict[int, _Blocks] = {}
+        self._pinned: dict[Hashable, Callable[..., Any]] = {}
+        self._runs: dict[Hashable, _Blocks] = {}
         self._lock = threading.Lock()
         self._lookup = lookup
         self._store = store
-        self._looked_up: set[int] = set()
+        self._looked_up: set[Hashable] = set()
+
+    def _key(self, args: tuple[Any, ...]) -> Hashable:
+        threads = torch.get_num_threads()
+        if not self._symbolic:
+            return threads
+        return threads, tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, *args: Any) -> Any:
-        threads = torch.get_num_threads()
-        pinned = self._pinned.get(threads)
+        key = self._key(args)
+        pinned = self._pinned.get(key)
         if pinned is not None:
             return pinned(*args)
-        if self._lookup is not None and threads not in self._looked_up:
-            self._looked_up.add(threads)
-            decision = self._lookup(threads)  # a former compile or process measured it
+        if self._lookup is not None and key not in self._looked_up:
+            self._looked_up.add(key)
+            decision = self._lookup(key)  # a former compile or process measured it
             if decision is not None:
                 with self._lock:
-                    self._pin(threads, decision)
-                return self._pinned[threads](*args)
+                    self._pin(key, decision)
+                return self._pinned[key](*args)
         settling = self._settling
         if settling is not None:
             if settling < SETTLE_CALLS and self._pending():
                 self._settling = settling + 1
                 return self.wide(*args)
             self._settling = None
-        return self._measured_call(threads, args)
+        if len(self._pinned) + len(self._runs) >= MAX_KEYS and key not in self._runs:
+            return self._beyond_bound(args)
+        return self._measured_call(key, args)
 
-    def _measured_call(self, threads: int, args: tuple[Any, ...]) -> Any:
+    def _beyond_bound(self, args: tuple[Any, ...]) -> Any:
+        """A shape beyond the ``MAX_KEYS`` measured: the choice most shapes measured made."""
+        choices = Counter(d.choice for d in self.stats.decisions.values())
+        traced = choices[routing.EAGER] > choices[routing.ENGINE]
+        return self.traced(*args) if traced else self.wide(*args)
+
+    def _measured_call(self, key: Hashable, args: tuple[Any, ...]) -> Any:
         with self._lock:
-            run = self._runs.setdefault(threads, _Blocks())
+            run = self._runs.setdefault(key, _Blocks())
             path, timed = run.next_path()
-            self.stats.route.measuring[threads] = run.calls
+            self.stats.measuring[key] = run.calls
         fn = self.traced if path == routing.EAGER else self.wide
         start = time.perf_counter()
         out = fn(*args)
         elapsed = time.perf_counter() - start
         if timed:
             with self._lock:
-                if self._runs.get(threads) is run:
+                if self._runs.get(key) is run:
                     run.samples[path].append(elapsed)
                     if run.done():
                         wide, traced = run.samples[routing.ENGINE], run.samples[routing.EAGER]
                         decision = routing.Decision(
                             routing.decide(wide, traced), routing.estimate(wide), routing.estimate(traced)
                         )
-                        self._pin(threads, decision)
+                        self._pin(key, decision)
                         if self._store is not None:
-                            self._store(threads, decision)
+                            self._store(key, decision)
         return out
 
-    def _pin(self, threads: int, decision: routing.Decision) -> None:
+    def _pin(self, key: Hashable, decision: routing.Decision) -> None:
         """Called with the lock held."""
-        self._runs.pop(threads, None)
-        self.stats.route.measuring.pop(threads, None)
-        self.stats.route.decisions[threads] = decision
+        self._runs.pop(key, None)
+        self.stats.measuring.pop(key, None)
+        self.stats.decisions[key] = decision
         chosen = self.traced if decision.choice == routing.EAGER else self.wide
-        self._pinned = {**self._pinned, threads: chosen}  # a new dict: read without the lock
+        self._pinned = {**self._pinned, key: chosen}  # a new dict: read without the lock
 
 
 class _Blocks:

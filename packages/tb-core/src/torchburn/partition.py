@@ -130,7 +130,7 @@ class GraphReport:
     def pending_routes(self) -> bool:
         """Some partition (or the choice of the low-precision pass) is still being measured (or not
         yet called)."""
-        if self.low_precision is not None and self.low_precision.route.pending:
+        if self.low_precision is not None and self.low_precision.pending:
             return True
         return self.partitions_pending()
 
