@@ -20,6 +20,7 @@ __all__ = [
     "LLMModel",
     "LLMWeight",
     "_dlpack_reader",
+    "fma_peak_gflops",
     "gemm_backend",
     "isa",
     "llm_attention",
@@ -84,6 +85,10 @@ def unary_ops() -> list[str]:
 
 def isa() -> str:
     """The instruction set the kernels dispatch to: avx512, avx2+fma, sse2 or scalar."""
+
+def fma_peak_gflops(threads: int, seconds: float = 0.2) -> float:
+    """The float32 FMA peak (GFLOP/s) of ``threads`` threads running independent FMAs at once for
+    about ``seconds``, measured; ValueError outside 1..=1024 threads or (0, 10] seconds."""
 
 def gemm_backend() -> str:
     """The GEMM kernel in use: "gemm" (faer's crate), "matrixmultiply" or "own"."""
