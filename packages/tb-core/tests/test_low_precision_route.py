@@ -94,7 +94,15 @@ def laggard(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Laggard]]:
     monkeypatch.setattr(routing, "not_measured_reason", lambda *args: "test: partitions stay on their engine")
     torchburn.register_plugin(LaggardPlugin(), "laggard-plugin")
     Laggard.sleep, Laggard.calls = SLEEP, 0
-    yield Laggard
+    # one thread: with a neighbouring test worker on the other core, an OpenMP region of eager's
+    # kernels waits a scheduler tick for its descheduled partner (~15 ms), which would drown the
+    # structural 3 ms
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield Laggard
+    finally:
+        torch.set_num_threads(threads)
 
 
 def compile_model(
