@@ -7,7 +7,7 @@ The torchburn column is the default path: bfloat16 graphs computed in float32 be
 eager's rounding points (torchburn.low_precision), native_cpu's GEMMs reading and writing the
 bfloat16 buffers themselves, or the graph as traced in eager PyTorch where that measured faster in
 the first calls (torchburn.low_precision_route); the notes column says how many ops fell back to
-eager, how many were routed to eager by measurement, and which path the graph took.
+eager and how many were routed to eager by measurement (the graph as traced counts as routed).
 
     python -m benchmarks.bench_bf16 [--threads 2] [--models llama,gpt2]
     python -m benchmarks.bench_bf16 --gemm [--threads 1]   # single bfloat16 Linear layers

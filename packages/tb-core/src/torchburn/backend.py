@@ -135,8 +135,7 @@ def torchburn_backend(
 def _stored_decisions(traced: torch.fx.GraphModule, engines: Sequence[Any], opts: Options) -> dict[str, Any]:
     """``lookup`` / ``store`` of a LowPrecisionRoute: its decisions in the compile cache, under
     ``low_precision_route.decision_key``, the thread count and, for symbolic sizes, the input sizes;
-    none when the cache is off or the
-    graph has no stable key."""
+    none when the cache is off or the graph has no stable key."""
     if not opts.cache:
         return {}
     from torchburn import routing

@@ -72,15 +72,13 @@ class LowPrecisionStats:
     which is decided per concrete shape."""
 
     ops: list[str]  # the compute nodes of the graph as traced
-    measured: bool = True
-    reason: str = ""
     decisions: dict[Hashable, routing.Decision] = field(default_factory=dict)
     measuring: dict[Hashable, int] = field(default_factory=dict)
 
     @property
     def pending(self) -> bool:
         """Still measuring somewhere, or not yet decided anywhere."""
-        return self.measured and not self.reason and (bool(self.measuring) or not self.decisions)
+        return bool(self.measuring) or not self.decisions
 
     @property
     def traced_only(self) -> bool:
@@ -88,18 +86,16 @@ class LowPrecisionStats:
         return bool(self.decisions) and all(d.choice == routing.EAGER for d in self.decisions.values())
 
     def describe(self) -> str:
-        if not self.measured:
-            return f"widened, not measured: {self.reason}"
         parts = []
         for key, d in self.decisions.items():
             chosen = "as traced (eager PyTorch)" if d.choice == routing.EAGER else "widened (engines)"
             cached = ", from the compile cache" if d.source == "cache" else ""
-            parts.append(f"{_where(key)}: {chosen}; widened {_us(d.engine_s)}, as traced {_us(d.eager_s)}{cached}")
+            parts.append(
+                f"{_where(key)}: {chosen}; widened {routing.format_seconds(d.engine_s)}, as traced {routing.format_seconds(d.eager_s)}{cached}"
+            )
         parts += [
             f"{_where(key)}: measuring ({calls} of {MEASURE_CALLS} calls)" for key, calls in self.measuring.items()
         ]
-        if self.reason:
-            parts.append(self.reason)
         return "; ".join(parts) or "widened, waiting for its partitions' routing"
 
 
@@ -107,10 +103,6 @@ def _where(key: Hashable) -> str:
     threads, sizes = key if isinstance(key, tuple) else (key, None)
     text = f"{threads} thread{'s' if threads != 1 else ''}"
     return f"{text}, sizes {list(sizes)}" if sizes is not None else text
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
 
 
 def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

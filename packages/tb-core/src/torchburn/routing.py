@@ -94,7 +94,7 @@ class Decision:
         else:
             why = f"engine faster by {100 * (1 - ratio):.0f}%"
         cached = ", from the compile cache" if self.source == "cache" else ""
-        return f"{self.choice}: engine {_us(self.engine_s)}, eager {_us(self.eager_s)} ({why}{cached})"
+        return f"{self.choice}: engine {format_seconds(self.engine_s)}, eager {format_seconds(self.eager_s)} ({why}{cached})"
 
     def to_json(self) -> dict[str, Any]:
         return {"choice": self.choice, "engine_s": self.engine_s, "eager_s": self.eager_s}
@@ -109,7 +109,8 @@ class Decision:
         return Decision(data["choice"], engine_s, eager_s, "cache")
 
 
-def _us(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """µs below 10 ms, else ms (explain's routing lines)."""
     return f"{seconds * 1e6:.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
 
 
