@@ -2,9 +2,10 @@
 //! block of `NR` weight rows dequantized once into an f32 panel (`[K, NR]`, exact: the same
 //! arithmetic as `Packed::rows`) that every activation row then reuses from cache.
 //!
-//! The register tile is `MR` activation rows x `NR` weight rows (12 AVX2 accumulators): per
-//! K step two panel loads and `MR` broadcasts feed `2 * MR` FMAs, so the loop runs near the
-//! FMA ports' limit instead of the integer-multiply path of the int8-activation kernels
+//! The register tile is `MR` activation rows x `NR` weight rows: on AVX-512 one 16-lane
+//! accumulator per row, per K step one panel load and `MR` FMAs with the broadcast folded in;
+//! on AVX2 two tiles of 6 rows, each per K step two panel loads and 6 broadcasts feeding 12
+//! FMAs. Either way the loop runs near the FMA ports' limit instead of the integer-multiply path of the int8-activation kernels
 //! (`qgemm`), whose per-32-value scale handling costs ~5 operations per 32 products per row
 //! pair. The activations stay f32 (no int8 quantization), so this path is also more exact.
 //! The dequantization is `O(N K)` per call against `O(M N K)` FMAs: used from `MIN_ROWS` rows.
@@ -279,6 +280,11 @@ mod x86 {
         if crate::core::isa::has_avx512() {
             return kernel_avx512(xs, panel, k, out);
         }
+        kernel_avx2_tiles(xs, panel, k, out)
+    }
+
+    /// Up to `MR` rows as AVX2 tiles of `MR_AVX2` rows each.
+    pub(super) unsafe fn kernel_avx2_tiles(xs: &[*const f32], panel: *const f32, k: usize, out: &Out) {
         for (t, rows) in xs.chunks(MR_AVX2).enumerate() {
             let part = Out { ptr: out.ptr.add(t * MR_AVX2 * out.ld), ld: out.ld, add: out.add, bias: out.bias };
             kernel_avx2(rows, panel, k, &part);
@@ -331,7 +337,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn kernel_avx2(xs: &[*const f32], panel: *const f32, k: usize, out: &Out) {
+    unsafe fn kernel_avx2(xs: &[*const f32], panel: *const f32, k: usize, out: &Out) {
         match xs.len() {
             6 => kernel_t::<6>(xs, panel, k, out),
             5 => kernel_t::<5>(xs, panel, k, out),
@@ -440,8 +446,7 @@ mod isa_tests {
         for &k in &[1usize, 3, 16, 97, 896] {
             let mut panel: Vec<f32> = (0..k * NR).map(|_| lcg(&mut s)).collect();
             panel[(NR + 3) % (k * NR)] = f32::INFINITY;
-            let x: Vec<Vec<f32>> = (0..MR).map(|_| (0..k).map(|_| lcg(&mut s)).collect()).collect();
-            let mut x = x;
+            let mut x: Vec<Vec<f32>> = (0..MR).map(|_| (0..k).map(|_| lcg(&mut s)).collect()).collect();
             x[1][0] = f32::NAN;
             let bias: Vec<f32> = (0..NR).map(|_| lcg(&mut s)).collect();
             for r in 1..=MR {
@@ -449,14 +454,11 @@ mod isa_tests {
                 for (add, with_bias) in [(false, false), (true, false), (false, true), (true, true)] {
                     let start: Vec<f32> = (0..r * NR).map(|_| lcg(&mut s)).collect();
                     let (mut a, mut b) = (start.clone(), start);
-                    let b_ptr = with_bias.then(|| bias.as_ptr());
+                    let b_ptr = with_bias.then_some(bias.as_ptr());
                     // SAFETY: both ISAs checked above; `a` / `b` hold r rows of NR, each x row k values.
                     unsafe {
                         x86::kernel_avx512(&xs, panel.as_ptr(), k, &Out { ptr: a.as_mut_ptr(), ld: NR, add, bias: b_ptr });
-                        for (t, rows) in xs.chunks(6).enumerate() {
-                            let out = Out { ptr: b.as_mut_ptr().add(t * 6 * NR), ld: NR, add, bias: b_ptr };
-                            x86::kernel_avx2(rows, panel.as_ptr(), k, &out);
-                        }
+                        x86::kernel_avx2_tiles(&xs, panel.as_ptr(), k, &Out { ptr: b.as_mut_ptr(), ld: NR, add, bias: b_ptr });
                     }
                     let (ab, bb): (Vec<u32>, Vec<u32>) = (a.iter().map(|v| v.to_bits()).collect(), b.iter().map(|v| v.to_bits()).collect());
                     assert_eq!(ab, bb, "k={k} rows={r} add={add} bias={with_bias}");
