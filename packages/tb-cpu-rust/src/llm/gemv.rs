@@ -43,6 +43,8 @@ pub enum Act<'a> {
     Q8(QuantRow, f32),
     /// int4 weights: quantized row, per group `C_g = -8 Σ_{b∈g} scale_b qsum_b` and `X_g = Σ x`
     Q4(QuantRow, Vec<f32>, Vec<f32>),
+    /// bf16 weights on AMX tiles (`tiles`): all the job's rows packed once, shared by every row
+    Tiles(std::sync::Arc<super::tiles::XTiles>),
 }
 
 /// One weight matrix applied to prepared activation rows: `out[i * ld + r] = W[r] · x_i (+ bias[r])`
@@ -75,6 +77,10 @@ pub fn same_prep(a: &Packed, b: &Packed) -> bool {
 /// Rows that the prefill GEMM (`panel`) will take stay f32.
 pub fn prepare_rows<'a>(p: &Packed, x: &'a [f32], m: usize, isa: Isa) -> Vec<Act<'a>> {
     let k = p.shape().1;
+    if super::tiles::takes(p, m, isa) {
+        let t = std::sync::Arc::new(super::tiles::XTiles::pack(x, m, k));
+        return (0..m).map(|_| Act::Tiles(std::sync::Arc::clone(&t))).collect();
+    }
     if super::panel::takes(p, m, isa) {
         return (0..m).map(|i| Act::Dense(&x[i * k..(i + 1) * k])).collect();
     }
@@ -151,7 +157,7 @@ const ACT_BLOCK: usize = 16;
 
 /// Weight rows `r0 .. r0 + nrows` of one job for every activation row.
 fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
-    if super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
+    if super::tiles::chunk(job, r0, nrows) || super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
         return;
     }
     if let Packed::Int4 { .. } = job.p {

@@ -18,6 +18,7 @@ pub mod model;
 pub mod ops;
 pub mod packed;
 pub mod panel;
+pub mod tiles;
 
 pub mod quant;
 

@@ -382,10 +382,9 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::gemv::{detect, linear};
-    use super::*;
-
+    use super::super::gemv::{detect, run};
     use super::super::test_util::lcg;
+    use super::*;
 
     /// Against the dequantized weights (`Packed::rows`) times x in f64: only f32 rounding of
     /// the K-long sums separates them.
@@ -410,7 +409,10 @@ mod tests {
                 for m in [16usize, 17, 23, 64, 512] {
                     let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
                     let mut y = vec![f32::NAN; m * n];
-                    linear(p, &x, m, Some(&bias), &mut y, detect());
+                    // f32 rows (not `prepare_rows`): bf16 weights would take the AMX tiles where the CPU has them
+                    let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+                    // SAFETY: one job over all of `y` (m rows of n)
+                    unsafe { run(&[Job { p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
                     for i in 0..m {
                         for r in 0..n {
                             let exact: f64 = (0..k).map(|c| wd[r * k + c] as f64 * x[i * k + c] as f64).sum::<f64>() + bias[r] as f64;

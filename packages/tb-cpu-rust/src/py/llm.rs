@@ -589,11 +589,25 @@ fn llm_isa() -> &'static str {
     gemv::isa_name()
 }
 
+/// Whether bf16 prefill runs on AMX tiles (activations rounded to bf16, `llm::tiles`): returns
+/// the setting in force before the call; `on` changes it (a benchmark interleaves both paths,
+/// a user may want f32 activations). False whatever `on` says where the CPU has no tiles.
+#[pyfunction]
+#[pyo3(signature = (on=None))]
+fn llm_prefill_tiles(on: Option<bool>) -> bool {
+    let was = crate::llm::tiles::enabled() && crate::llm::tiles::available();
+    if let Some(on) = on {
+        crate::llm::tiles::set_enabled(on);
+    }
+    was
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LLMWeight>()?;
     m.add_class::<LLMModel>()?;
     m.add_class::<LLMKVCache>()?;
     m.add_function(wrap_pyfunction!(llm_pack_int8, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_prefill_tiles, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_int4, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_dense, m)?)?;
     m.add_function(wrap_pyfunction!(llm_quantize, m)?)?;

@@ -1,0 +1,296 @@
+//! Prefill GEMM for bf16 weights on AMX tiles: `Y = X @ W^T` over many activation rows, where
+//! the CPU has AMX-BF16 and Linux grants the tile state (`kernels::gemm::bf16::amx::available`).
+//!
+//! The tiles compute `Y^T = W · X^T`, as the engine's bfloat16 GEMM does (`amx::gemm`): the
+//! weight rows are the tiles' A operand and are read in place, 16 rows of 32 bf16 values per
+//! `tileloadd`, never copied; the activation rows, rounded once to bf16 (to nearest even, as
+//! eager PyTorch rounds a bfloat16 model's activations), are packed per call into 32-row
+//! panels of k pairs (`XTiles`), the tiles' B operand. Products of two bf16 values are exact in
+//! float32 and `tdpbf16ps` sums them into float32 accumulators, so against the f32-activation
+//! panel path (`panel`) the only difference is the rounding of the activations.
+//!
+//! Taken from `panel::MIN_ROWS` activation rows on (prefill; decode keeps the f32 GEMV) and
+//! when K is a multiple of 32 (whole tiles along K).
+
+use super::gemv::{Act, Isa, Job};
+use super::packed::Packed;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Weight rows (and activation rows) per block: two 16-row tiles each.
+const NB: usize = 32;
+
+/// On unless a benchmark turns it off (old / new paths interleaved in one run).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether the CPU runs the tiles (CPUID and the kernel's permission, asked once).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::kernels::gemm::bf16::amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether `m` activation rows for weights `p` take the tiles (then `gemv::prepare_rows`
+/// packs them into `XTiles`).
+pub fn takes(p: &Packed, m: usize, isa: Isa) -> bool {
+    matches!(p, Packed::Bf16 { k, .. } if k.is_multiple_of(NB))
+        && m >= super::panel::MIN_ROWS
+        && matches!(isa, Isa::Avx512 | Isa::Vnni)
+        && enabled()
+        && available()
+}
+
+/// Activation rows as the tiles' B operand: panel `q` (rows `32q .. 32q + 32`, zero past `m`)
+/// is `k2 × 32` 32-bit words, word `(p, c)` holding the bf16 values `2p` (low half) and
+/// `2p + 1` (high half) of row `32q + c`.
+pub struct XTiles {
+    pub m: usize,
+    pub k2: usize,
+    words: Vec<u32>,
+}
+
+impl XTiles {
+    /// `x` is `[m, k]` row-major f32, `k` a multiple of 32.
+    pub fn pack(x: &[f32], m: usize, k: usize) -> XTiles {
+        assert!(k.is_multiple_of(NB) && x.len() == m * k);
+        let k2 = k / 2;
+        let np = m.div_ceil(NB);
+        let mut words = vec![0u32; np * k2 * NB];
+        let mut rows = vec![0u32; NB * k2];
+        let round = crate::kernels::cast::vector_cast(crate::core::tensor::DType::F32, crate::core::tensor::DType::BF16).expect("f32 -> bf16 cast");
+        for q in 0..np {
+            let mv = NB.min(m - q * NB);
+            for c in 0..NB {
+                let dst = &mut rows[c * k2..(c + 1) * k2];
+                if c < mv {
+                    let src = &x[(q * NB + c) * k..(q * NB + c + 1) * k];
+                    // SAFETY: `src` holds k floats, `dst` k2 words = k bf16 values
+                    unsafe { round(src.as_ptr() as *const u8, dst.as_mut_ptr() as *mut u8, k) };
+                } else {
+                    dst.fill(0);
+                }
+            }
+            transpose_words(&rows, k2, &mut words[q * k2 * NB..(q + 1) * k2 * NB]);
+        }
+        XTiles { m, k2, words }
+    }
+
+    fn panel(&self, q: usize) -> &[u32] {
+        &self.words[q * self.k2 * NB..(q + 1) * self.k2 * NB]
+    }
+}
+
+/// `out[p * 32 + c] = rows[c * k2 + p]` (32 rows of `k2` words, `k2` a multiple of 8).
+fn transpose_words(rows: &[u32], k2: usize, out: &mut [u32]) {
+    assert!(rows.len() >= NB * k2 && out.len() >= k2 * NB && k2.is_multiple_of(8));
+    #[cfg(target_arch = "x86_64")]
+    if crate::core::isa::has_avx() {
+        // SAFETY: AVX checked; every block read and written lies inside the asserted lengths.
+        unsafe { x86::transpose_blocks(rows.as_ptr(), k2, out.as_mut_ptr()) };
+        return;
+    }
+    for c in 0..NB {
+        for p in 0..k2 {
+            out[p * NB + c] = rows[c * k2 + p];
+        }
+    }
+}
+
+/// Weight rows `r0 .. r0 + nrows` of `job` for every activation row; false when the job is
+/// not for the tiles.
+pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
+    let t = match job.acts.first() {
+        Some(Act::Tiles(t)) => Arc::clone(t),
+        _ => return false,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (w, k) = match job.p {
+            Packed::Bf16 { w, k, .. } => (w, *k),
+            _ => unreachable!("tiles are prepared for bf16 weights only"),
+        };
+        assert_eq!(t.k2 * 2, k);
+        assert!(r0 + nrows <= job.p.shape().0);
+        let m = t.m;
+        let ldw = 2 * k;
+        let mut out = [0f32; NB * NB];
+        let mut j = r0;
+        while j < r0 + nrows {
+            let nv = NB.min(r0 + nrows - j);
+            for q in 0..m.div_ceil(NB) {
+                let mv = NB.min(m - q * NB);
+                // SAFETY: rows j .. j + nv of W (each `ldw` bytes) and panel q (k2 × 32 words)
+                // are valid; `available()` held when the tiles were prepared (`takes`).
+                unsafe {
+                    crate::kernels::gemm::bf16::amx::block(w[j * k..].as_ptr() as *const u8, ldw, nv, t.panel(q).as_ptr(), t.k2, out.as_mut_ptr(), mv > 16);
+                }
+                let bias = job.bias.map(|b| &b[j..j + nv]);
+                // SAFETY: the caller of `gemv::run` promised rows q*32 .. q*32 + mv, columns
+                // j .. j + nv of the output are ours.
+                unsafe { store_t(&out, nv, mv, job.out.add(q * NB * job.ld + j), job.ld, bias) };
+            }
+            j += nv;
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (t, r0, nrows);
+        false
+    }
+}
+
+/// `y[c * ld + r] = out[r * 32 + c] (+ bias[r])` for `r < nv`, `c < mv`: the transposed tile
+/// into the output rows, 8 × 8 blocks through registers when the tile is whole.
+///
+/// # Safety
+/// `y` valid for `mv` rows of `nv` at stride `ld`; AVX-512 (the tiles ran).
+#[cfg(target_arch = "x86_64")]
+unsafe fn store_t(out: &[f32; NB * NB], nv: usize, mv: usize, y: *mut f32, ld: usize, bias: Option<&[f32]>) {
+    if nv == NB && mv == NB {
+        return x86::store_t_full(out, y, ld, bias);
+    }
+    for c in 0..mv {
+        for r in 0..nv {
+            *y.add(c * ld + r) = out[r * NB + c] + bias.map_or(0.0, |b| b[r]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::NB;
+    use std::arch::x86_64::*;
+
+    /// `transpose_words` in 8 × 8 blocks (the words' bits moved as floats, never converted).
+    #[target_feature(enable = "avx")]
+    pub unsafe fn transpose_blocks(rows: *const u32, k2: usize, out: *mut u32) {
+        let (src, dst) = (rows as *const f32, out as *mut f32);
+        let mut p = 0;
+        while p < k2 {
+            for h in 0..NB / 8 {
+                let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add((h * 8 + i) * k2 + p)));
+                let t = crate::core::transpose::transpose_8x8(&r);
+                for (i, v) in t.iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((p + i) * NB + h * 8), *v);
+                }
+            }
+            p += 8;
+        }
+    }
+
+    /// `super::store_t` of a whole 32 × 32 tile.
+    #[target_feature(enable = "avx")]
+    pub unsafe fn store_t_full(out: &[f32; NB * NB], y: *mut f32, ld: usize, bias: Option<&[f32]>) {
+        let o = out.as_ptr();
+        for rb in 0..NB / 8 {
+            let b = match bias {
+                Some(b) => _mm256_loadu_ps(b.as_ptr().add(rb * 8)),
+                None => _mm256_setzero_ps(),
+            };
+            for cb in 0..NB / 8 {
+                let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(o.add((rb * 8 + i) * NB + cb * 8)));
+                let t = crate::core::transpose::transpose_8x8(&r);
+                for (i, v) in t.iter().enumerate() {
+                    _mm256_storeu_ps(y.add((cb * 8 + i) * ld + rb * 8), _mm256_add_ps(*v, b));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::gemv::{detect, linear, prepare_rows};
+    use super::super::test_util::lcg;
+    use super::*;
+
+    fn bf16_round(v: f32) -> f32 {
+        let mut h = 0u16;
+        let f = crate::kernels::cast::vector_cast(crate::core::tensor::DType::F32, crate::core::tensor::DType::BF16).unwrap();
+        // SAFETY: one value each way
+        unsafe { f(&v as *const f32 as *const u8, &mut h as *mut u16 as *mut u8, 1) };
+        f32::from_bits((h as u32) << 16)
+    }
+
+    /// Against the f64 sum of bf16(x) · W: the products are exact, so only the float32
+    /// accumulation separates them. Shapes cover partial row blocks (m = 16, 17, 33), partial
+    /// weight blocks (n = 1, 17, 40, 130), long K and a bias.
+    #[test]
+    fn tiles_match_bf16_rounded_activations() {
+        let probe = Packed::bf16(1, 32, &[0u16; 32]).unwrap();
+        if !takes(&probe, 16, detect()) {
+            eprintln!("no AMX tiles on this CPU: nothing to compare");
+            return;
+        }
+        let mut s = 11u64;
+        for &(n, k) in &[(1usize, 32usize), (17, 64), (40, 896), (130, 256), (33, 4864)] {
+            let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let p = Packed::bf16(n, k, &wb).unwrap();
+            let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
+            for m in [16usize, 17, 33, 64, 100] {
+                let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s) * 3.0).collect();
+                assert!(matches!(prepare_rows(&p, &x, m, detect())[0], Act::Tiles(_)));
+                let mut y = vec![f32::NAN; m * n];
+                linear(&p, &x, m, Some(&bias), &mut y, detect());
+                for i in 0..m {
+                    for r in 0..n {
+                        let wr = |c: usize| f32::from_bits((wb[r * k + c] as u32) << 16) as f64;
+                        let xr = |c: usize| bf16_round(x[i * k + c]) as f64;
+                        let exact: f64 = (0..k).map(|c| wr(c) * xr(c)).sum::<f64>() + bias[r] as f64;
+                        let mag: f64 = (0..k).map(|c| (wr(c) * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
+                        let got = y[i * n + r] as f64;
+                        assert!((got - exact).abs() <= 1e-5 * mag + 1e-7, "n={n} k={k} m={m} ({i},{r}): {got} vs {exact}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// NaN and infinity in an activation row reach exactly that row's outputs; the other rows
+    /// stay finite.
+    #[test]
+    fn tiles_propagate_nan_and_inf_per_row() {
+        let (n, k, m) = (48usize, 64usize, 40usize);
+        let wb = vec![0x3f80u16; n * k]; // 1.0
+        let p = Packed::bf16(n, k, &wb).unwrap();
+        if !takes(&p, m, detect()) {
+            return;
+        }
+        let mut x = vec![0.5f32; m * k];
+        x[3 * k + 7] = f32::NAN;
+        x[35 * k] = f32::INFINITY;
+        let mut y = vec![0f32; m * n];
+        linear(&p, &x, m, None, &mut y, detect());
+        for i in 0..m {
+            for r in 0..n {
+                let v = y[i * n + r];
+                match i {
+                    3 => assert!(v.is_nan()),
+                    35 => assert_eq!(v, f32::INFINITY),
+                    _ => assert_eq!(v, 32.0),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn k_not_a_multiple_of_32_keeps_the_panel_path() {
+        let p = Packed::bf16(4, 48, &[0u16; 4 * 48]).unwrap();
+        assert!(!takes(&p, 64, detect()));
+    }
+}
