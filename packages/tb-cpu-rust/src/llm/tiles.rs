@@ -1,4 +1,4 @@
-//! Prefill GEMM for bf16 weights on AMX tiles: `Y = X @ W^T` over many activation rows, where
+//! Prefill GEMM for bf16 and int8 weights on AMX tiles: `Y = X @ W^T` over many activation rows, where
 //! the CPU has AMX-BF16 and Linux grants the tile state (`kernels::gemm::bf16::amx::available`).
 //!
 //! The tiles compute `Y^T = W · X^T`, as the engine's bfloat16 GEMM does (`amx::gemm`): the
@@ -8,6 +8,10 @@
 //! panels of k pairs (`XTiles`), the tiles' B operand. Products of two bf16 values are exact in
 //! float32 and `tdpbf16ps` sums them into float32 accumulators, so against the f32-activation
 //! panel path (`panel`) the only difference is the rounding of the activations.
+//!
+//! int8 weights (`q` with a scale per row) go through the same tiles: each block of 32 rows is
+//! widened once per call to the bf16 values `q - 128` (exact: at most 8 significant bits) in a
+//! scratch block, and the row's scale multiplies the tile's float32 sums on the way out.
 //!
 //! Taken from `panel::MIN_ROWS` activation rows on (prefill; decode keeps the f32 GEMV) and
 //! when K is a multiple of 32 (whole tiles along K).
@@ -43,10 +47,10 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether `m` activation rows for weights `p` take the tiles (then `gemv::prepare_rows`
+/// Whether `m` activation rows for weights `p` (bf16 or int8, K a multiple of 32) take the tiles (then `gemv::prepare_rows`
 /// packs them into `XTiles`).
 pub fn takes(p: &Packed, m: usize, isa: Isa) -> bool {
-    matches!(p, Packed::Bf16 { k, .. } if k.is_multiple_of(NB))
+    matches!(p, Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } if k.is_multiple_of(NB))
         && m >= super::panel::MIN_ROWS
         && matches!(isa, Isa::Avx512 | Isa::Vnni)
         && enabled()
@@ -118,32 +122,46 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
     };
     #[cfg(target_arch = "x86_64")]
     {
-        let (w, k) = match job.p {
-            Packed::Bf16 { w, k, .. } => (w, *k),
-            _ => unreachable!("tiles are prepared for bf16 weights only"),
-        };
+        let k = job.p.shape().1;
         assert_eq!(t.k2 * 2, k);
         assert!(r0 + nrows <= job.p.shape().0);
         let m = t.m;
         let ldw = 2 * k;
         let mut out = [0f32; NB * NB];
-        let mut j = r0;
-        while j < r0 + nrows {
-            let nv = NB.min(r0 + nrows - j);
-            for q in 0..m.div_ceil(NB) {
-                let mv = NB.min(m - q * NB);
-                // SAFETY: rows j .. j + nv of W (each `ldw` bytes) and panel q (k2 × 32 words)
-                // are valid; `available()` held when the tiles were prepared (`takes`).
-                unsafe {
-                    crate::kernels::gemm::bf16::amx::block(w[j * k..].as_ptr() as *const u8, ldw, nv, t.panel(q).as_ptr(), t.k2, out.as_mut_ptr(), mv > 16);
-                }
+        WROWS.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let mut j = r0;
+            while j < r0 + nrows {
+                let nv = NB.min(r0 + nrows - j);
+                // the block's weight rows as bf16 (`ldw` bytes apart) and the factor of each row
+                let (rows, scale): (*const u16, Option<&[f32]>) = match job.p {
+                    Packed::Bf16 { w, .. } => (w[j * k..].as_ptr(), None),
+                    Packed::Int8 { kp, w, scale, .. } => {
+                        if scratch.len() < NB * k {
+                            scratch.resize(NB * k, 0);
+                        }
+                        for r in 0..nv {
+                            int8_row_bf16(&w[(j + r) * kp..(j + r) * kp + k], &mut scratch[r * k..(r + 1) * k]);
+                        }
+                        (scratch.as_ptr(), Some(&scale[j..j + nv]))
+                    }
+                    _ => unreachable!("tiles are prepared for bf16 and int8 weights only (`takes`)"),
+                };
                 let bias = job.bias.map(|b| &b[j..j + nv]);
-                // SAFETY: the caller of `gemv::run` promised rows q*32 .. q*32 + mv, columns
-                // j .. j + nv of the output are ours.
-                unsafe { store_t(&out, nv, mv, job.out.add(q * NB * job.ld + j), job.ld, bias) };
+                for q in 0..m.div_ceil(NB) {
+                    let mv = NB.min(m - q * NB);
+                    // SAFETY: `rows` holds nv rows of k bf16 values `ldw` bytes apart, panel q
+                    // k2 × 32 words; `available()` held when the tiles were prepared (`takes`).
+                    unsafe {
+                        crate::kernels::gemm::bf16::amx::block(rows as *const u8, ldw, nv, t.panel(q).as_ptr(), t.k2, out.as_mut_ptr(), mv > 16);
+                    }
+                    // SAFETY: the caller of `gemv::run` promised rows q*32 .. q*32 + mv, columns
+                    // j .. j + nv of the output are ours.
+                    unsafe { store_t(&out, nv, mv, job.out.add(q * NB * job.ld + j), job.ld, scale, bias) };
+                }
+                j += nv;
             }
-            j += nv;
-        }
+        });
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -153,19 +171,41 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
     }
 }
 
-/// `y[c * ld + r] = out[r * 32 + c] (+ bias[r])` for `r < nv`, `c < mv`: the transposed tile
-/// into the output rows, 8 × 8 blocks through registers when the tile is whole.
+thread_local! {
+    /// A block of int8 weight rows widened to bf16 (kept: one per thread, reused per block).
+    static WROWS: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An int8 weight row (`+128`-biased bytes) as bf16 values `q - 128`: integers of at most 8
+/// significant bits, so exact; the row's scale is applied to the tile's output.
+fn int8_row_bf16(w: &[u8], out: &mut [u16]) {
+    assert_eq!(w.len(), out.len());
+    let mut c0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::core::isa::has_avx512() {
+        c0 = w.len() / 16 * 16;
+        // SAFETY: AVX-512 checked; c0 values in both slices.
+        unsafe { x86::int8_bf16(w.as_ptr(), c0, out.as_mut_ptr()) };
+    }
+    for (d, &v) in out[c0..].iter_mut().zip(&w[c0..]) {
+        *d = ((v as i16 - 128) as f32).to_bits().wrapping_shr(16) as u16;
+    }
+}
+
+/// `y[c * ld + r] = out[r * 32 + c] (* scale[r]) (+ bias[r])` for `r < nv`, `c < mv`: the
+/// transposed tile into the output rows, 8 × 8 blocks through registers when the tile is whole.
 ///
 /// # Safety
 /// `y` valid for `mv` rows of `nv` at stride `ld`; AVX-512 (the tiles ran).
 #[cfg(target_arch = "x86_64")]
-unsafe fn store_t(out: &[f32; NB * NB], nv: usize, mv: usize, y: *mut f32, ld: usize, bias: Option<&[f32]>) {
+unsafe fn store_t(out: &[f32; NB * NB], nv: usize, mv: usize, y: *mut f32, ld: usize, scale: Option<&[f32]>, bias: Option<&[f32]>) {
     if nv == NB && mv == NB {
-        return x86::store_t_full(out, y, ld, bias);
+        return x86::store_t_full(out, y, ld, scale, bias);
     }
     for c in 0..mv {
         for r in 0..nv {
-            *y.add(c * ld + r) = out[r * NB + c] + bias.map_or(0.0, |b| b[r]);
+            let v = out[r * NB + c] * scale.map_or(1.0, |s| s[r]);
+            *y.add(c * ld + r) = v + bias.map_or(0.0, |b| b[r]);
         }
     }
 }
@@ -192,20 +232,37 @@ mod x86 {
         }
     }
 
+    /// `super::int8_row_bf16` of the first `n` (a multiple of 16) values.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn int8_bf16(w: *const u8, n: usize, out: *mut u16) {
+        let bias = _mm512_set1_epi32(128);
+        let mut c = 0;
+        while c < n {
+            let q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(w.add(c) as *const __m128i)), bias);
+            let hi = _mm512_srli_epi32::<16>(_mm512_castps_si512(_mm512_cvtepi32_ps(q)));
+            _mm256_storeu_si256(out.add(c) as *mut __m256i, _mm512_cvtepi32_epi16(hi));
+            c += 16;
+        }
+    }
+
     /// `super::store_t` of a whole 32 × 32 tile.
     #[target_feature(enable = "avx")]
-    pub unsafe fn store_t_full(out: &[f32; NB * NB], y: *mut f32, ld: usize, bias: Option<&[f32]>) {
+    pub unsafe fn store_t_full(out: &[f32; NB * NB], y: *mut f32, ld: usize, scale: Option<&[f32]>, bias: Option<&[f32]>) {
         let o = out.as_ptr();
         for rb in 0..NB / 8 {
             let b = match bias {
                 Some(b) => _mm256_loadu_ps(b.as_ptr().add(rb * 8)),
                 None => _mm256_setzero_ps(),
             };
+            let s = match scale {
+                Some(s) => _mm256_loadu_ps(s.as_ptr().add(rb * 8)),
+                None => _mm256_set1_ps(1.0),
+            };
             for cb in 0..NB / 8 {
                 let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(o.add((rb * 8 + i) * NB + cb * 8)));
                 let t = crate::core::transpose::transpose_8x8(&r);
                 for (i, v) in t.iter().enumerate() {
-                    _mm256_storeu_ps(y.add((cb * 8 + i) * ld + rb * 8), _mm256_add_ps(*v, b));
+                    _mm256_storeu_ps(y.add((cb * 8 + i) * ld + rb * 8), _mm256_add_ps(_mm256_mul_ps(*v, s), b));
                 }
             }
         }
@@ -226,9 +283,10 @@ mod tests {
         f32::from_bits((h as u32) << 16)
     }
 
-    /// Against the f64 sum of bf16(x) · W: the products are exact, so only the float32
-    /// accumulation separates them. Shapes cover partial row blocks (m = 16, 17, 33), partial
-    /// weight blocks (n = 1, 17, 40, 130), long K and a bias.
+    /// Against the f64 sum of bf16(x) · W (W: the bf16 weights, or an int8 row's `q - 128`
+    /// times its scale): the products are exact, so only the float32 accumulation (and, int8,
+    /// the scale applied to the sum) separates them. Shapes cover partial row blocks (m = 16,
+    /// 17, 33), partial weight blocks (n = 1, 17, 40, 130), long K and a bias.
     #[test]
     fn tiles_match_bf16_rounded_activations() {
         let probe = Packed::bf16(1, 32, &[0u16; 32]).unwrap();
@@ -240,24 +298,42 @@ mod tests {
         for &(n, k) in &[(1usize, 32usize), (17, 64), (40, 896), (130, 256), (33, 4864)] {
             let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-            let p = Packed::bf16(n, k, &wb).unwrap();
+            let q: Vec<i8> = w.iter().map(|v| (v * 254.0).clamp(-127.0, 127.0) as i8).collect();
+            let qs: Vec<f32> = (0..n).map(|r| 0.003 + r as f32 * 1e-4).collect();
+            let kinds = [Packed::bf16(n, k, &wb).unwrap(), Packed::int8(n, k, &q, &qs).unwrap()];
             let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
-            for m in [16usize, 17, 33, 64, 100] {
-                let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s) * 3.0).collect();
-                assert!(matches!(prepare_rows(&p, &x, m, detect())[0], Act::Tiles(_)));
-                let mut y = vec![f32::NAN; m * n];
-                linear(&p, &x, m, Some(&bias), &mut y, detect());
-                for i in 0..m {
-                    for r in 0..n {
-                        let wr = |c: usize| f32::from_bits((wb[r * k + c] as u32) << 16) as f64;
-                        let xr = |c: usize| bf16_round(x[i * k + c]) as f64;
-                        let exact: f64 = (0..k).map(|c| wr(c) * xr(c)).sum::<f64>() + bias[r] as f64;
-                        let mag: f64 = (0..k).map(|c| (wr(c) * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
-                        let got = y[i * n + r] as f64;
-                        assert!((got - exact).abs() <= 1e-5 * mag + 1e-7, "n={n} k={k} m={m} ({i},{r}): {got} vs {exact}");
+            for p in &kinds {
+                let wr = |r: usize, c: usize| match p {
+                    Packed::Bf16 { .. } => f32::from_bits((wb[r * k + c] as u32) << 16) as f64,
+                    _ => q[r * k + c] as f64 * qs[r] as f64,
+                };
+                for m in [16usize, 17, 33, 64, 100] {
+                    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s) * 3.0).collect();
+                    assert!(matches!(prepare_rows(p, &x, m, detect())[0], Act::Tiles(_)));
+                    let mut y = vec![f32::NAN; m * n];
+                    linear(p, &x, m, Some(&bias), &mut y, detect());
+                    for i in 0..m {
+                        for r in 0..n {
+                            let xr = |c: usize| bf16_round(x[i * k + c]) as f64;
+                            let exact: f64 = (0..k).map(|c| wr(r, c) * xr(c)).sum::<f64>() + bias[r] as f64;
+                            let mag: f64 = (0..k).map(|c| (wr(r, c) * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
+                            let got = y[i * n + r] as f64;
+                            assert!((got - exact).abs() <= 1e-5 * mag + 1e-7, "{} n={n} k={k} m={m} ({i},{r}): {got} vs {exact}", p.kind());
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Every int8 value widens to the bf16 of `q - 128` (the vector loop and its scalar tail).
+    #[test]
+    fn int8_rows_widen_exactly() {
+        let w: Vec<u8> = (0..=255u8).chain(0..37).collect();
+        let mut out = vec![0u16; w.len()];
+        int8_row_bf16(&w, &mut out);
+        for (&v, &b) in w.iter().zip(&out) {
+            assert_eq!(f32::from_bits((b as u32) << 16), v as f32 - 128.0);
         }
     }
 
