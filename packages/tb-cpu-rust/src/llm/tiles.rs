@@ -17,7 +17,8 @@
 //! when K is a multiple of 32 (whole tiles along K).
 
 use super::gemv::{Act, Isa, Job};
-use super::packed::Packed;
+use super::half::f16_to_f32;
+use super::packed::{Packed, INT4_BLOCK_BYTES, INT4_ROWS};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -50,7 +51,7 @@ pub fn available() -> bool {
 /// Whether `m` activation rows for weights `p` (bf16 or int8, K a multiple of 32) take the tiles (then `gemv::prepare_rows`
 /// packs them into `XTiles`).
 pub fn takes(p: &Packed, m: usize, isa: Isa) -> bool {
-    matches!(p, Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } if k.is_multiple_of(NB))
+    matches!(p, Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } | Packed::Int4 { k, .. } if k.is_multiple_of(NB))
         && m >= super::panel::MIN_ROWS
         && matches!(isa, Isa::Avx512 | Isa::Vnni)
         && enabled()
@@ -145,7 +146,14 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
                         }
                         (scratch.as_ptr(), Some(&scale[j..j + nv]))
                     }
-                    _ => unreachable!("tiles are prepared for bf16 and int8 weights only (`takes`)"),
+                    Packed::Int4 { .. } => {
+                        if scratch.len() < NB * k {
+                            scratch.resize(NB * k, 0);
+                        }
+                        int4_rows_bf16(job.p, j, nv, &mut scratch[..nv * k]);
+                        (scratch.as_ptr(), None)
+                    }
+                    _ => unreachable!("tiles are prepared for bf16, int8 and int4 weights only (`takes`)"),
                 };
                 let bias = job.bias.map(|b| &b[j..j + nv]);
                 for q in 0..m.div_ceil(NB) {
@@ -169,6 +177,45 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
         let _ = (t, r0, nrows);
         false
     }
+}
+
+/// Rows `r0 .. r0 + nv` (`r0` a multiple of `INT4_ROWS`) of int4 weights dequantized as
+/// `Packed::rows` does (`(q - 8) * s + z` in f32) and rounded to bf16 (nearest even) into
+/// `out` (`nv` rows of K).
+fn int4_rows_bf16(p: &Packed, r0: usize, nv: usize, out: &mut [u16]) {
+    let Packed::Int4 { n, k, group, w, scale, zero, .. } = p else { unreachable!("int4 weights") };
+    let (n, k, group) = (*n, *k, *group);
+    assert!(r0.is_multiple_of(INT4_ROWS) && r0 + nv <= n && out.len() >= nv * k && k.is_multiple_of(NB));
+    let ng = k / group;
+    for t in r0 / INT4_ROWS..(r0 + nv).div_ceil(INT4_ROWS) {
+        let rows = INT4_ROWS.min(r0 + nv - t * INT4_ROWS);
+        for b in 0..k / NB {
+            let block = &w[(t * (k / NB) + b) * INT4_BLOCK_BYTES..(t * (k / NB) + b + 1) * INT4_BLOCK_BYTES];
+            let gi = (t * ng + b * NB / group) * INT4_ROWS;
+            for l in 0..rows {
+                let (s, z) = (f16_to_f32(scale[gi + l]), f16_to_f32(zero[gi + l]));
+                let dst = &mut out[(t * INT4_ROWS + l - r0) * k + b * NB..][..NB];
+                #[cfg(target_arch = "x86_64")]
+                if crate::core::isa::has_avx512() {
+                    // SAFETY: AVX-512 checked; the block holds 128 bytes, `dst` 32 values.
+                    unsafe { x86::int4_block_row_bf16(block.as_ptr(), l, s, z, dst.as_mut_ptr()) };
+                    continue;
+                }
+                for (c, d) in dst.iter_mut().enumerate() {
+                    let (m, i) = (c / 8, c % 4);
+                    let byte = block[m * 32 + l * 4 + i];
+                    let q = if c % 8 >= 4 { byte >> 4 } else { byte & 15 };
+                    *d = bf16_rne((q as f32 - 8.0) * s + z);
+                }
+            }
+        }
+    }
+}
+
+/// `v` rounded to bf16 bits, nearest even (finite `v`: dequantized weights).
+fn bf16_rne(v: f32) -> u16 {
+    let b = v.to_bits();
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
 thread_local! {
@@ -245,6 +292,29 @@ mod x86 {
         }
     }
 
+    /// Row `l` (< 8) of one 32-column int4 block (`packed`'s layout: byte `m * 32 + l * 4 + i`
+    /// holds column `8m + i` low and `8m + 4 + i` high) as bf16 of `(q - 8) * s + z`, rounded
+    /// to nearest even; the same f32 operations as the scalar loop (a multiply, then an add).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn int4_block_row_bf16(block: *const u8, l: usize, s: f32, z: f32, out: *mut u16) {
+        // the row's 16 bytes: 4 per group of 8 columns
+        let words: [u32; 4] = std::array::from_fn(|m| (block.add(m * 32 + l * 4) as *const u32).read_unaligned());
+        let bytes = _mm_loadu_si128(words.as_ptr() as *const __m128i);
+        let lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), _mm_set1_epi8(15));
+        // columns 0..16: groups 0, 1 (low nibbles then high), 16..32: groups 2, 3
+        let halves = [_mm_unpacklo_epi32(lo, hi), _mm_unpackhi_epi32(lo, hi)];
+        let (vs, vz, eight) = (_mm512_set1_ps(s), _mm512_set1_ps(z), _mm512_set1_ps(8.0));
+        for (h, q) in halves.iter().enumerate() {
+            let f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(*q));
+            let v = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(f, eight), vs), vz);
+            let b = _mm512_castps_si512(v);
+            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))));
+            _mm256_storeu_si256(out.add(16 * h) as *mut __m256i, _mm512_cvtepi32_epi16(r));
+        }
+    }
+
     /// `super::store_t` of a whole 32 × 32 tile.
     #[target_feature(enable = "avx")]
     pub unsafe fn store_t_full(out: &[f32; NB * NB], y: *mut f32, ld: usize, scale: Option<&[f32]>, bias: Option<&[f32]>) {
@@ -272,6 +342,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::super::gemv::{detect, linear, prepare_rows};
+    use super::super::half::round_f16;
     use super::super::test_util::lcg;
     use super::*;
 
@@ -300,13 +371,21 @@ mod tests {
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
             let q: Vec<i8> = w.iter().map(|v| (v * 254.0).clamp(-127.0, 127.0) as i8).collect();
             let qs: Vec<f32> = (0..n).map(|r| 0.003 + r as f32 * 1e-4).collect();
-            let kinds = [Packed::bf16(n, k, &wb).unwrap(), Packed::int8(n, k, &q, &qs).unwrap()];
+            let g = if k.is_multiple_of(128) { 128 } else { 32 };
+            let nib: Vec<u8> = w.iter().map(|v| ((v + 0.5) * 15.99).clamp(0.0, 15.0) as u8).collect();
+            let packed4: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
+            let sc: Vec<f32> = (0..n * k / g).map(|i| round_f16(0.01 + (i % 7) as f32 * 0.003)).collect();
+            let ze: Vec<f32> = (0..n * k / g).map(|i| round_f16((i % 5) as f32 * 0.002 - 0.004)).collect();
+            let kinds = [Packed::bf16(n, k, &wb).unwrap(), Packed::int8(n, k, &q, &qs).unwrap(), Packed::int4(n, k, g, &packed4, &sc, &ze).unwrap()];
             let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
             for p in &kinds {
-                let wr = |r: usize, c: usize| match p {
-                    Packed::Bf16 { .. } => f32::from_bits((wb[r * k + c] as u32) << 16) as f64,
-                    _ => q[r * k + c] as f64 * qs[r] as f64,
-                };
+                // the weights the tiles multiply: bf16 as stored, int8 exact, int4 rounded to bf16
+                let mut wd = vec![0f32; n * k];
+                p.rows(&(0..n).collect::<Vec<_>>(), &mut wd).unwrap();
+                if let Packed::Int4 { .. } = p {
+                    wd.iter_mut().for_each(|v| *v = bf16_round(*v));
+                }
+                let wr = |r: usize, c: usize| wd[r * k + c] as f64;
                 for m in [16usize, 17, 33, 64, 100] {
                     let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s) * 3.0).collect();
                     assert!(matches!(prepare_rows(p, &x, m, detect())[0], Act::Tiles(_)));
@@ -321,6 +400,30 @@ mod tests {
                             assert!((got - exact).abs() <= 1e-5 * mag + 1e-7, "{} n={n} k={k} m={m} ({i},{r}): {got} vs {exact}", p.kind());
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The int4 widening gives the bits of `Packed::rows` rounded to bf16, for every nibble,
+    /// row of a tile (a partial last tile too) and group size.
+    #[test]
+    fn int4_rows_widen_like_rows_rounded() {
+        let mut s = 5u64;
+        for &(n, k, g) in &[(8usize, 32usize, 32usize), (21, 256, 64), (16, 384, 128)] {
+            let nib: Vec<u8> = (0..n * k).map(|i| (i % 16) as u8).collect();
+            let packed4: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
+            let sc: Vec<f32> = (0..n * k / g).map(|_| round_f16(lcg(&mut s) * 0.1)).collect();
+            let ze: Vec<f32> = (0..n * k / g).map(|_| round_f16(lcg(&mut s) * 0.01)).collect();
+            let p = Packed::int4(n, k, g, &packed4, &sc, &ze).unwrap();
+            let mut wd = vec![0f32; n * k];
+            p.rows(&(0..n).collect::<Vec<_>>(), &mut wd).unwrap();
+            for r0 in (0..n).step_by(INT4_ROWS) {
+                let nv = (n - r0).min(NB);
+                let mut got = vec![0u16; nv * k];
+                int4_rows_bf16(&p, r0, nv, &mut got);
+                for (i, &b) in got.iter().enumerate() {
+                    assert_eq!(f32::from_bits((b as u32) << 16).to_bits(), bf16_round(wd[r0 * k + i]).to_bits(), "n={n} k={k} g={g} r0={r0} i={i}");
                 }
             }
         }
