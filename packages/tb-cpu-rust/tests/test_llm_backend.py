@@ -96,20 +96,51 @@ def test_prefill_row_counts_against_dequantized(kind: str, m: int, n: int, k: in
     """Prefill-sized inputs: from 16 rows on fp32 / bf16 / int8 run the panel GEMM (f32
     activations on the exactly dequantized weight), so only f32 rounding of K-long sums
     separates it from the float64 product: |error| <= ~K * 2^-24 * sum|x w| worst case,
-    ~sqrt(K) * 2^-24 typical (the 1e-5 relative bound covers K = 4864 with margin). int4 at any
-    row count, and int8 below 16 rows, meet int8 activations (as llama.cpp's Q4_0 x Q8_0):
-    the bound of `_check_quant`. Exact agreement of the batched int4 / int8 loops with the
-    per-row GEMV is checked bit for bit in Rust (`qgemm::tests`)."""
+    ~sqrt(K) * 2^-24 typical (the 1e-5 relative bound covers K = 4864 with margin). Where the
+    CPU has AMX tiles (`llm_prefill_tiles()`), bf16 / int8 / int4 take them from 16 rows on:
+    the same bound against the product of the bf16-rounded activations (and, int4, the
+    bf16-rounded dequantized weight). int4 below 16 rows (any row count without tiles), and
+    int8 below 16 rows, meet int8 activations (as llama.cpp's Q4_0 x Q8_0): the bound of
+    `_check_quant`. Exact agreement of the batched int4 / int8 loops with the per-row GEMV is
+    checked bit for bit in Rust (`qgemm::tests`)."""
     torch.manual_seed(m * 7 + n + k)
     w = quantize(torch.randn(n, k) * 0.05, kind, 32)
     x, bias = torch.randn(m, k), torch.randn(n)
     got = BE.linear(x, BE.prepare_linear(w), bias)
+    tiles = _native.llm_prefill_tiles() and m >= 16 and kind != "fp32" and k % 32 == 0
+    if tiles:
+        xr = x.to(torch.bfloat16).double()
+        wd = w.dequantize(torch.float64)
+        if kind == "int4":
+            wd = wd.float().to(torch.bfloat16).double()
+        want = (xr @ wd.T + bias.double()).float()
+        mag = (xr.abs() @ wd.abs().T).float() + bias.abs()
+        assert ((got - want).abs() <= 1e-5 * mag + 1e-6).all(), float(((got - want).abs() / mag).max())
+        return
     want = _linear_ref(x, w, bias)
     if (m >= 16 and kind != "int4") or kind in ("bf16", "fp32"):
         mag = (x.abs().double() @ w.dequantize(torch.float64).abs().T).float() + bias.abs()
         assert ((got - want).abs() <= 1e-5 * mag + 1e-6).all(), float(((got - want).abs() / mag).max())
     else:
         _check_quant(got, want, x, w)
+
+
+def test_prefill_tiles_switch_gives_f32_activations_back() -> None:
+    """`llm_prefill_tiles(False)` puts bf16 prefill back on f32 activations (the exact bound),
+    and the switch reports the previous setting."""
+    w = quantize(torch.randn(40, 256) * 0.05, "bf16")
+    x = torch.randn(32, 256)
+    handle = BE.prepare_linear(w)
+    was = _native.llm_prefill_tiles(False)
+    try:
+        assert _native.llm_prefill_tiles() is False
+        got = BE.linear(x, handle, None)
+    finally:
+        _native.llm_prefill_tiles(was)
+    assert _native.llm_prefill_tiles() is was
+    want = _linear_ref(x, w)
+    mag = (x.abs().double() @ w.dequantize(torch.float64).abs().T).float()
+    assert ((got - want).abs() <= 1e-5 * mag + 1e-6).all()
 
 
 @settings(max_examples=40, deadline=None)

@@ -49,6 +49,10 @@ class Tolerances:
     #: int8 / int4 weights: a backend that rounds activations (to int8 per block, as llama.cpp's
     #: Q8 activations) may add ``step * rowmax(|x|) * sum_k |W[n, k]|``
     quantized_activation_step: float = 0.0
+    #: bf16 / int8 / int4 weights (never fp32): a backend that rounds activations to bfloat16
+    #: for its matrix units (as eager bfloat16 does; int4 weights rounded likewise) may add
+    #: ``bf16_rounding * (|x| @ |W|.T)``: 2^-9 per rounded factor
+    bf16_rounding: float = 0.0
     #: compile_model's logits: allclose for float32 weights; for quantized weights a cosine above
     #: ``1 - quantized_logit_cosine_gap`` and a max error below this share of the largest logit
     logits_rtol: float = 1e-4
@@ -227,7 +231,8 @@ def _embedding_cases() -> Iterator[LLMCase]:
 # -- weights --------------------------------------------------------------------------------------
 def _linear_bound(x: torch.Tensor, w: QuantWeight, tol: Tolerances) -> torch.Tensor:
     wabs = w.dequantize(torch.float64).abs()
-    bound = tol.linear_rtol * (x.abs().double() @ wabs.T) + 1e-6
+    rtol = tol.linear_rtol + (tol.bf16_rounding if w.kind != "fp32" else 0.0)
+    bound = rtol * (x.abs().double() @ wabs.T) + 1e-6
     if w.kind in ("int8", "int4") and tol.quantized_activation_step:
         rowmax = x.abs().double().amax(dim=1, keepdim=True)
         bound = bound + tol.quantized_activation_step * rowmax * wabs.sum(dim=1)[None, :]
