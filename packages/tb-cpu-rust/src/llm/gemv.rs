@@ -43,7 +43,7 @@ pub enum Act<'a> {
     Q8(QuantRow, f32),
     /// int4 weights: quantized row, per group `C_g = -8 Σ_{b∈g} scale_b qsum_b` and `X_g = Σ x`
     Q4(QuantRow, Vec<f32>, Vec<f32>),
-    /// bf16 weights on AMX tiles (`tiles`): all the job's rows packed once, shared by every row
+    /// bf16 / int8 / int4 weights on AMX tiles (`tiles`): all the job's rows packed once, shared by every row
     Tiles(std::sync::Arc<super::tiles::XTiles>),
 }
 

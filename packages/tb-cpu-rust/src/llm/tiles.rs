@@ -1,4 +1,4 @@
-//! Prefill GEMM for bf16 and int8 weights on AMX tiles: `Y = X @ W^T` over many activation rows, where
+//! Prefill GEMM for bf16, int8 and int4 weights on AMX tiles: `Y = X @ W^T` over many activation rows, where
 //! the CPU has AMX-BF16 and Linux grants the tile state (`kernels::gemm::bf16::amx::available`).
 //!
 //! The tiles compute `Y^T = W · X^T`, as the engine's bfloat16 GEMM does (`amx::gemm`): the
@@ -11,7 +11,8 @@
 //!
 //! int8 weights (`q` with a scale per row) go through the same tiles: each block of 32 rows is
 //! widened once per call to the bf16 values `q - 128` (exact: at most 8 significant bits) in a
-//! scratch block, and the row's scale multiplies the tile's float32 sums on the way out.
+//! scratch block, and the row's scale multiplies the tile's float32 sums on the way out. int4
+//! blocks are dequantized as `Packed::rows` does and rounded to bf16 (nearest even).
 //!
 //! Taken from `panel::MIN_ROWS` activation rows on (prefill; decode keeps the f32 GEMV) and
 //! when K is a multiple of 32 (whole tiles along K).
@@ -20,7 +21,6 @@ use super::gemv::{Act, Isa, Job};
 use super::half::f16_to_f32;
 use super::packed::{Packed, INT4_BLOCK_BYTES, INT4_ROWS};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 /// Weight rows (and activation rows) per block: two 16-row tiles each.
 const NB: usize = 32;
@@ -48,8 +48,8 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether `m` activation rows for weights `p` (bf16 or int8, K a multiple of 32) take the tiles (then `gemv::prepare_rows`
-/// packs them into `XTiles`).
+/// Whether `m` activation rows for weights `p` (bf16, int8 or int4, K a multiple of 32) take
+/// the tiles (then `gemv::prepare_rows` packs them into `XTiles`).
 pub fn takes(p: &Packed, m: usize, isa: Isa) -> bool {
     matches!(p, Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } | Packed::Int4 { k, .. } if k.is_multiple_of(NB))
         && m >= super::panel::MIN_ROWS
@@ -68,29 +68,27 @@ pub struct XTiles {
 }
 
 impl XTiles {
-    /// `x` is `[m, k]` row-major f32, `k` a multiple of 32.
+    /// `x` is `[m, k]` row-major f32, `k` a multiple of 32: rounded to bf16 in one pass, then
+    /// packed as the engine's tiles pack activations (`amx::pack_t`), on the calling thread.
+    #[cfg(target_arch = "x86_64")]
     pub fn pack(x: &[f32], m: usize, k: usize) -> XTiles {
-        assert!(k.is_multiple_of(NB) && x.len() == m * k);
+        use crate::core::mem::SPtr;
+        use crate::kernels::gemm::Mat;
+        assert!(k.is_multiple_of(NB) && x.len() == m * k && available());
         let k2 = k / 2;
-        let np = m.div_ceil(NB);
-        let mut words = vec![0u32; np * k2 * NB];
-        let mut rows = vec![0u32; NB * k2];
+        let mut rounded = vec![0u32; m * k2];
         let round = crate::kernels::cast::vector_cast(crate::core::tensor::DType::F32, crate::core::tensor::DType::BF16).expect("f32 -> bf16 cast");
-        for q in 0..np {
-            let mv = NB.min(m - q * NB);
-            for c in 0..NB {
-                let dst = &mut rows[c * k2..(c + 1) * k2];
-                if c < mv {
-                    let src = &x[(q * NB + c) * k..(q * NB + c + 1) * k];
-                    // SAFETY: `src` holds k floats, `dst` k2 words = k bf16 values
-                    unsafe { round(src.as_ptr() as *const u8, dst.as_mut_ptr() as *mut u8, k) };
-                } else {
-                    dst.fill(0);
-                }
-            }
-            transpose_words(&rows, k2, &mut words[q * k2 * NB..(q + 1) * k2 * NB]);
-        }
+        // SAFETY: `x` holds m * k floats, `rounded` m * k2 words = m * k bf16 values
+        unsafe { round(x.as_ptr() as *const u8, rounded.as_mut_ptr() as *mut u8, m * k) };
+        let a = Mat { p: SPtr(rounded.as_mut_ptr() as *mut f32), rs: k2 as isize, cs: 1 };
+        // SAFETY: `a` is m × k2 words; `available()` (asserted) implies AVX-512
+        let words = unsafe { crate::kernels::gemm::bf16::amx::pack_t(a, m, k2, 1) };
         XTiles { m, k2, words }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn pack(_x: &[f32], _m: usize, _k: usize) -> XTiles {
+        unreachable!("AMX tiles are x86-64 only (`takes`)")
     }
 
     fn panel(&self, q: usize) -> &[u32] {
@@ -98,28 +96,11 @@ impl XTiles {
     }
 }
 
-/// `out[p * 32 + c] = rows[c * k2 + p]` (32 rows of `k2` words, `k2` a multiple of 8).
-fn transpose_words(rows: &[u32], k2: usize, out: &mut [u32]) {
-    assert!(rows.len() >= NB * k2 && out.len() >= k2 * NB && k2.is_multiple_of(8));
-    #[cfg(target_arch = "x86_64")]
-    if crate::core::isa::has_avx() {
-        // SAFETY: AVX checked; every block read and written lies inside the asserted lengths.
-        unsafe { x86::transpose_blocks(rows.as_ptr(), k2, out.as_mut_ptr()) };
-        return;
-    }
-    for c in 0..NB {
-        for p in 0..k2 {
-            out[p * NB + c] = rows[c * k2 + p];
-        }
-    }
-}
-
 /// Weight rows `r0 .. r0 + nrows` of `job` for every activation row; false when the job is
 /// not for the tiles.
 pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
-    let t = match job.acts.first() {
-        Some(Act::Tiles(t)) => Arc::clone(t),
-        _ => return false,
+    let Some(Act::Tiles(t)) = job.acts.first() else {
+        return false;
     };
     #[cfg(target_arch = "x86_64")]
     {
@@ -205,17 +186,11 @@ fn int4_rows_bf16(p: &Packed, r0: usize, nv: usize, out: &mut [u16]) {
                     let (m, i) = (c / 8, c % 4);
                     let byte = block[m * 32 + l * 4 + i];
                     let q = if c % 8 >= 4 { byte >> 4 } else { byte & 15 };
-                    *d = bf16_rne((q as f32 - 8.0) * s + z);
+                    *d = crate::core::element::f32_to_bf16((q as f32 - 8.0) * s + z);
                 }
             }
         }
     }
-}
-
-/// `v` rounded to bf16 bits, nearest even (finite `v`: dequantized weights).
-fn bf16_rne(v: f32) -> u16 {
-    let b = v.to_bits();
-    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
 thread_local! {
@@ -261,23 +236,6 @@ unsafe fn store_t(out: &[f32; NB * NB], nv: usize, mv: usize, y: *mut f32, ld: u
 mod x86 {
     use super::NB;
     use std::arch::x86_64::*;
-
-    /// `transpose_words` in 8 × 8 blocks (the words' bits moved as floats, never converted).
-    #[target_feature(enable = "avx")]
-    pub unsafe fn transpose_blocks(rows: *const u32, k2: usize, out: *mut u32) {
-        let (src, dst) = (rows as *const f32, out as *mut f32);
-        let mut p = 0;
-        while p < k2 {
-            for h in 0..NB / 8 {
-                let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add((h * 8 + i) * k2 + p)));
-                let t = crate::core::transpose::transpose_8x8(&r);
-                for (i, v) in t.iter().enumerate() {
-                    _mm256_storeu_ps(dst.add((p + i) * NB + h * 8), *v);
-                }
-            }
-            p += 8;
-        }
-    }
 
     /// `super::int8_row_bf16` of the first `n` (a multiple of 16) values.
     #[target_feature(enable = "avx512f")]

@@ -349,20 +349,14 @@ pub(crate) mod amx {
         asm!("tilerelease", options(nostack, nomem));
     }
 
-    /// c = alpha * a @ b, then `epi`, for pair matrices (k2 pairs deep, a multiple of 16): `a`
-    /// m×k2 with unit column stride, `b` k2×n with unit row stride (as the pair kernel takes them).
-    ///
-    /// The tiles compute C's transpose, `Cᵀ = Bᵀ · Aᵀ`: `Bᵀ` is the weight `W` (n rows, k
-    /// contiguous), which `tileloadd` reads in place, 16 rows of 16 pairs at a time, and `Aᵀ`
-    /// (the activations, usually far smaller) is what gets packed, once per call, into 32-column
-    /// pair panels. So the weight is read once, as stored, and never copied.
+    /// `a` (m×k2 pairs, unit column stride) transposed into the tiles' B operand: 32-column
+    /// panels of k2 rows (panel q = rows 32q.. of `a`, zero columns past m), panel after panel;
+    /// the panels split over `threads`.
     ///
     /// # Safety
-    /// As the pair kernel's driver; `available()` must be true.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm(m: usize, n: usize, k2: usize, a: Mat, b: Mat, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
+    /// `a` valid for m×k2 words; AVX-512 (`available()`).
+    pub(crate) unsafe fn pack_t(a: Mat, m: usize, k2: usize, threads: usize) -> Vec<u32> {
         let mpan = m.div_ceil(NR);
-        // Aᵀ as a k2×m pair matrix (pairs contiguous) in 32-column panels, zero columns past m
         let at = Mat { p: a.p, rs: 1, cs: a.rs };
         let mut packed = vec![0u32; mpan * k2 * NR];
         let pk = SPtr(packed.as_mut_ptr());
@@ -375,12 +369,30 @@ pub(crate) mod amx {
                 p0 += kc;
             }
         };
-        let threads = threads.clamp(1, ((m * n * k2) >> 19).max(1));
         if threads > 1 && mpan > 1 {
             crate::core::par::for_each(mpan, pack);
         } else {
             (0..mpan).for_each(pack);
         }
+        packed
+    }
+
+    /// c = alpha * a @ b, then `epi`, for pair matrices (k2 pairs deep, a multiple of 16): `a`
+    /// m×k2 with unit column stride, `b` k2×n with unit row stride (as the pair kernel takes them).
+    ///
+    /// The tiles compute C's transpose, `Cᵀ = Bᵀ · Aᵀ`: `Bᵀ` is the weight `W` (n rows, k
+    /// contiguous), which `tileloadd` reads in place, 16 rows of 16 pairs at a time, and `Aᵀ`
+    /// (the activations, usually far smaller) is what gets packed, once per call, into 32-column
+    /// pair panels. So the weight is read once, as stored, and never copied.
+    ///
+    /// # Safety
+    /// As the pair kernel's driver; `available()` must be true.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(m: usize, n: usize, k2: usize, a: Mat, b: Mat, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
+        let threads = threads.clamp(1, ((m * n * k2) >> 19).max(1));
+        let packed = pack_t(a, m, k2, threads);
+        let pk = SPtr(packed.as_ptr() as *mut u32);
+        let mpan = m.div_ceil(NR);
         let nblocks = n.div_ceil(32);
         let tasks = if threads > 1 { (threads * 3).min(nblocks) } else { 1 };
         let ldw = 4 * b.cs as usize;
