@@ -201,7 +201,10 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, row_ma
             return amx::gemm_nn(m, n, k / 2, pa, base(b_raw, b).0 as *const u16, ldb, c, alpha, threads, epi);
         }
         let pb = Mat { p: base(b_raw, b), rs: 1, cs: half(b.strides[r - 1], n) };
-        if m >= amx::MIN_ROWS && k.is_multiple_of(32) && amx::available() {
+        if m <= crate::kernels::gemm::gemv_pairs::MAX_ROWS && crate::kernels::gemm::gemv_pairs::gemv(m, n, k / 2, pa, pb, c, alpha, threads, epi) {
+            return;
+        }
+        if m >= amx::MIN_ROWS && k >= 32 && amx::available() {
             return amx::gemm(m, n, k / 2, pa, pb, c, alpha, threads, epi);
         }
         crate::kernels::gemm::own::drive::<x86::Pairs>(m, n, k / 2, pa, pb, c, alpha, false, threads, epi);
@@ -349,6 +352,31 @@ pub(crate) mod amx {
         asm!("tilerelease", options(nostack, nomem));
     }
 
+    /// out[r][0..16] (and [16..32] when `wide`) += the products of pairs 0..kt of weight row r
+    /// (`ldw` bytes apart, 0 ≤ r < nv) with rows 0..kt of a packed panel: the k remainder the
+    /// tiles (16 pairs a step) leave, on `vdpbf16ps` (kt < 16, so at most 16 × 2 per row).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn tail(w: *const u8, ldw: usize, nv: usize, panel: *const u32, kt: usize, out: &mut [f32; 32 * NR], wide: bool) {
+        use std::arch::x86_64::*;
+        for r in 0..nv {
+            let (wr, o) = (w.add(r * ldw) as *const i32, out.as_mut_ptr().add(r * NR));
+            let mut c0 = _mm512_loadu_ps(o);
+            let mut c1 = if wide { _mm512_loadu_ps(o.add(16)) } else { _mm512_setzero_ps() };
+            for p in 0..kt {
+                let wv: __m512bh = std::mem::transmute(_mm512_set1_epi32(wr.add(p).read_unaligned()));
+                let row = panel.add(p * NR) as *const i32;
+                c0 = _mm512_dpbf16_ps(c0, wv, std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(row as *const _)));
+                if wide {
+                    c1 = _mm512_dpbf16_ps(c1, wv, std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(row.add(16) as *const _)));
+                }
+            }
+            _mm512_storeu_ps(o, c0);
+            if wide {
+                _mm512_storeu_ps(o.add(16), c1);
+            }
+        }
+    }
+
     /// `a` (m×k2 pairs, unit column stride) transposed into the tiles' B operand: 32-column
     /// panels of k2 rows (panel q = rows 32q.. of `a`, zero columns past m), panel after panel;
     /// the panels split over `threads`.
@@ -377,8 +405,10 @@ pub(crate) mod amx {
         packed
     }
 
-    /// c = alpha * a @ b, then `epi`, for pair matrices (k2 pairs deep, a multiple of 16): `a`
-    /// m×k2 with unit column stride, `b` k2×n with unit row stride (as the pair kernel takes them).
+    /// c = alpha * a @ b, then `epi`, for pair matrices (k2 ≥ 16 pairs deep): `a` m×k2 with unit
+    /// column stride, `b` k2×n with unit row stride (as the pair kernel takes them). The tiles
+    /// take k2 in steps of 16 pairs; a remainder (k not a multiple of 32, as a 784-wide layer)
+    /// is added to each 32×32 tile by `tail` before the epilogue.
     ///
     /// The tiles compute C's transpose, `Cᵀ = Bᵀ · Aᵀ`: `Bᵀ` is the weight `W` (n rows, k
     /// contiguous), which `tileloadd` reads in place, 16 rows of 16 pairs at a time, and `Aᵀ`
@@ -390,6 +420,7 @@ pub(crate) mod amx {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm(m: usize, n: usize, k2: usize, a: Mat, b: Mat, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
         let threads = threads.clamp(1, ((m * n * k2) >> 19).max(1));
+        let k2t = k2 / 16 * 16; // the pairs the tiles take; the rest by `tail`
         let packed = pack_t(a, m, k2, threads);
         let pk = SPtr(packed.as_ptr() as *mut u32);
         let mpan = m.div_ceil(NR);
@@ -408,7 +439,11 @@ pub(crate) mod amx {
                     let mv = NR.min(m - i);
                     // SAFETY: rows j..j+nv of W and panel q are valid; `out` holds 32×32
                     unsafe {
-                        block(w0.get().add(j * ldw), ldw, nv, pk.get().add(q * k2 * NR), k2, out.as_mut_ptr(), mv > 16);
+                        let (w, panel) = (w0.get().add(j * ldw), pk.get().add(q * k2 * NR));
+                        block(w, ldw, nv, panel, k2t, out.as_mut_ptr(), mv > 16);
+                        if k2t < k2 {
+                            tail(w.add(4 * k2t), ldw, nv, panel.add(k2t * NR), k2 - k2t, &mut out, mv > 16);
+                        }
                         store_t(&out, nv, mv, c, i, j, alpha, epi);
                     }
                 }
@@ -647,9 +682,10 @@ mod tests {
         if crate::kernels::gemm::own::available() {
             backends.push("own");
         }
-        // k a multiple of 32 runs on AMX tiles where the CPU has them (row tails of
-        // 16 and 32-row blocks, column tails of the 32-column panels)
-        let shapes = [(1usize, 1usize, 2usize), (1, 40, 64), (3, 33, 30), (8, 32, 512), (9, 70, 100), (37, 65, 514), (300, 17, 2 * 256 + 6), (5, 7, 9), (16, 32, 32), (37, 65, 544), (50, 100, 64), (261, 33, 96), (8, 1000, 64)];
+        // k ≥ 32 runs on AMX tiles where the CPU has them (row tails of 16 and 32-row blocks,
+        // column tails of the 32-column panels, k remainders past the tiles' 32: 514, 784, 40);
+        // 1-4 rows on the pair GEMV (gemv_pairs)
+        let shapes = [(1usize, 1usize, 2usize), (1, 40, 64), (3, 33, 30), (8, 32, 512), (9, 70, 100), (37, 65, 514), (300, 17, 2 * 256 + 6), (5, 7, 9), (16, 32, 32), (37, 65, 544), (50, 100, 64), (261, 33, 96), (8, 1000, 64), (64, 50, 784), (4, 70, 784), (2, 300, 512), (20, 33, 40), (17, 48, 46)];
         for be in backends {
             crate::kernels::gemm::set_backend(be).unwrap();
             for &(m, n, k) in &shapes {

@@ -8,6 +8,7 @@
 pub mod bf16;
 pub mod epilogue;
 pub mod gemv;
+pub mod gemv_pairs;
 pub mod own;
 
 use crate::core::math::unary::Un;
