@@ -86,10 +86,10 @@ def test_casts_match_torch_bit_for_bit(
         assert torch.equal(a.contiguous().view(bits)[~nan], b.contiguous().view(bits)[~nan])
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    m=st.sampled_from([1, 3, 8, 17, 33]),
-    k=st.sampled_from([2, 31, 64, 96, 130]),
+    m=st.sampled_from([1, 2, 4, 5, 8, 17, 33]),
+    k=st.sampled_from([2, 31, 40, 64, 96, 130, 784]),
     n=st.sampled_from([1, 16, 45, 64]),
     a_t=st.booleans(),
     b_t=st.booleans(),
@@ -99,9 +99,10 @@ def test_casts_match_torch_bit_for_bit(
 def test_low_precision_gemm_matches_eager(
     m: int, k: int, n: int, a_t: bool, b_t: bool, dtype: str, backend: str
 ) -> None:
-    """addmm in bfloat16 / float16 over shapes around the tile sizes (k a multiple of 32 or not:
-    AMX tiles or the vdpbf16ps pair kernel; odd k: widened), transposed operands, and the
-    widened path of another GEMM backend (the path CPUs without AVX-512 BF16 run)."""
+    """addmm in bfloat16 / float16 over shapes around the tile sizes (1-4 rows: the vdpbf16ps
+    pair GEMV; more rows and k ≥ 32: AMX tiles, a k remainder past the multiple of 32 on
+    vdpbf16ps; odd k: widened), transposed operands, and the widened path of another GEMM backend
+    (the path CPUs without AVX-512 BF16 run)."""
     dt = DTYPE_NAMES[dtype]
     g = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
     a = torch.randn(k, m, generator=g).to(dt).t() if a_t else torch.randn(m, k, generator=g).to(dt)

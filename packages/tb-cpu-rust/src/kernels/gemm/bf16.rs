@@ -556,28 +556,16 @@ pub(crate) mod amx {
         }
     }
 
-    /// The transposed tile (rows: columns j.. of C, columns: rows i.. of C) into C: row by row
-    /// of C, scaled, epilogue applied.
+    /// The transposed tile (rows: columns j.. of C, columns: rows i.. of C) into C: transposed
+    /// back in 16×16 register blocks (the float32 kernel's B packing, which moves exactly this:
+    /// row q of the tile is "column" q), then stored as `store` does, scaled, epilogue applied.
+    /// (An element-by-element transpose here cost several times the tiles' own work at k = 256.)
     #[allow(clippy::too_many_arguments)]
     unsafe fn store_t(out: &[f32; 32 * NR], nv: usize, mv: usize, c: Mat, i: usize, j: usize, alpha: f32, epi: &Epi) {
-        let mut row = [0f32; 32];
-        for r in 0..mv {
-            let row = &mut row[..nv];
-            for (q, x) in row.iter_mut().enumerate() {
-                *x = alpha * out[q * NR + r];
-            }
-            if !epi.is_empty() {
-                epi.apply_row(row, i + r, j);
-            }
-            let cp = c.p.0.offset((i + r) as isize * c.rs + j as isize * c.cs);
-            if c.cs == 1 {
-                std::ptr::copy_nonoverlapping(row.as_ptr(), cp, nv);
-            } else {
-                for (q, &x) in row.iter().enumerate() {
-                    *cp.offset(q as isize * c.cs) = x;
-                }
-            }
-        }
+        let mut t = [0f32; 32 * NR];
+        let tile = Mat { p: SPtr(out.as_ptr() as *mut f32), rs: 1, cs: NR as isize };
+        <Avx512 as Isa>::pack_b_t(tile, 0, mv, 0, nv, t.as_mut_ptr());
+        store(&t, mv, nv, c, i, j, alpha, epi);
     }
 }
 
