@@ -143,6 +143,30 @@ def test_prefill_tiles_switch_gives_f32_activations_back() -> None:
     assert ((got - want).abs() <= 1e-5 * mag + 1e-6).all()
 
 
+@pytest.mark.parametrize("m", [16, 130])
+def test_prefill_engine_gemm_switch_agrees_with_the_panel_gemm(m: int) -> None:
+    """fp32 prefill on the engine's own float32 GEMM (the default where it is the backend) and on
+    the panel GEMM (`llm_prefill_engine_gemm(False)`): both within the exact-f32 bound of the
+    float64 product, and the switch reports the previous setting."""
+    torch.manual_seed(m)
+    w = quantize(torch.randn(300, 896) * 0.05, "fp32")
+    x, bias = torch.randn(m, 896), torch.randn(300)
+    handle = BE.prepare_linear(w)
+    got = {}
+    for on in (True, False):
+        was = _native.llm_prefill_engine_gemm(on)
+        try:
+            assert _native.llm_prefill_engine_gemm() is on
+            got[on] = BE.linear(x, handle, bias)
+        finally:
+            _native.llm_prefill_engine_gemm(was)
+        assert _native.llm_prefill_engine_gemm() is was
+    want = _linear_ref(x, w, bias)
+    mag = (x.abs().double() @ w.dequantize(torch.float64).abs().T).float() + bias.abs()
+    for out in got.values():
+        assert ((out - want).abs() <= 1e-5 * mag + 1e-6).all()
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 70),

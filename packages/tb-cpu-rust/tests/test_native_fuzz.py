@@ -292,6 +292,7 @@ CASES: dict[str, Callable[[], Call]] = {
     "Executor.n_steps": lambda: _getter(lambda: _native.Executor(_copy_plan(2)), "n_steps"),
     "llm_isa": lambda: Call(_native.llm_isa, []),
     "llm_prefill_tiles": lambda: Call(_native.llm_prefill_tiles, []),
+    "llm_prefill_engine_gemm": lambda: Call(_native.llm_prefill_engine_gemm, []),
     "llm_release_free_memory": lambda: Call(_native.llm_release_free_memory, []),
     "llm_pack_dense": lambda: Call(
         _native.llm_pack_dense, [torch.randn(3, 4)], [Slot((0,), dtypes=(F32, torch.bfloat16), rank=2)]

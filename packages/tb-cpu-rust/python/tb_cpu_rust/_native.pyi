@@ -29,6 +29,7 @@ __all__ = [
     "llm_pack_dense",
     "llm_pack_int4",
     "llm_pack_int8",
+    "llm_prefill_engine_gemm",
     "llm_prefill_tiles",
     "llm_quantize",
     "llm_quantize_layout",
@@ -198,6 +199,10 @@ def llm_attention(
 ) -> None: ...
 def llm_isa() -> str:
     """The instruction set of the LLM kernels: avx512-vnni, avx512, avx2+fma or scalar."""
+
+def llm_prefill_engine_gemm(on: bool | None = None) -> bool:
+    """Whether fp32 prefill runs on the engine's own float32 GEMM (else the panel GEMM all
+    formats share); `on` changes it. Returns the setting before the call."""
 
 def llm_prefill_tiles(on: bool | None = None) -> bool:
     """Whether bf16 prefill runs on AMX tiles (activations rounded to bf16); `on` changes it.

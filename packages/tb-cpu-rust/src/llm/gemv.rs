@@ -126,7 +126,8 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     for (ji, j) in jobs.iter().enumerate() {
         let n = j.p.shape().0;
         let row_bytes = (j.p.nbytes() / n.max(1)).max(1);
-        let per = (target / row_bytes).max(1).div_ceil(CHUNK_ROWS) * CHUNK_ROWS;
+        let per = super::dense_gemm::chunk_rows(j.p, j.acts.len(), threads).unwrap_or(target / row_bytes);
+        let per = per.max(1).div_ceil(CHUNK_ROWS) * CHUNK_ROWS;
         let mut r = 0;
         while r < n {
             let nr = per.min(n - r);
@@ -157,7 +158,7 @@ const ACT_BLOCK: usize = 16;
 
 /// Weight rows `r0 .. r0 + nrows` of one job for every activation row.
 fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
-    if super::tiles::chunk(job, r0, nrows) || super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
+    if super::tiles::chunk(job, r0, nrows) || super::dense_gemm::chunk(job, r0, nrows) || super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
         return;
     }
     if let Packed::Int4 { .. } = job.p {

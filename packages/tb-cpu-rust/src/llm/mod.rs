@@ -10,6 +10,7 @@
 pub mod act_quant;
 pub mod attn;
 pub mod attn_decode;
+pub mod dense_gemm;
 pub mod qgemm;
 pub mod gemv;
 pub mod half;

@@ -382,7 +382,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::gemv::{detect, run};
+    use super::super::gemv::detect;
     use super::super::test_util::lcg;
     use super::*;
 
@@ -409,10 +409,10 @@ mod tests {
                 for m in [16usize, 17, 23, 64, 512] {
                     let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
                     let mut y = vec![f32::NAN; m * n];
-                    // f32 rows (not `prepare_rows`): bf16 weights would take the AMX tiles where the CPU has them
+                    // this path's own `chunk`, not `run`: bf16 weights would take the AMX tiles
+                    // where the CPU has them, f32 weights the engine's GEMM (`dense_gemm`)
                     let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
-                    // SAFETY: one job over all of `y` (m rows of n)
-                    unsafe { run(&[Job { p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
+                    assert!(chunk(&Job { p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }, 0, n, detect()));
                     for i in 0..m {
                         for r in 0..n {
                             let exact: f64 = (0..k).map(|c| wd[r * k + c] as f64 * x[i * k + c] as f64).sum::<f64>() + bias[r] as f64;

@@ -602,12 +602,26 @@ fn llm_prefill_tiles(on: Option<bool>) -> bool {
     was
 }
 
+/// Whether fp32 prefill runs on the engine's own float32 GEMM (`llm::dense_gemm`) rather than
+/// the panel GEMM every format shares: returns the setting in force before the call; `on`
+/// changes it (a benchmark interleaves both paths).
+#[pyfunction]
+#[pyo3(signature = (on=None))]
+fn llm_prefill_engine_gemm(on: Option<bool>) -> bool {
+    let was = crate::llm::dense_gemm::enabled();
+    if let Some(on) = on {
+        crate::llm::dense_gemm::set_enabled(on);
+    }
+    was
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LLMWeight>()?;
     m.add_class::<LLMModel>()?;
     m.add_class::<LLMKVCache>()?;
     m.add_function(wrap_pyfunction!(llm_pack_int8, m)?)?;
     m.add_function(wrap_pyfunction!(llm_prefill_tiles, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_prefill_engine_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_int4, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_dense, m)?)?;
     m.add_function(wrap_pyfunction!(llm_quantize, m)?)?;

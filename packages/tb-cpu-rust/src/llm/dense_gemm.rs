@@ -1,0 +1,144 @@
+//! Prefill of float32 weights on the engine's own float32 GEMM (`kernels::gemm`, the kernel the
+//! compile path's `mm` runs): `Y = X @ W^T` for a chunk of weight rows, single-threaded (the
+//! chunks are the parallel tasks, as for every prefill path).
+//!
+//! The panel GEMM (`panel`) serves every weight format with one register tile (12 activation
+//! rows × 16 weight rows, each FMA with a broadcast load): 13 loads per 12 FMAs keeps it near the
+//! load ports' limit, about half the FMA peak. The engine's kernel packs both operands into cache
+//! blocks and runs a tile with two vector loads and eight broadcasts per sixteen FMAs, near the
+//! peak (see `benchmarks/bench_gemm.py`). Float32 weights need no dequantization, so the
+//! weight chunk is simply B = W[r0..r0+n]ᵀ (k contiguous per column, the `Linear` layout).
+//! Exact float32 products and sums like the panel path (another summation order).
+
+use super::gemv::{Act, Job};
+use super::packed::Packed;
+use crate::core::mem::SPtr;
+use crate::kernels::gemm::{Epi, Mat};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// From this many activation rows on (the panel path's threshold).
+pub const MIN_ROWS: usize = super::panel::MIN_ROWS;
+
+/// On unless a benchmark turns it off (`set_enabled`: the two paths interleaved in one run).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Weight rows per parallel chunk for `job` when this path takes it: each chunk packs the whole
+/// activation block again (the engine's kernel packs A per call), so chunks are few and large,
+/// two per thread (balance against a thread that loses its core); None when it does not take it.
+/// At 512 rows, K = 896, N = 4864 and 2 threads the runtime's 144-row chunks (sized for streaming
+/// weights) spent 22% of the prefill packing activations.
+pub fn chunk_rows(p: &Packed, m: usize, threads: usize) -> Option<usize> {
+    let Packed::F32 { n, .. } = p else { return None };
+    (enabled() && m >= MIN_ROWS && crate::kernels::gemm::backend() == "own").then(|| n.div_ceil(2 * threads.max(1)))
+}
+
+/// Rows `r0 .. r0 + nrows` of `job`'s output through the engine's GEMM; false (nothing touched)
+/// unless the weights are float32, there are at least `MIN_ROWS` activation rows, all `Dense` and
+/// equally spaced in memory (rows of one `[m, K]` matrix), and the own kernel is the GEMM backend.
+pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
+    let Packed::F32 { k, w, .. } = job.p else { return false };
+    let m = job.acts.len();
+    if !enabled() || m < MIN_ROWS || nrows == 0 || *k == 0 || crate::kernels::gemm::backend() != "own" {
+        return false;
+    }
+    let mut xs = Vec::with_capacity(m);
+    for a in job.acts {
+        match a {
+            Act::Dense(x) if x.len() == *k => xs.push(x.as_ptr()),
+            _ => return false,
+        }
+    }
+    let lda = (xs[1] as usize).wrapping_sub(xs[0] as usize) / 4;
+    if lda < *k || xs.iter().enumerate().any(|(i, &x)| x as usize != xs[0] as usize + 4 * i * lda) {
+        return false;
+    }
+    let a = Mat { p: SPtr(xs[0] as *mut f32), rs: lda as isize, cs: 1 };
+    // SAFETY: rows r0..r0 + nrows of W exist (the caller's chunk); the output rows are this
+    // chunk's to write (the caller of `gemv::run` promised disjoint outputs)
+    unsafe {
+        let b = Mat { p: SPtr(w.as_ptr().add(r0 * k) as *mut f32), rs: 1, cs: *k as isize };
+        let c = Mat { p: SPtr(job.out.add(r0)), rs: job.ld as isize, cs: 1 };
+        let bias = job.bias.map(|b| (Mat { p: SPtr(b.as_ptr().add(r0) as *mut f32), rs: 0, cs: 1 }, 1.0));
+        crate::kernels::gemm::sgemm_epi(m, nrows, *k, a, b, c, 1.0, false, 1, &Epi::new(bias, []));
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::gemv::{detect, run};
+    use super::super::test_util::lcg;
+    use super::*;
+
+    /// Through `gemv::run` (its chunking, 1 and several threads' worth of chunks): against a
+    /// float64 product with bias, over row counts, K not a multiple of any vector width, N not a
+    /// multiple of the chunk; NaN and infinity reach exactly their rows.
+    #[test]
+    fn matches_a_float64_product_through_run() {
+        let mut s = 5u64;
+        for &(n, k) in &[(1usize, 64usize), (37, 96), (130, 257), (300, 896)] {
+            let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            let p = Packed::f32(n, k, &w).unwrap();
+            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            for m in [16usize, 17, 64, 130] {
+                let mut x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+                x[3 * k + 1] = f32::NAN;
+                x[5 * k] = f32::INFINITY;
+                let mut y = vec![f32::NAN; m * n];
+                let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+                assert!(chunk_rows(&p, m, 2).is_some() || crate::kernels::gemm::backend() != "own");
+                // SAFETY: one job over all of `y` (m rows of n)
+                unsafe { run(&[Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
+                for i in 0..m {
+                    for r in 0..n {
+                        let got = y[i * n + r];
+                        if i == 3 {
+                            assert!(got.is_nan(), "row 3 holds a NaN");
+                            continue;
+                        }
+                        let exact: f64 = (0..k).map(|c| w[r * k + c] as f64 * x[i * k + c] as f64).sum::<f64>() + bias[r] as f64;
+                        if i == 5 {
+                            assert!(got.is_infinite() || got.is_nan(), "row 5 holds an infinity: {got}");
+                            continue;
+                        }
+                        let mag: f64 = (0..k).map(|c| (w[r * k + c] as f64 * x[i * k + c] as f64).abs()).sum::<f64>() + bias[r].abs() as f64;
+                        assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-7, "n={n} k={k} m={m} [{i},{r}]: {got} vs {exact}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Declines what it does not take: other formats, too few rows, rows not one matrix.
+    #[test]
+    fn declines_what_it_does_not_take() {
+        let (n, k) = (8usize, 32usize);
+        let w = vec![0.5f32; n * k];
+        let p = Packed::f32(n, k, &w).unwrap();
+        let wb = vec![0x3f00u16; n * k];
+        let pb = Packed::bf16(n, k, &wb).unwrap();
+        let x = vec![1f32; 40 * k];
+        let mut y = vec![0f32; 40 * n];
+        let out = y.as_mut_ptr();
+        let dense: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+        let job = |p, acts| Job { p, acts, out, ld: n, bias: None };
+        assert!(!chunk(&job(&pb, &dense[..20]), 0, n));
+        assert!(!chunk(&job(&p, &dense[..MIN_ROWS - 1]), 0, n));
+        // rows 0, 1, 3, 4, ...: not rows of one [m, K] matrix
+        let uneven: Vec<Act> = x.chunks(k).enumerate().filter(|(i, _)| *i != 2).map(|(_, r)| Act::Dense(r)).collect();
+        assert!(!chunk(&job(&p, &uneven[..20]), 0, n));
+        // every other row: one matrix with a row stride of 2K, taken
+        let strided: Vec<Act> = x.chunks(k).step_by(2).map(Act::Dense).collect();
+        assert!(chunk(&job(&p, &strided), 0, n));
+        assert!(y[..20 * n].iter().all(|&v| v == 0.5 * k as f32), "sums of K products 0.5 * 1");
+        assert!(chunk_rows(&pb, 20, 2).is_none() && chunk_rows(&p, MIN_ROWS - 1, 2).is_none());
+    }
+}
