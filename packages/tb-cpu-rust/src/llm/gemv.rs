@@ -541,13 +541,23 @@ mod x86 {
         }
     }
 
+    /// How far ahead (bytes) the AVX-512 bf16 / f32 decode rows prefetch the weights, into L1
+    /// (`_MM_HINT_T0`; a chunk's rows are contiguous, so this runs into the next rows). Qwen2.5-
+    /// 0.5B-shaped decode, 2 threads, separate processes alternated, best of 3 × 64 tokens each:
+    /// no prefetch fp32 12.0-12.3 / bf16 21.2-22.0 tok/s; 2 KiB ahead 14.2-14.5 / 22.3-23.5; 512 B
+    /// and 1 KiB between them, 4 KiB no better for fp32 and worse for bf16 (20.1); the non-temporal
+    /// hint (AVX2's choice) 7.5 / 14.9.
+    const AVX512_AHEAD: usize = 2048;
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn bf16_avx512(w: *const u16, k: usize, t: usize, x: *const f32, res: &mut [f32; TILE]) {
         let k32 = k / 32 * 32;
         for j in 0..t {
             let row = w.add(j * k);
+            let ahead = (row as *const i8).wrapping_add(AVX512_AHEAD);
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for i in (0..k32).step_by(32) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(2 * i));
                 let w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(i) as *const _));
                 let w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(i + 16) as *const _));
                 a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), _mm512_loadu_ps(x.add(i)), a0);
@@ -566,8 +576,11 @@ mod x86 {
         let k32 = k / 32 * 32;
         for j in 0..t {
             let row = w.add(j * k);
+            let ahead = (row as *const i8).wrapping_add(AVX512_AHEAD);
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for i in (0..k32).step_by(32) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(4 * i));
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(4 * i + 64));
                 a0 = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(i)), _mm512_loadu_ps(x.add(i)), a0);
                 a1 = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(i + 16)), _mm512_loadu_ps(x.add(i + 16)), a1);
             }
