@@ -570,10 +570,8 @@ pub(crate) mod amx {
                 put_row(out.as_ptr().add(r * NR), cp, nv, alpha);
                 continue;
             }
+            put_row(out.as_ptr().add(r * NR), row.as_mut_ptr(), nv, alpha);
             let row = &mut row[..nv];
-            for (q, x) in row.iter_mut().enumerate() {
-                *x = alpha * out[r * NR + q];
-            }
             if !epi.is_empty() {
                 epi.apply_row(row, i + r, j);
             }
