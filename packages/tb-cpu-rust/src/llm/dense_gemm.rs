@@ -83,6 +83,8 @@ mod tests {
     /// multiple of the chunk; NaN and infinity reach exactly their rows.
     #[test]
     fn matches_a_float64_product_through_run() {
+        // other tests switch the GEMM backend (this path needs the own kernel): not meanwhile
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let mut s = 5u64;
         for &(n, k) in &[(1usize, 64usize), (37, 96), (130, 257), (300, 896)] {
             let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
@@ -120,6 +122,7 @@ mod tests {
     /// Declines what it does not take: other formats, too few rows, rows not one matrix.
     #[test]
     fn declines_what_it_does_not_take() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let (n, k) = (8usize, 32usize);
         let w = vec![0.5f32; n * k];
         let p = Packed::f32(n, k, &w).unwrap();
