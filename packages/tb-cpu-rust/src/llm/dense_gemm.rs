@@ -37,7 +37,12 @@ pub fn set_enabled(on: bool) {
 /// weights) spent 22% of the prefill packing activations.
 pub fn chunk_rows(p: &Packed, m: usize, threads: usize) -> Option<usize> {
     let Packed::F32 { n, .. } = p else { return None };
-    (enabled() && m >= MIN_ROWS && crate::kernels::gemm::backend() == "own").then(|| n.div_ceil(2 * threads.max(1)))
+    takes(m).then(|| n.div_ceil(2 * threads.max(1)))
+}
+
+/// On, enough activation rows, and the own kernel as the GEMM backend (float32 weights aside).
+fn takes(m: usize) -> bool {
+    enabled() && m >= MIN_ROWS && crate::kernels::gemm::backend() == "own"
 }
 
 /// Rows `r0 .. r0 + nrows` of `job`'s output through the engine's GEMM; false (nothing touched)
@@ -46,7 +51,7 @@ pub fn chunk_rows(p: &Packed, m: usize, threads: usize) -> Option<usize> {
 pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
     let Packed::F32 { k, w, .. } = job.p else { return false };
     let m = job.acts.len();
-    if !enabled() || m < MIN_ROWS || nrows == 0 || *k == 0 || crate::kernels::gemm::backend() != "own" {
+    if !takes(m) || nrows == 0 || *k == 0 {
         return false;
     }
     let mut xs = Vec::with_capacity(m);
@@ -56,8 +61,9 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
             _ => return false,
         }
     }
-    let lda = (xs[1] as usize).wrapping_sub(xs[0] as usize) / 4;
-    if lda < *k || xs.iter().enumerate().any(|(i, &x)| x as usize != xs[0] as usize + 4 * i * lda) {
+    // rows of one [m, K] matrix: ascending, equally spaced, at least K apart
+    let lda = (xs[1] as usize).saturating_sub(xs[0] as usize) / 4;
+    if lda < *k || xs.iter().enumerate().any(|(i, &x)| Some(x as usize) != (4 * i).checked_mul(lda).and_then(|d| d.checked_add(xs[0] as usize))) {
         return false;
     }
     let a = Mat { p: SPtr(xs[0] as *mut f32), rs: lda as isize, cs: 1 };

@@ -201,7 +201,7 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, row_ma
             return amx::gemm_nn(m, n, k / 2, pa, base(b_raw, b).0 as *const u16, ldb, c, alpha, threads, epi);
         }
         let pb = Mat { p: base(b_raw, b), rs: 1, cs: half(b.strides[r - 1], n) };
-        if m <= crate::kernels::gemm::gemv_pairs::MAX_ROWS && crate::kernels::gemm::gemv_pairs::gemv(m, n, k / 2, pa, pb, c, alpha, threads, epi) {
+        if crate::kernels::gemm::gemv_pairs::gemv(m, n, k / 2, pa, pb, c, alpha, threads, epi) {
             return;
         }
         if m >= amx::MIN_ROWS && k >= 32 && amx::available() {
