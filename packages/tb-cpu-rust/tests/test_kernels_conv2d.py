@@ -369,3 +369,17 @@ def test_max_pool_values_and_indices(k: int, s: int, p: int, d: int) -> None:
     x[1, 2, 4:6, 4:6] = 5.0  # ties: the first maximum's index
     _check(lambda t: F.max_pool2d(t, k, s, p, d, return_indices=True), x)
     _check(lambda t: F.max_pool2d(t[:, :, 1:, ::2], k, s, p, d, return_indices=True), x)
+
+
+@pytest.mark.parametrize("width", [2, 17, 32, 33, 34, 65, 100])
+@pytest.mark.parametrize("indices", [True, False])
+def test_max_pool_2x2_rows(width: int, indices: bool) -> None:
+    """The 2×2 stride-2 pool's 16-wide rows (AVX-512): widths around the blocks, odd sizes,
+    padded row strides, NaN / ±inf / ties at block edges, channels_last (its own path)."""
+    x = randn(2, 3, 7, width + 3)[..., :width]
+    x[0, 0, 1, min(15, width - 1)] = float("nan")
+    x[0, 1, 2, width - 1] = float("inf")
+    x[1, 0, 3:5, :] = float("-inf")
+    x[1, 2, 4:6, : width // 2] = 5.0  # ties: the first maximum's index
+    _check(lambda t: F.max_pool2d(t, 2, 2, return_indices=indices), x)
+    _check(lambda t: F.max_pool2d(t, 2, 2, return_indices=indices), x.contiguous(memory_format=torch.channels_last))
