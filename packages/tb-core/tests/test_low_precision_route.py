@@ -176,9 +176,37 @@ def test_not_measured_when_routing_is_off_or_the_pass_is(laggard: type[Laggard],
     assert sink[0].low_precision is None
 
 
-def test_float32_graph_is_not_wrapped(laggard: type[Laggard]) -> None:
+def test_float32_graph_runs_as_dynamo_traced_it_when_that_is_faster(laggard: type[Laggard]) -> None:
+    """Direct inference of a float32 graph: the compiled graph against Dynamo's own graph in
+    eager PyTorch (the floor: no graph slower than eager), the same measurement, nothing widened."""
     model, (x,) = readme_mlp(batch=2)
-    compiled, sink = compile_model(model.eval())
+    model = model.eval()
+    compiled, sink = compile_model(model)
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(calls_to_decide()):
+            torch.testing.assert_close(compiled(x), expected)
+        (report,) = sink
+        stats = report.low_precision
+        assert stats is not None and not stats.widened and not stats.pending
+        decision = stats.decisions[torch.get_num_threads()]
+        assert decision.choice == routing.EAGER and decision.engine_s > SLEEP
+        torchburn.reset_stats()
+        before = Laggard.calls
+        assert torch.equal(compiled(x), expected)  # Dynamo's graph: eager PyTorch's kernels
+        assert Laggard.calls == before
+    cov = torchburn.op_coverage()
+    assert cov["native"] == {} and cov["fallback"] == {}
+    assert cov["routed"] == {"aten.addmm.default": 2, "aten.relu.default": 1, "aten.permute.default": 2}
+    assert "compiled" in stats.describe() and "widened" not in stats.describe()
+    with torch.no_grad():
+        text = str(torchburn.explain(model, x, options={"engine": "laggard", "routing": "measure", "cache": False}))
+    assert "whole graph, compiled or as Dynamo traced it (eager PyTorch) by measurement:" in text
+
+
+def test_float32_graph_through_aot_is_not_wrapped(laggard: type[Laggard]) -> None:
+    model, (x,) = readme_mlp(batch=2)
+    compiled, sink = compile_model(model.eval(), direct_inference=False)
     with torch.no_grad():
         compiled(x)
     assert sink[0].low_precision is None

@@ -56,10 +56,18 @@ def torchburn_backend(
         (direct inference: the arguments) calls, counted in telemetry. ``source``: the Dynamo graph
         ``graph`` was traced from, taking the same arguments (direct inference)."""
         traced = None
+        widened = False
+        measurable = low_precision_route.not_measured_reason(graph, kind, opts.routing_mode()) is None
         if opts.widen_low_precision() and low_precision_ops(graph.graph.nodes):
-            if low_precision_route.not_measured_reason(graph, kind, opts.routing_mode()) is None:
+            if measurable:
                 traced = low_precision_route.copy_graph(graph)
             graph = widen_low_precision(graph, keep=taken_as_is(engines))
+            widened = True
+        elif source is not None and measurable and not low_precision_ops(graph.graph.nodes):
+            # direct inference: the compiled graph against Dynamo's own graph in eager PyTorch,
+            # which can beat the ATen graph its partitions' routing falls back to (``linear``
+            # where the ATen graph has ``permute`` and ``addmm``; a module's fused fast path)
+            traced = low_precision_route.copy_graph(graph)
         runnable, report = compile_graph(graph, engines, opts, kind)
         warn_fallbacks(report, opts)
         if opts.report_sink is not None:
@@ -81,6 +89,7 @@ def torchburn_backend(
                 fallback_ops=record.fallback,
                 run_as_traced=source.forward if source is not None else None,
                 symbolic=direct_inference.symbolic(traced),
+                widened=widened,
                 **_stored_decisions(traced, engines, opts),
             )
             report.low_precision = chooser.stats

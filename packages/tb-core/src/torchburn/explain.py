@@ -72,9 +72,12 @@ class Explanation:
             engines = ", ".join(g.engines) or "none (eager only)"
             lines.append(f"graph {i} ({g.kind}); engines in force: {engines}")
             if g.low_precision is not None:
-                lines.append(
-                    f"  bfloat16/float16 graph, widened or as traced by measurement: {g.low_precision.describe()}"
+                what = (
+                    "bfloat16/float16 graph, widened or as traced"
+                    if g.low_precision.widened
+                    else "whole graph, compiled or as Dynamo traced it (eager PyTorch)"
                 )
+                lines.append(f"  {what} by measurement: {g.low_precision.describe()}")
             for j, p in enumerate(g.partitions):
                 ops = Counter(op for op in p.ops if op != "getitem")
                 listing = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(ops.items()))

@@ -72,6 +72,9 @@ class LowPrecisionStats:
     which is decided per concrete shape."""
 
     ops: list[str]  # the compute nodes of the graph as traced
+    #: True: the low-precision pass widened the compiled graph; False: a float32 graph of direct
+    #: inference, compiled as it is, against Dynamo's graph in eager PyTorch.
+    widened: bool = True
     decisions: dict[Hashable, routing.Decision] = field(default_factory=dict)
     measuring: dict[Hashable, int] = field(default_factory=dict)
 
@@ -87,16 +90,17 @@ class LowPrecisionStats:
 
     def describe(self) -> str:
         parts = []
+        mine = "widened" if self.widened else "compiled"
         for key, d in self.decisions.items():
-            chosen = "as traced (eager PyTorch)" if d.choice == routing.EAGER else "widened (engines)"
+            chosen = "as traced (eager PyTorch)" if d.choice == routing.EAGER else f"{mine} (engines)"
             cached = ", from the compile cache" if d.source == "cache" else ""
             parts.append(
-                f"{_where(key)}: {chosen}; widened {routing.format_seconds(d.engine_s)}, as traced {routing.format_seconds(d.eager_s)}{cached}"
+                f"{_where(key)}: {chosen}; {mine} {routing.format_seconds(d.engine_s)}, as traced {routing.format_seconds(d.eager_s)}{cached}"
             )
         parts += [
             f"{_where(key)}: measuring ({calls} of {MEASURE_CALLS} calls)" for key, calls in self.measuring.items()
         ]
-        return "; ".join(parts) or "widened, waiting for its partitions' routing"
+        return "; ".join(parts) or f"{mine}, waiting for its partitions' routing"
 
 
 def _where(key: Hashable) -> str:
@@ -121,6 +125,14 @@ def not_measured_reason(gm: torch.fx.GraphModule, kind: str, mode: str) -> str |
             effect = routing.node_effect(node)
             if effect is not None:
                 return effect
+            if isinstance(node.target, torch._ops.OpOverload) and not routing.runs_on_cpu(node.target):
+                return f"{op_name(node.target)} has no CPU kernel in PyTorch (an engine-only op)"
+        elif node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.device.type not in ("cpu", "meta"):
+                return (
+                    f"an input lives on {val.device}: its kernels run asynchronously, the wall clock cannot time them"
+                )
     return None
 
 
@@ -184,6 +196,7 @@ class LowPrecisionRoute:
         lookup: Callable[[Hashable], routing.Decision | None] | None = None,
         store: Callable[[Hashable, routing.Decision], None] | None = None,
         symbolic: bool = False,
+        widened: bool = True,
     ) -> None:
         self.wide = wide
         self._pending = pending
@@ -200,7 +213,7 @@ class LowPrecisionRoute:
             return forward(*args)
 
         self.traced = run_traced
-        self.stats = LowPrecisionStats(ops)
+        self.stats = LowPrecisionStats(ops, widened)
         self._symbolic = symbolic
         self._settling: int | None = 0
         self._pinned: dict[Hashable, Callable[..., Any]] = {}

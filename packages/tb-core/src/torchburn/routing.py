@@ -156,7 +156,7 @@ def not_measured_reason(sub: torch.fx.GraphModule, plan: Plan, mode: str) -> str
         effect = node_effect(node)
         if effect is not None:
             return effect
-        if isinstance(node.target, torch._ops.OpOverload) and not _runs_on_cpu(node.target):
+        if isinstance(node.target, torch._ops.OpOverload) and not runs_on_cpu(node.target):
             return f"{op_name(node.target)} has no CPU kernel in PyTorch (an engine-only op)"
     for meta in plan.inputs:
         if meta is not None and meta.device not in ("cpu", "meta"):
@@ -206,7 +206,8 @@ def _draws(node: torch.fx.Node, op: torch._ops.OpOverload) -> bool:
     return True
 
 
-def _runs_on_cpu(op: torch._ops.OpOverload) -> bool:
+def runs_on_cpu(op: torch._ops.OpOverload) -> bool:
+    """PyTorch has a CPU kernel for ``op`` (eager PyTorch can run it on CPU tensors)."""
     if op.namespace in ("aten", "prims"):
         return True
     name = op.name()
