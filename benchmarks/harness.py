@@ -1,7 +1,10 @@
 """Shared benchmark machinery: interleaved timing, row format, report writing.
 
-Timing is interleaved (A B A B ...) and summarised by medians, so a neighbour that takes a core
-for a while slows every contender alike; only same-run ratios are reported as results.
+Timing is interleaved and summarised by medians, so a neighbour that takes a core for a while
+slows every contender alike; only same-run ratios are reported as results. The order of the
+contenders changes from round to round (``round_order``): the call right after eager PyTorch runs
+with oneDNN's threads just gone idle and the caches holding eager's buffers, which cost a
+convolution 10-15 % on this 2-core VM when one contender always took that place.
 """
 
 from __future__ import annotations
@@ -20,11 +23,24 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 9, min_time: f
     return {k: statistics.median(v) for k, v in interleaved_samples(fns, repeats, min_time).items()}
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The order of round ``r``: rotated by r, and reversed in every other cycle of rotations
+    (two contenders: A B, B A, B A, A B, …; three: A B C, B C A, C A B, C B A, A C B, B A C, …),
+    so each contender takes every place and follows every other one equally often."""
+    n = len(names)
+    if n == 0:
+        return []
+    shift = r % n
+    order = names[shift:] + names[:shift]
+    return order[::-1] if (r // n) % 2 else order
+
+
 def interleaved_samples(
     fns: dict[str, Callable[[], Any]], repeats: int = 9, min_time: float = 0.02
 ) -> dict[str, list[float]]:
-    """Every sample (seconds per call) of each function, taken in alternation (A B C … A B C …)
-    after one warm-up call; a sample times enough calls to last ``min_time`` (at least one)."""
+    """Every sample (seconds per call) of each function, taken in alternation, the order changing
+    each round (``round_order``), after one warm-up call; a sample times enough calls to last
+    ``min_time`` (at least one)."""
     inner = {}
     for name, fn in fns.items():
         fn()  # warm-up (and compile)
@@ -33,8 +49,9 @@ def interleaved_samples(
         one = max(time.perf_counter() - start, 1e-7)
         inner[name] = max(1, int(min_time / one))
     samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for r in range(repeats):
+        for name in round_order(list(fns), r):
+            fn = fns[name]
             n = inner[name]
             start = time.perf_counter()
             for _ in range(n):

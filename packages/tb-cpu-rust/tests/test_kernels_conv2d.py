@@ -52,11 +52,20 @@ CASES = [
     ((1, 3, 1, 12), 4, (1, 3), {"padding": (0, 1)}),
     ((3, 2, 5, 5), 3, 3, {"padding": 1, "bias": False}),
     ((2, 64, 8, 8), 32, 3, {"padding": 1}),  # K past one GEMM depth block, several row chunks
+    # >= 16 input channels: odd sizes, dilation, no padding, 1-d windows, several chunks
+    ((1, 16, 7, 9), 20, 3, {"padding": 1}),  # out channels not a multiple of the kernel's rows
+    ((3, 17, 10, 11), 13, 5, {"padding": 2}),
+    ((2, 16, 12, 12), 8, 3, {"dilation": 2, "padding": 2}),
+    ((2, 16, 9, 9), 24, 3, {}),  # no padding
+    ((2, 16, 5, 12), 8, (1, 3), {"padding": (0, 1)}),
+    ((2, 16, 12, 5), 8, (3, 1), {"padding": (1, 0)}),
+    ((1, 16, 64, 64), 8, 3, {"padding": 1, "bias": False}),  # several row chunks per image
+    ((2, 32, 30, 30), 16, 3, {"padding": 1}),
 ]
 
 
 #: cases also run channels_last (input and weight): 1x1, 3x3, strided 7x7, grouped, depthwise x2
-CHANNELS_LAST = {0, 1, 3, 6, 8, 13}
+CHANNELS_LAST = {0, 1, 3, 6, 8, 13, 14}
 
 
 @pytest.mark.parametrize(
@@ -81,6 +90,9 @@ def test_conv2d_mixed_layouts_noncontiguous_and_functional() -> None:
     _check(lambda t: F.conv2d(t, w, b, padding=1), xl)
     big = randn(3, 8, 14, 16)
     _check(lambda t: F.conv2d(t[1:, 2:6, 1:11, ::2], w, b, stride=1, padding=1), big)  # a slice
+    w16 = randn(6, 16, 3, 3, seed=3)
+    wide = randn(3, 20, 14, 16)
+    _check(lambda t: F.conv2d(t[1:, 2:18, 1:11, ::2], w16, b, padding=1), wide)  # 16 channels of a slice
     _check(lambda t: F.conv2d(t[:, :4, :, 1:13], w[:, :, :1, :1].contiguous()), big)  # 1x1 on a slice
 
 
@@ -90,16 +102,19 @@ def test_conv2d_padding_modes(mode: str) -> None:
     _check(conv, randn(2, 3, 7, 8))
 
 
-def test_conv2d_empty_batch_single_and_nonfinite() -> None:
-    conv = nn.Conv2d(4, 6, 3, padding=1)
-    _check(conv, randn(0, 4, 6, 6))
-    _check(conv, randn(1, 4, 6, 6))
-    x = randn(2, 4, 6, 6)
+@pytest.mark.parametrize("c", [4, 16])
+def test_conv2d_empty_batch_single_and_nonfinite(c: int) -> None:
+    conv = nn.Conv2d(c, 6, 3, padding=1)
+    _check(conv, randn(0, c, 6, 6))
+    _check(conv, randn(1, c, 6, 6))
+    x = randn(2, c, 6, 6)
     x[0, 1, 2, 3] = float("nan")
     x[1, 2, 0, 0] = float("inf")
     x[1, 3, 5, 5] = -float("inf")
     _check(conv, x)
-    dw = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    x[0, c - 1, 0, 5] = float("nan")  # at a row's end
+    _check(conv, x)
+    dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
     _check(dw, x)
 
 
@@ -162,12 +177,13 @@ class _Block(nn.Module):
         ("relu6", True, 2, True, False),
     ],
 )
+@pytest.mark.parametrize("c", [8, 16])
 def test_conv_batchnorm_fused(
-    plans: list[list[dict[str, Any]]], act: str, residual: bool, groups: int, bias: bool, affine: bool, layout: str
+    plans: list[list[dict[str, Any]]], act: str, residual: bool, groups: int, bias: bool, affine: bool, layout: str, c: int
 ) -> None:
     torch.manual_seed(0)
-    block = _Block(8, act, residual, groups, bias, affine).eval()
-    x = randn(2, 8, 9, 9)
+    block = _Block(c, act, residual, groups, bias, affine).eval()
+    x = randn(2, c, 9, 9)
     if layout == "channels_last":
         block = block.to(memory_format=torch.channels_last)
         x = x.to(memory_format=torch.channels_last)
@@ -221,11 +237,14 @@ class _InvertedResidual(nn.Module):
         return x + self.body(x)
 
 
-@pytest.mark.parametrize("block", [_ResNetBlock(8), _InvertedResidual(8, 32)], ids=["resnet", "mobilenet"])
+@pytest.mark.parametrize(
+    "block", [_ResNetBlock(8), _ResNetBlock(16), _InvertedResidual(8, 32)], ids=["resnet", "resnet16", "mobilenet"]
+)
 def test_model_blocks_are_one_step_per_conv(plans: list[list[dict[str, Any]]], block: nn.Module) -> None:
     """The model set's ResNet and MobileNet blocks: every norm, activation and add folded."""
     block.eval()
-    _check(block, randn(2, 8, 10, 10))
+    cin = next(m for m in block.modules() if isinstance(m, nn.Conv2d)).in_channels
+    _check(block, randn(2, cin, 10, 10))
     steps = [s["op"] for p in plans for s in p]
     assert steps == ["conv2d"] * sum(isinstance(m, nn.Conv2d) for m in block.modules()), steps
 
@@ -383,3 +402,4 @@ def test_max_pool_2x2_rows(width: int, indices: bool) -> None:
     x[1, 2, 4:6, : width // 2] = 5.0  # ties: the first maximum's index
     _check(lambda t: F.max_pool2d(t, 2, 2, return_indices=indices), x)
     _check(lambda t: F.max_pool2d(t, 2, 2, return_indices=indices), x.contiguous(memory_format=torch.channels_last))
+

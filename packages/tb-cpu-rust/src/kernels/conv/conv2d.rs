@@ -217,6 +217,21 @@ pub unsafe fn conv2d(
     let ocg = oc / g.groups;
     // NCHW, single-threaded GEMMs on the own kernel: im2col writes its packed panels directly
     let packed = if !nhwc && (threads == 1 || items >= threads) { crate::kernels::gemm::own::packed_b_layout(kk) } else { None };
+    // ... and the weights packed once for all of them (each GEMM used to pack its group's A
+    // again: for 128 channels of 8 × 8, 1152 deep, that was as much work as the product)
+    let pa_len = crate::kernels::gemm::own::packed_a_len(ocg, kk);
+    let packed_w: Vec<f32> = match packed {
+        Some(_) if !direct && pa_len > 0 => {
+            let mut v = vec![0f32; g.groups * pa_len];
+            for gi in 0..g.groups {
+                let a = Mat { p: SPtr(wkp.add(gi * ocg * kk)), rs: kk as isize, cs: 1 };
+                crate::kernels::gemm::own::pack_a_slices(a, ocg, kk, v.as_mut_ptr().add(gi * pa_len));
+            }
+            v
+        }
+        _ => Vec::new(),
+    };
+    let pwp = SPtr(packed_w.as_ptr() as *mut f32);
     let one = |item: usize, t: usize| {
         let (ni, r0) = (item / chunks, (item % chunks) * rows);
         let r1 = (r0 + rows).min(oh);
@@ -257,7 +272,11 @@ pub unsafe fn conv2d(
                 if let (false, Some((nr, kc))) = (direct, packed) {
                     // im2col straight into the GEMM's packed panels: no second copy of B
                     im2col_packed(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, nr, kc, col);
-                    crate::kernels::gemm::own::sgemm_packed_b(ocg, cols, kk, a, colp.get(), cm, &e);
+                    if packed_w.is_empty() {
+                        crate::kernels::gemm::own::sgemm_packed_b(ocg, cols, kk, a, colp.get(), cm, &e);
+                    } else {
+                        crate::kernels::gemm::own::sgemm_packed_ab(ocg, cols, kk, pwp.add(gi * pa_len), colp.get(), cm, &e);
+                    }
                     continue;
                 }
                 let b = if direct {

@@ -357,6 +357,86 @@ unsafe fn drive_packed_b<I: Isa>(m: usize, n: usize, k: usize, a: Mat, pb: *cons
     });
 }
 
+/// Floats `pack_a_slices` writes for an m × k A (0 where `packed_b_layout` is None).
+pub fn packed_a_len(m: usize, k: usize) -> usize {
+    match packed_b_layout(k) {
+        #[cfg(target_arch = "x86_64")]
+        Some(_) => {
+            let mr = if crate::core::isa::has_avx512() { <x86::Avx512 as Isa>::MR } else { <x86::Avx2 as Isa>::MR };
+            m.div_ceil(mr) * mr * k
+        }
+        _ => 0,
+    }
+}
+
+/// Packs all of A (m × k) as `sgemm_packed_b` packs it slice by slice: each KC-deep slice of k
+/// (`packed_b_layout(k).1` deep) in MR-row panels, the slice at depth p0 starting at
+/// `p0 * m_pad`. A convolution packs its weights once this way for all its GEMMs
+/// (`sgemm_packed_ab`) instead of once per image and chunk.
+///
+/// # Safety
+/// A valid for m × k; `dst` holds `packed_a_len(m, k)` floats; `packed_b_layout(k)` is Some.
+pub unsafe fn pack_a_slices(a: Mat, m: usize, k: usize, dst: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return pack_a_slices_for::<x86::Avx512>(a, m, k, dst);
+        }
+        if crate::core::isa::has_avx2() {
+            return pack_a_slices_for::<x86::Avx2>(a, m, k, dst);
+        }
+    }
+    let _ = (a, m, k, dst);
+    unreachable!("pack_a_slices without packed_b_layout()")
+}
+
+unsafe fn pack_a_slices_for<I: Isa>(a: Mat, m: usize, k: usize, dst: *mut f32) {
+    let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
+    let m_pad = m.div_ceil(I::MR) * I::MR;
+    let mut p0 = 0;
+    while p0 < k {
+        let kc = kc_.min(k - p0);
+        pack_a::<I>(a, 0, m, p0, kc, dst.add(p0 * m_pad));
+        p0 += kc;
+    }
+}
+
+/// `sgemm_packed_b` with A already packed by `pack_a_slices`.
+///
+/// # Safety
+/// As `sgemm_packed_b`; `pa` holds A packed by `pack_a_slices(a, m, k, ..)`.
+pub unsafe fn sgemm_packed_ab(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, epi: &Epi) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return drive_packed_ab::<x86::Avx512>(m, n, k, pa, pb, c, epi);
+        }
+        if crate::core::isa::has_avx2() {
+            return drive_packed_ab::<x86::Avx2>(m, n, k, pa, pb, c, epi);
+        }
+    }
+    let _ = (m, n, k, pa, pb, c, epi);
+    unreachable!("sgemm_packed_ab without packed_b_layout()")
+}
+
+unsafe fn drive_packed_ab<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, epi: &Epi) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
+    let npan = n.div_ceil(I::NR);
+    let m_pad = m.div_ceil(I::MR) * I::MR;
+    let mut p0 = 0;
+    while p0 < k {
+        let kc = kc_.min(k - p0);
+        let slice = pb.add(p0 * npan * I::NR);
+        for jp in 0..npan {
+            tiles::<I>(0, m, jp, n, kc, pa.add(p0 * m_pad), slice.add(jp * kc * I::NR), c, 1.0, p0 > 0, p0 + kc >= k, epi);
+        }
+        p0 += kc;
+    }
+}
+
 /// All MR-row tiles of rows r0..r1 against column panel `jp`: `pa` holds those rows packed
 /// (panel of row r0 first), `pb` the panel. `last` applies the epilogue.
 #[inline(always)]
