@@ -92,7 +92,10 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         "# Benchmark results",
         "",
         f"Measured {info['date']} on {info['cpu']} ({info['cores']} logical cores), Python {info['python']}, torch {info['torch']}.",
-        "Times are medians of interleaved repeats (A B A B …) in one run; ratios are eager time ÷ contender time (> 1 is faster than eager).",
+        "Times are medians of interleaved repeats in one run, the contenders' order rotated and reversed from round to round "
+        "(A B B A … for two; `benchmarks/harness.py` `round_order`); ratios are eager time ÷ contender time (> 1 is faster than eager). "
+        "Suites measured before 2026-12-06 (machine not recorded) ran eager first in every round, which slowed it by up to 2× "
+        "on convolutional models (MobileNet block eager 8.4 ms in that order, 4.0 ms rotated): their ratios over eager read high.",
         "",
     ]
     # each suite's days and machines (rows stored before the machine was recorded say so: the VM
