@@ -155,9 +155,9 @@ mod imp {
         }
     }
 
-    /// The mask of the first `min(rem, 16)` lanes.
+    /// The mask of the first `min(rem, 16)` lanes of a 512-bit float32 vector.
     #[inline(always)]
-    fn lanes(rem: usize) -> __mmask16 {
+    pub fn lanes(rem: usize) -> __mmask16 {
         if rem >= 16 {
             0xffff
         } else {
@@ -392,7 +392,7 @@ mod imp {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use imp::{exp_shift_sum_avx512, softmax_online_row, softmax_row_avx512, softmax_short_row, un_avx512, SHORT_ROW};
+pub use imp::{exp_shift_sum_avx512, lanes, softmax_online_row, softmax_row_avx512, softmax_short_row, un_avx512, SHORT_ROW};
 
 /// The same activations for AVX2+FMA CPUs (no AVX-512): exp scales by 2^k through the
 /// exponent bits (AVX2 has no `vscalefps`), reciprocals through `vrcpps` + one Newton step.

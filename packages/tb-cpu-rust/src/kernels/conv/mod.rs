@@ -97,6 +97,7 @@ struct PoolPlane {
 #[cfg(target_arch = "x86_64")]
 mod pool_2x2 {
     use super::PoolPlane;
+    use crate::core::math::vector::lanes;
     use std::arch::x86_64::*;
 
     /// The plane is a 2 × 2 stride-2 pool with unit dilation, its rows contiguous (input,
@@ -108,15 +109,6 @@ mod pool_2x2 {
             && (p.ib.is_null() || p.is[1] == 1)
             && p.ww < 1 << 29
             && crate::core::isa::has_avx512()
-    }
-
-    #[inline(always)]
-    fn lanes(n: usize) -> __mmask16 {
-        if n >= 16 {
-            0xffff
-        } else {
-            ((1u32 << n) - 1) as __mmask16
-        }
     }
 
     /// # Safety
