@@ -179,7 +179,14 @@ class _Block(nn.Module):
 )
 @pytest.mark.parametrize("c", [8, 16])
 def test_conv_batchnorm_fused(
-    plans: list[list[dict[str, Any]]], act: str, residual: bool, groups: int, bias: bool, affine: bool, layout: str, c: int
+    plans: list[list[dict[str, Any]]],
+    act: str,
+    residual: bool,
+    groups: int,
+    bias: bool,
+    affine: bool,
+    layout: str,
+    c: int,
 ) -> None:
     torch.manual_seed(0)
     block = _Block(c, act, residual, groups, bias, affine).eval()
@@ -402,4 +409,3 @@ def test_max_pool_2x2_rows(width: int, indices: bool) -> None:
     x[1, 2, 4:6, : width // 2] = 5.0  # ties: the first maximum's index
     _check(lambda t: F.max_pool2d(t, 2, 2, return_indices=indices), x)
     _check(lambda t: F.max_pool2d(t, 2, 2, return_indices=indices), x.contiguous(memory_format=torch.channels_last))
-
