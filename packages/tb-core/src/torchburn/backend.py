@@ -58,12 +58,13 @@ def torchburn_backend(
         traced = None
         widened = False
         measurable = low_precision_route.not_measured_reason(graph, kind, opts.routing_mode()) is None
-        if opts.widen_low_precision() and low_precision_ops(graph.graph.nodes):
+        low = bool(low_precision_ops(graph.graph.nodes))
+        if opts.widen_low_precision() and low:
             if measurable:
                 traced = low_precision_route.copy_graph(graph)
             graph = widen_low_precision(graph, keep=taken_as_is(engines))
             widened = True
-        elif source is not None and measurable and not low_precision_ops(graph.graph.nodes):
+        elif source is not None and measurable and not low:
             # direct inference: the compiled graph against Dynamo's own graph in eager PyTorch,
             # which can beat the ATen graph its partitions' routing falls back to (``linear``
             # where the ATen graph has ``permute`` and ``addmm``; a module's fused fast path)

@@ -221,7 +221,7 @@ pub unsafe fn conv2d(
     // again: for 128 channels of 8 × 8, 1152 deep, that was as much work as the product)
     let pa_len = crate::kernels::gemm::own::packed_a_len(ocg, kk);
     let packed_w: Vec<f32> = match packed {
-        Some(_) if !direct && pa_len > 0 => {
+        Some(_) if !direct => {
             let mut v = vec![0f32; g.groups * pa_len];
             for gi in 0..g.groups {
                 let a = Mat { p: SPtr(wkp.add(gi * ocg * kk)), rs: kk as isize, cs: 1 };
@@ -272,11 +272,7 @@ pub unsafe fn conv2d(
                 if let (false, Some((nr, kc))) = (direct, packed) {
                     // im2col straight into the GEMM's packed panels: no second copy of B
                     im2col_packed(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, nr, kc, col);
-                    if packed_w.is_empty() {
-                        crate::kernels::gemm::own::sgemm_packed_b(ocg, cols, kk, a, colp.get(), cm, &e);
-                    } else {
-                        crate::kernels::gemm::own::sgemm_packed_ab(ocg, cols, kk, pwp.add(gi * pa_len), colp.get(), cm, &e);
-                    }
+                    crate::kernels::gemm::own::sgemm_packed_ab(ocg, cols, kk, pwp.add(gi * pa_len), colp.get(), cm, &e);
                     continue;
                 }
                 let b = if direct {

@@ -292,7 +292,7 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
     });
 }
 
-/// How a caller lays out a B it packs itself for `sgemm_packed_b` (None: the own kernel is not
+/// How a caller lays out a B it packs itself for `sgemm_packed_ab` (None: the own kernel is not
 /// the GEMM backend on this CPU): the panel width NR and the depth of each slice of k.
 pub fn packed_b_layout(k: usize) -> Option<(usize, usize)> {
     fn of<I: Isa>(k: usize) -> (usize, usize) {
@@ -314,49 +314,6 @@ pub fn packed_b_layout(k: usize) -> Option<(usize, usize)> {
     None
 }
 
-/// c = a @ B, then the epilogue, single-threaded, with B (k × n) already packed by the caller
-/// as `packed_b_layout(k)` says: slices of kc rows of k one after another, each slice NR-column
-/// panels of kc × NR floats (columns past n zero), so slice p0 starts at `p0 * npanels * NR`
-/// and its panel jp at `jp * kc * NR` within it. (A convolution writes its im2col that way: no
-/// second copy of B.)
-///
-/// # Safety
-/// As `sgemm`; `pb` holds k × n.div_ceil(NR) × NR floats; `packed_b_layout(k)` is Some.
-pub unsafe fn sgemm_packed_b(m: usize, n: usize, k: usize, a: Mat, pb: *const f32, c: Mat, epi: &Epi) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::core::isa::has_avx512() {
-            return drive_packed_b::<x86::Avx512>(m, n, k, a, pb, c, epi);
-        }
-        if crate::core::isa::has_avx2() {
-            return drive_packed_b::<x86::Avx2>(m, n, k, a, pb, c, epi);
-        }
-    }
-    let _ = (m, n, k, a, pb, c, epi);
-    unreachable!("sgemm_packed_b without packed_b_layout()")
-}
-
-unsafe fn drive_packed_b<I: Isa>(m: usize, n: usize, k: usize, a: Mat, pb: *const f32, c: Mat, epi: &Epi) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
-    let npan = n.div_ceil(I::NR);
-    let m_pad = m.div_ceil(I::MR) * I::MR;
-    with_scratch(&PACK_A, m_pad * kc_, |pa| {
-        let mut p0 = 0;
-        while p0 < k {
-            let kc = kc_.min(k - p0);
-            pack_a::<I>(a, 0, m, p0, kc, pa.as_mut_ptr());
-            let slice = pb.add(p0 * npan * I::NR);
-            for jp in 0..npan {
-                tiles::<I>(0, m, jp, n, kc, pa.as_ptr(), slice.add(jp * kc * I::NR), c, 1.0, p0 > 0, p0 + kc >= k, epi);
-            }
-            p0 += kc;
-        }
-    });
-}
-
 /// Floats `pack_a_slices` writes for an m × k A (0 where `packed_b_layout` is None).
 pub fn packed_a_len(m: usize, k: usize) -> usize {
     match packed_b_layout(k) {
@@ -369,10 +326,9 @@ pub fn packed_a_len(m: usize, k: usize) -> usize {
     }
 }
 
-/// Packs all of A (m × k) as `sgemm_packed_b` packs it slice by slice: each KC-deep slice of k
-/// (`packed_b_layout(k).1` deep) in MR-row panels, the slice at depth p0 starting at
-/// `p0 * m_pad`. A convolution packs its weights once this way for all its GEMMs
-/// (`sgemm_packed_ab`) instead of once per image and chunk.
+/// Packs all of A (m × k) for `sgemm_packed_ab`: each KC-deep slice of k (`packed_b_layout(k).1`
+/// deep) in MR-row panels, the slice at depth p0 starting at `p0 * m_pad`. A convolution packs
+/// its weights once this way for all its GEMMs instead of once per image and chunk.
 ///
 /// # Safety
 /// A valid for m × k; `dst` holds `packed_a_len(m, k)` floats; `packed_b_layout(k)` is Some.
@@ -401,10 +357,15 @@ unsafe fn pack_a_slices_for<I: Isa>(a: Mat, m: usize, k: usize, dst: *mut f32) {
     }
 }
 
-/// `sgemm_packed_b` with A already packed by `pack_a_slices`.
+/// c = A @ B, then the epilogue, single-threaded, with both operands packed by the caller: A by
+/// `pack_a_slices`, B (k × n) as `packed_b_layout(k)` says: slices of kc rows of k one after
+/// another, each slice NR-column panels of kc × NR floats (columns past n zero), so slice p0
+/// starts at `p0 * npanels * NR` and its panel jp at `jp * kc * NR` within it. (A convolution
+/// packs its weights once and writes its im2col that way: no second copy of either.)
 ///
 /// # Safety
-/// As `sgemm_packed_b`; `pa` holds A packed by `pack_a_slices(a, m, k, ..)`.
+/// As `sgemm`; `pa` holds A packed by `pack_a_slices(a, m, k, ..)`, `pb` k × n.div_ceil(NR) × NR
+/// floats; `packed_b_layout(k)` is Some.
 pub unsafe fn sgemm_packed_ab(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, epi: &Epi) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1033,7 +994,7 @@ mod tests {
         }
     }
 
-    /// `sgemm_packed_b`'s layout, packed here by hand, on every ISA this CPU has (AVX2 too on
+    /// `sgemm_packed_ab`'s layout, packed here by hand, on every ISA this CPU has (AVX2 too on
     /// an AVX-512 machine), k split into several slices, a partial last panel.
     #[test]
     fn packed_b_matches_naive() {
@@ -1066,8 +1027,12 @@ mod tests {
                     pb[slice * kc_ * npan * I::NR + (j / I::NR) * kc * I::NR + r * I::NR + j % I::NR] = if j < n { bv[p * n + j] } else { 0.0 };
                 }
             }
+            let mut pa = vec![f32::NAN; m.div_ceil(I::MR) * I::MR * k];
             let mut c = vec![0f32; m * n];
-            unsafe { drive_packed_b::<I>(m, n, k, a, pb.as_ptr(), Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, &Epi::default()) };
+            unsafe {
+                pack_a_slices_for::<I>(a, m, k, pa.as_mut_ptr());
+                drive_packed_ab::<I>(m, n, k, pa.as_ptr(), pb.as_ptr(), Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, &Epi::default())
+            };
             for (i, (x, y)) in c.iter().zip(&want).enumerate() {
                 assert!((x - y).abs() < 1e-3 * (1.0 + y.abs()), "{m}x{n}x{k} [{i}]: {x} vs {y}");
             }
