@@ -36,59 +36,8 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
     let n: usize = rsz.iter().product();
     let outer: usize = out.numel();
     let xk: Vec<usize> = (0..nd).map(|d| if red.contains(&d) { 0 } else { x.strides[d] }).collect();
-    if matches!(kind, Red::Sum | Red::Mean) && x.dtype == DType::F32 && out.dtype == DType::F32 && n > 0 {
-        // the reduced dims form one contiguous run of x (a mean over the last dim, as RMS norm
-        // written out in ATen does): one vectorised row sum per output
-        let mut inner = 1;
-        let unit = red.iter().rev().all(|&d| {
-            let ok = x.strides[d] == inner;
-            inner *= x.sizes[d];
-            ok
-        });
-        if unit {
-            let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
-            let scale = if kind == Red::Mean { 1.0 / n as f64 } else { 1.0 };
-            par_rows(outer, outer * n, |o| {
-                let xb = offset_of(o, &out.sizes, &xk);
-                let ob = offset_of(o, &out.sizes, &out.strides);
-                let row = std::slice::from_raw_parts(xf.get().add(xb), n);
-                *of.get().add(ob) = (rows::sum(row) * scale) as f32;
-            });
-            return;
-        }
-        // the kept dims form one contiguous run in x and in out (a bias gradient: the sum over
-        // the rows of a matrix): add whole rows into float64 accumulators, vectorised, instead
-        // of walking each output's strided column
-        let kept: Vec<usize> = (0..nd).filter(|&d| !red.contains(&d) && x.sizes[d] != 1).collect();
-        let run = |strides: &[usize]| {
-            let mut acc = 1;
-            for &d in kept.iter().rev() {
-                if strides[d] != acc {
-                    return false;
-                }
-                acc *= x.sizes[d];
-            }
-            true
-        };
-        if !kept.is_empty() && run(&x.strides) && run(&out.strides) {
-            let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
-            const CH: usize = 512;
-            let scale = if kind == Red::Mean { 1.0 / n as f64 } else { 1.0 };
-            let chunk = |c: usize| {
-                let (lo, hi) = (c * CH, ((c + 1) * CH).min(outer));
-                let mut acc = [0f64; CH];
-                let acc = &mut acc[..hi - lo];
-                for_each(&rsz, [&rst], |[off]| {
-                    let row = std::slice::from_raw_parts(xf.get().add(off + lo), hi - lo);
-                    for (a, &v) in acc.iter_mut().zip(row) {
-                        *a += v as f64;
-                    }
-                });
-                for (j, &a) in acc.iter().enumerate() {
-                    *of.get().add(lo + j) = (a * scale) as f32;
-                }
-            };
-            par_rows(outer.div_ceil(CH), outer * n, chunk);
+    if matches!(kind, Red::Sum | Red::Mean | Red::Var(_)) && x.dtype == DType::F32 && out.dtype == DType::F32 && n > 0 {
+        if moments_by_runs(mem, kind, x, out, &red, &xk, n) || moments_by_kept_rows(mem, kind, x, out, &red, n) {
             return;
         }
     }
@@ -183,6 +132,124 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
         *(po.get() as *mut f32).add(ob) = r as f32;
     };
     par_rows(outer, outer * n.max(1), one);
+}
+
+/// Sum / mean / variance of float32 when the innermost reduced dims form one contiguous run of
+/// `x` (a mean over the last dim, as RMS norm written out in ATen does; a per-channel statistic of
+/// an NCHW tensor, as training-mode batch norm takes: one H × W plane per image): vectorised sums
+/// over each run, the runs of the other reduced dims walked as an odometer, float64 across runs.
+/// The variance takes two passes (the mean, then the squared deviations from it: no
+/// cancellation). False, having done nothing, when the runs are shorter than a vector block.
+///
+/// # Safety
+/// As `reduce`.
+unsafe fn moments_by_runs(mem: &Mem, kind: Red, x: &View, out: &View, red: &[usize], xk: &[usize], n: usize) -> bool {
+    let (mut inner, mut k) = (1usize, red.len());
+    while k > 0 && x.strides[red[k - 1]] == inner {
+        inner *= x.sizes[red[k - 1]];
+        k -= 1;
+    }
+    // several runs of fewer than 16 elements each (4 × 4 planes) gain nothing from a vector pass
+    if k > 0 && inner < 16 {
+        return false;
+    }
+    let osz: Vec<usize> = red[..k].iter().map(|&d| x.sizes[d]).collect();
+    let ost: Vec<usize> = red[..k].iter().map(|&d| x.strides[d]).collect();
+    let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
+    let outer = out.numel();
+    par_rows(outer, outer * n, |o| {
+        let xb = xf.get().add(offset_of(o, &out.sizes, xk));
+        let ob = offset_of(o, &out.sizes, &out.strides);
+        let runs = |f: &mut dyn FnMut(&[f32])| for_each(&osz, [&ost], |[off]| f(std::slice::from_raw_parts(xb.add(off), inner)));
+        let mut s = 0f64;
+        runs(&mut |run| s += rows::sum(run));
+        let r = match kind {
+            Red::Sum => s,
+            Red::Mean => s / n as f64,
+            Red::Var(corr) => {
+                let mu = (s / n as f64) as f32;
+                let mut ss = 0f64;
+                runs(&mut |run| ss += rows::sum_sq_dev(run, mu));
+                let d = n as f64 - corr;
+                if d <= 0.0 {
+                    f64::NAN
+                } else {
+                    ss / d
+                }
+            }
+            _ => unreachable!("moments_by_runs takes sum, mean and variance"),
+        };
+        *of.get().add(ob) = r as f32;
+    });
+    true
+}
+
+/// Sum / mean / variance of float32 when the kept dims form one contiguous run in `x` and in
+/// `out` (a bias gradient: the sum over the rows of a matrix; a per-channel statistic of a
+/// channels-last tensor): whole rows added into float64 accumulators, vectorised, instead of
+/// walking each output's strided column; the variance in a second sweep over the deviations.
+/// False, having done nothing, for any other layout.
+///
+/// # Safety
+/// As `reduce`.
+unsafe fn moments_by_kept_rows(mem: &Mem, kind: Red, x: &View, out: &View, red: &[usize], n: usize) -> bool {
+    let nd = x.rank();
+    let kept: Vec<usize> = (0..nd).filter(|&d| !red.contains(&d) && x.sizes[d] != 1).collect();
+    let run = |strides: &[usize]| {
+        let mut acc = 1;
+        for &d in kept.iter().rev() {
+            if strides[d] != acc {
+                return false;
+            }
+            acc *= x.sizes[d];
+        }
+        true
+    };
+    if kept.is_empty() || !run(&x.strides) || !run(&out.strides) {
+        return false;
+    }
+    let rsz: Vec<usize> = red.iter().map(|&d| x.sizes[d]).collect();
+    let rst: Vec<usize> = red.iter().map(|&d| x.strides[d]).collect();
+    let outer = out.numel();
+    let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
+    const CH: usize = 512;
+    let chunk = |c: usize| {
+        let (lo, hi) = (c * CH, ((c + 1) * CH).min(outer));
+        let mut acc = [0f64; CH];
+        let acc = &mut acc[..hi - lo];
+        for_each(&rsz, [&rst], |[off]| {
+            let row = std::slice::from_raw_parts(xf.get().add(off + lo), hi - lo);
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += v as f64;
+            }
+        });
+        if let Red::Var(corr) = kind {
+            let mut mu = [0f64; CH];
+            let mu = &mut mu[..hi - lo];
+            for (m, a) in mu.iter_mut().zip(acc.iter_mut()) {
+                *m = *a / n as f64;
+                *a = 0.0;
+            }
+            for_each(&rsz, [&rst], |[off]| {
+                let row = std::slice::from_raw_parts(xf.get().add(off + lo), hi - lo);
+                for ((a, &m), &v) in acc.iter_mut().zip(mu.iter()).zip(row) {
+                    let d = v as f64 - m;
+                    *a += d * d;
+                }
+            });
+            let d = n as f64 - corr;
+            for (j, &a) in acc.iter().enumerate() {
+                *of.get().add(lo + j) = if d <= 0.0 { f32::NAN } else { (a / d) as f32 };
+            }
+            return;
+        }
+        let scale = if kind == Red::Mean { 1.0 / n as f64 } else { 1.0 };
+        for (j, &a) in acc.iter().enumerate() {
+            *of.get().add(lo + j) = (a * scale) as f32;
+        }
+    };
+    par_rows(outer.div_ceil(CH), outer * n, chunk);
+    true
 }
 
 pub use steps::STEPS;

@@ -39,6 +39,11 @@ fn sum_impl(row: &[f32]) -> f64 {
     sum_by(row, |v| v)
 }
 
+#[inline(always)]
+fn sum_sq_dev_impl(row: &[f32], mu: f32) -> f64 {
+    sum_by(row, |v| (v - mu) * (v - mu))
+}
+
 /// Mean, then the mean square deviation from it (two passes: no cancellation), then
 /// `y = (x - mean) * rstd * w + b`; returns (mean, rstd).
 #[inline(always)]
@@ -131,6 +136,10 @@ macro_rules! dispatched {
 dispatched!(
     /// The sum of a row, in float64.
     fn sum(row: &[f32]) -> f64 = sum_impl
+);
+dispatched!(
+    /// The sum of the squared deviations of a row from `mu`, in float64 across blocks.
+    fn sum_sq_dev(row: &[f32], mu: f32) -> f64 = sum_sq_dev_impl
 );
 dispatched!(
     /// Layer norm of the row `x` into `y` (at least as long), with optional weight and bias of
