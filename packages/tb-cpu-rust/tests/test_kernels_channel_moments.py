@@ -24,9 +24,9 @@ def test_per_channel_mean_sum_and_variance(shape: tuple[int, int, int, int], lay
     dims = (0, 2, 3)
     check_native(lambda x: x.mean(dims, keepdim=True), x, rtol=1e-5, atol=1e-5)
     check_native(lambda x: x.sum(dims), x, rtol=1e-5, atol=1e-4)
-    for correction in (0, 1):
-        check_native(lambda x: torch.var(x, dims, correction=correction), x, rtol=1e-5, atol=1e-5)
-        check_native(lambda x: torch.var_mean(x, dims, correction=correction, keepdim=True), x, rtol=1e-5, atol=1e-5)
+    for c in (0, 1):
+        check_native(lambda x, c=c: torch.var(x, dims, correction=c), x, rtol=1e-5, atol=1e-5)
+        check_native(lambda x, c=c: torch.var_mean(x, dims, correction=c, keepdim=True), x, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dims", [(0, 2), (1, 3), (0, 1, 3), (2, 3), (3,)])

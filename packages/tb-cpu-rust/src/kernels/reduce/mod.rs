@@ -36,10 +36,9 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
     let n: usize = rsz.iter().product();
     let outer: usize = out.numel();
     let xk: Vec<usize> = (0..nd).map(|d| if red.contains(&d) { 0 } else { x.strides[d] }).collect();
-    if matches!(kind, Red::Sum | Red::Mean | Red::Var(_)) && x.dtype == DType::F32 && out.dtype == DType::F32 && n > 0 {
-        if moments_by_runs(mem, kind, x, out, &red, &xk, n) || moments_by_kept_rows(mem, kind, x, out, &red, n) {
-            return;
-        }
+    let f32_moments = matches!(kind, Red::Sum | Red::Mean | Red::Var(_)) && x.dtype == DType::F32 && out.dtype == DType::F32;
+    if f32_moments && n > 0 && (moments_by_runs(mem, kind, x, out, &red, &xk, n) || moments_by_kept_rows(mem, kind, x, out, &red, n)) {
+        return;
     }
     let px = mem.byte_ptr(x);
     let po = SPtr(mem.byte_ptr(out));
