@@ -495,16 +495,44 @@ def test_segment_lengths_that_do_not_cover_the_axis_raise() -> None:
         compiled(torch.randn(5), torch.tensor([1, 2]))
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8, 9), (3, 7, 6)])
-def test_max_pool2d_backward_matches_torch(shape: tuple[int, ...]) -> None:
-    x = torch.randn(*shape)
-    y, idx = torch.nn.functional.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+@pytest.mark.parametrize(
+    ("shape", "channels_last"),
+    [
+        ((2, 3, 8, 9), False),
+        ((3, 7, 6), False),
+        ((16, 32, 32, 32), False),
+        ((1, 1, 2, 2), False),
+        ((4, 8, 10, 12), True),
+    ],
+)
+@pytest.mark.parametrize("window", [(3, 2, 1), (2, 2, 0), (2, 1, 0)])  # kernel, stride, padding
+def test_max_pool2d_backward_matches_torch(
+    shape: tuple[int, ...], channels_last: bool, window: tuple[int, int, int]
+) -> None:
+    """Overlapping windows add several gradients into one input; 16 x 32 planes run on threads."""
+    k, st, pad = window
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + k))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y, idx = torch.nn.functional.max_pool2d(x, k, stride=st, padding=pad, return_indices=True)
     gy = torch.randn_like(y)
 
     def fn(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i)
+        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, [k, k], [st, st], [pad, pad], [1, 1], False, i)
 
     _close(_run_native(fn, gy, x, idx), fn(gy, x, idx))
+
+
+def test_max_pool2d_backward_rejects_an_index_outside_the_plane() -> None:
+    x = torch.randn(2, 3, 8, 8)
+    y, idx = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    idx[1, 2, 3, 3] = 64
+
+    def fn(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, i)
+
+    with pytest.raises(Exception, match="outside"):
+        _run_native(fn, torch.ones_like(y), x, idx)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])

@@ -4,6 +4,8 @@
 
 use crate::core::element::load_i64;
 use crate::core::mem::Mem;
+use crate::core::par::par_rows;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use crate::core::tensor::{need, DType, Result, View};
 use crate::kernels::registry::{kernel, Args, Built, StepDef};
 
@@ -134,26 +136,41 @@ impl PoolBwd {
         let (pg, pi, po) = (mem.ptr::<f32>(g), mem.ptr::<i64>(idx), mem.ptr::<f32>(gi));
         let (h, w) = (gi.sizes[2], gi.sizes[3]);
         let plane = (h * w) as i64;
-        for n in 0..gi.sizes[0] {
-            for c in 0..gi.sizes[1] {
-                let ob = n * gi.strides[0] + c * gi.strides[1];
+        // a plane of the input gradient stored row after row: the index is the offset in it
+        let dense = gi.strides[3] == 1 && gi.strides[2] == w;
+        let (ch, oh, ow) = (gi.sizes[1], g.sizes[2], g.sizes[3]);
+        // planes are independent (every index points into its own plane): one task per plane
+        let (bad, bad_k) = (AtomicBool::new(false), AtomicI64::new(0));
+        par_rows(gi.sizes[0] * ch, gi.numel() + 2 * g.numel(), |p| {
+            let (n, c) = (p / ch, p % ch);
+            let ob = po.get().add(n * gi.strides[0] + c * gi.strides[1]);
+            if dense {
+                std::slice::from_raw_parts_mut(ob, h * w).fill(0.0);
+            } else {
                 for y in 0..h {
                     for x in 0..w {
-                        *po.add(ob + y * gi.strides[2] + x * gi.strides[3]) = 0.0;
-                    }
-                }
-                for oy in 0..g.sizes[2] {
-                    for ox in 0..g.sizes[3] {
-                        let at = |v: &View| n * v.strides[0] + c * v.strides[1] + oy * v.strides[2] + ox * v.strides[3];
-                        let k = *pi.add(at(idx));
-                        if k < 0 || k >= plane {
-                            return Err(format!("max_pool2d backward: index {k} is outside a {h}x{w} plane"));
-                        }
-                        let (y, x) = (k as usize / w, k as usize % w);
-                        *po.add(ob + y * gi.strides[2] + x * gi.strides[3]) += *pg.add(at(g));
+                        *ob.add(y * gi.strides[2] + x * gi.strides[3]) = 0.0;
                     }
                 }
             }
+            let (gb, ib) = (pg.get().add(n * g.strides[0] + c * g.strides[1]), pi.get().add(n * idx.strides[0] + c * idx.strides[1]));
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let k = *ib.add(oy * idx.strides[2] + ox * idx.strides[3]);
+                    if k < 0 || k >= plane {
+                        bad_k.store(k, Ordering::Relaxed);
+                        bad.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    let k = k as usize;
+                    let at = if dense { k } else { k / w * gi.strides[2] + k % w * gi.strides[3] };
+                    *ob.add(at) += *gb.add(oy * g.strides[2] + ox * g.strides[3]);
+                }
+            }
+        });
+        if bad.load(Ordering::Relaxed) {
+            let k = bad_k.load(Ordering::Relaxed);
+            return Err(format!("max_pool2d backward: index {k} is outside a {h}x{w} plane"));
         }
         Ok(())
     }
