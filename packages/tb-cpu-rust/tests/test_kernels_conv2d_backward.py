@@ -108,6 +108,8 @@ CASES = [
     ((2, 8, 12, 12), 6, 3, {"dilation": 2, "padding": 2}),
     ((2, 8, 8, 8), 4, 3, {"groups": 2, "padding": 1}),
     ((2, 8, 9, 7), 8, (3, 5), {"padding": (0, 1)}),
+    # a weight gradient past dot_rows' 20 K outputs (64 x 576): the packing GEMM's side
+    ((2, 64, 6, 6), 64, 3, {"padding": 1}),
 ]
 
 #: cases also run channels_last: 1x1, 3x3, strided 7x7, 1x1 strided, grouped, depthwise x2, wide K

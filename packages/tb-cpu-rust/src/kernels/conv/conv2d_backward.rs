@@ -23,7 +23,7 @@
 use super::conv2d::{im2col_nchw, im2col_nhwc, valid_cols, Geom};
 use crate::core::mem::{Mem, SPtr};
 use crate::core::tensor::View;
-use crate::kernels::gemm::{sgemm, Mat};
+use crate::kernels::gemm::{dot_rows, sgemm, Mat};
 
 /// Floats of im2col buffer one task fills before its GEMM (as the forward: a chunk in L2).
 const COL_BUDGET: usize = 1 << 18;
@@ -289,6 +289,19 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum::<f32>()
 }
 
+/// Whether the weight gradient's per-image product `gW (ocg × kk) += gY · colᵀ` runs as dot
+/// products of rows (`dot_rows`) rather than through the packing GEMM: where the gradient is
+/// small (up to 20 K outputs per group, 80 KiB), so packing each operand for its single use costs
+/// as much as the product. Measured per image, 1 thread (`benchmarks/bench_cnn_training.py`
+/// shapes): 3 → 32 channels (864 outputs) 2.7× faster, 16 → 16 (2304) 1.2×, 32 → 64 (18432)
+/// 1.2×; 64 → 64 (36864) 0.94×, 128 → 128 0.8×, so those keep the GEMM.
+fn use_dots(ocg: usize, kk: usize) -> bool {
+    ocg * kk <= DOTS_MAX_OUTPUTS
+}
+
+/// The largest weight gradient (per group) `use_dots` sends to the dot-product kernel.
+const DOTS_MAX_OUTPUTS: usize = 20_000;
+
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_grad_weight(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape, g: Geom, threads: usize) {
     let (ocg, kk) = (s.oc / g.groups, s.kk);
@@ -315,6 +328,10 @@ unsafe fn gemm_grad_weight(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape,
                         im2col_nchw(xb, xs, s.cg, s.hh, s.ww, s.kh, s.kw, g, r0, r1, s.ow, &mut col[..kk * cols]);
                         Mat { p: SPtr(col.as_mut_ptr()), rs: 1, cs: cols as isize }
                     };
+                    if !direct && ys[3] == 1 && use_dots(ocg, kk) {
+                        dot_rows::gemm_abt_add(ocg, kk, cols, a.p.get(), ys[1], col.as_ptr(), cols, sums.add(gi * ocg * kk), kk);
+                        continue;
+                    }
                     let c = Mat { p: SPtr(sums.add(gi * ocg * kk)), rs: kk as isize, cs: 1 };
                     sgemm(ocg, kk, cols, a, b, c, 1.0, true, gemm_threads);
                 }

@@ -6,6 +6,7 @@
 //! default (see README).
 
 pub mod bf16;
+pub mod dot_rows;
 pub mod epilogue;
 pub mod gemv;
 pub mod gemv_pairs;
