@@ -96,6 +96,13 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         "(A B B A … for two; `benchmarks/harness.py` `round_order`); ratios are eager time ÷ contender time (> 1 is faster than eager). "
         "Suites measured before 2026-12-06 (machine not recorded) ran eager first in every round, which slowed it by up to 2× "
         "on convolutional models (MobileNet block eager 8.4 ms in that order, 4.0 ms rotated): their ratios over eager read high.",
+        "The model-set and CNN-training rows count each contender's page faults per call (`harness.faults_per_call`): eager "
+        "PyTorch allocates every large intermediate afresh and glibc's malloc returns multi-MiB blocks to the kernel on free, "
+        "so each call faults their pages in again, while a compiled plan reuses its buffers. On a VM where faults are dear "
+        "that is a large share of eager's time (2026-12-06, AMD EPYC VM: MobileNet block eager 17.5 ms with the default "
+        "malloc, 4.9 ms under `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`), so speed-ups over eager "
+        "on convolutional models differ between machines by more than the kernels do; inductor's column pays for its own "
+        "allocations and is the steadier comparison.",
         "",
     ]
     # each suite's days and machines (rows stored before the machine was recorded say so: the VM

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from benchmarks.bench_models import CNN
-from benchmarks.harness import interleaved
+from benchmarks.harness import faults_per_call, interleaved
 
 #: the CNN training step's batch (issue 23: batch 32, SGD or Adam)
 BATCH = 32
@@ -112,11 +112,12 @@ def run(threads: int = 2, only: set[str] | None = None, repeats: int = 9) -> lis
         assert abs(first["torchburn"] - first["eager"]) < 1e-3, first
         for n in counts:
             torch.set_num_threads(n)
-            rows.append(
-                _row(
-                    "train_cnn", f"CNN training step (fwd+loss+bwd+SGD), batch {BATCH}", n, interleaved(steps, repeats)
-                )
+            row = _row(
+                "train_cnn", f"CNN training step (fwd+loss+bwd+SGD), batch {BATCH}", n, interleaved(steps, repeats)
             )
+            faults = {name: faults_per_call(fn) for name, fn in steps.items()}
+            row["notes"] = "page faults per step: " + ", ".join(f"{k} {v:.0f}" for k, v in faults.items())
+            rows.append(row)
     for key, (desc, *case) in BACKWARD_SHAPES.items():
         if only and key not in only:
             continue

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.harness import interleaved
+from benchmarks.harness import faults_per_call, interleaved
 
 # -- the models ------------------------------------------------------------------------------
 
@@ -205,10 +205,13 @@ def _measure(
             for _ in range(ROUTING_CALLS):
                 tb(*inputs)
             native, routed, fallback = _coverage(lambda: tb(*inputs))
-            times = interleaved(
-                {"eager": lambda: model(*inputs), "torchburn": lambda: tb(*inputs), "inductor": lambda: ind(*inputs)},
-                repeats=repeats,
-            )
+            contenders = {
+                "eager": lambda: model(*inputs),
+                "torchburn": lambda: tb(*inputs),
+                "inductor": lambda: ind(*inputs),
+            }
+            times = interleaved(contenders, repeats=repeats)
+            faults = {name: faults_per_call(fn) for name, fn in contenders.items()}
             rows.append(
                 {
                     "suite": "models",
@@ -219,7 +222,9 @@ def _measure(
                     "eager_s": times["eager"],
                     "torchburn_s": times["torchburn"],
                     "inductor_s": times["inductor"],
-                    "notes": f"ops on an engine {native}, routed to eager {routed}, fallback {fallback}",
+                    "notes": f"ops on an engine {native}, routed to eager {routed}, fallback {fallback}; "
+                    f"page faults per call: eager {faults['eager']:.0f}, torchburn {faults['torchburn']:.0f}, "
+                    f"inductor {faults['inductor']:.0f}",
                 }
             )
     return rows

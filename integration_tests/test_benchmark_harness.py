@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.harness import interleaved_samples, round_order
+from benchmarks.harness import faults_per_call, interleaved_samples, round_order
 
 
 def test_two_contenders_alternate_abba() -> None:
@@ -33,3 +33,25 @@ def test_samples_follow_the_round_order() -> None:
     assert {k: len(v) for k, v in samples.items()} == {"A": 6, "B": 6, "C": 6}
     timed = calls[6:]  # after two warm-up calls each
     assert timed == [name for r in range(6) for name in round_order(list("ABC"), r)]
+
+
+def test_page_faults_are_counted_per_call() -> None:
+    """A call that writes every page of a fresh 4 MiB anonymous mapping faults each page in (1024
+    pages of 4 KiB, or fewer huge pages where the kernel gives them); one that rewrites a mapping
+    it keeps takes none."""
+    import mmap
+
+    size = 4 << 20
+    kept = mmap.mmap(-1, size)
+
+    def touch(m: mmap.mmap) -> None:
+        for off in range(0, size, 4096):
+            m[off] = 1
+
+    def fresh() -> None:
+        m = mmap.mmap(-1, size)
+        touch(m)
+        m.close()
+
+    assert faults_per_call(fresh, calls=5) >= 2
+    assert faults_per_call(lambda: touch(kept), calls=5) < 2
