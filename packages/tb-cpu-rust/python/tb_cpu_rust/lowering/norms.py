@@ -118,6 +118,25 @@ def _normalise(lw: Lowerer, x: int, mean: int, rstd: int, weight: int | None, bi
     lw.steps.append(S.Ew("f32", ins, [y], prog))
 
 
+def _scale_shift(lw: Lowerer, mean: int, rstd: int, w_arg: Any, b_arg: Any, c: int) -> tuple[int, int]:
+    """Per channel ``scale = rstd · weight`` and ``shift = bias − mean · scale`` (C,)."""
+    scale, shift = lw.temp([c]), lw.temp([c])
+    ins, prog, r = [rstd, mean], [S.load(0, 0), S.load(1, 1)], 0
+    if w_arg is not None:
+        ins.append(lw.value(w_arg))
+        prog += [S.load(2, len(ins) - 1), S.instr("mul", 3, [0, 2])]
+        r = 3
+    prog += [S.store(0, r), S.instr("mul", 4, [1, r])]
+    if b_arg is not None:
+        ins.append(lw.value(b_arg))
+        prog += [S.load(5, len(ins) - 1), S.instr("sub", 6, [5, 4], [1.0])]
+    else:
+        prog.append(S.instr("neg", 6, [4]))
+    prog.append(S.store(1, 6))
+    lw.steps.append(S.Ew("f32", ins, [scale, shift], prog))
+    return scale, shift
+
+
 def _rstd(lw: Lowerer, var: int, rstd: int, eps: float) -> None:
     prog = [
         S.load(0, 0),
@@ -130,7 +149,7 @@ def _rstd(lw: Lowerer, var: int, rstd: int, eps: float) -> None:
 
 
 @register_lowering(*BATCH_NORMS, check=_check)
-def _batch_norm(lw: Lowerer, node: Any) -> tuple[int, ...]:
+def _batch_norm(lw: Lowerer, node: Any) -> tuple[Any, ...]:
     """Batch norm that normalises by the batch's own statistics (or, in eval mode, the running
     ones); the functional form also returns the updated running statistics."""
     op, a = node.op, list(node.args)
@@ -157,12 +176,13 @@ def _batch_norm(lw: Lowerer, node: Any) -> tuple[int, ...]:
         mean, var = lw.value(rm_arg), lw.value(rv_arg)
     rstd = lw.temp([c])
     _rstd(lw, var, rstd, eps)
-    y = lw.fresh(outs[0])
-    mean_c, rstd_c = (_channel_view(lw, v, sizes) for v in (mean, rstd))
-    weight = _channel_view(lw, lw.value(w_arg), sizes) if w_arg is not None else None
-    bias = _channel_view(lw, lw.value(b_arg), sizes) if b_arg is not None else None
-    _normalise(lw, x, mean_c, rstd_c, weight, bias, y)
-    results = [y]
+    scale, shift = _scale_shift(lw, mean, rstd, w_arg, b_arg, c)
+    # y = x · scale + shift, as ATen's CPU kernel computes it, left open in the elementwise group:
+    # the ReLU after a batch norm fuses into the same sweep and y is never stored
+    g = lw.open_group(tuple(sizes), "f32", node.args)
+    t = g.emit("mul", [lw.operand(g, x_arg), g.load(_channel_view(lw, scale, sizes))])
+    t = g.emit("add", [t, g.load(_channel_view(lw, shift, sizes))], [1.0])
+    results: list[Any] = [Lazy(g, t, outs[0])]
     for m, v in zip(outs[1:3], (mean, rstd)):
         o = lw.fresh(m)
         if training:
