@@ -35,15 +35,34 @@ def round_order(names: list[str], r: int) -> list[str]:
     return order[::-1] if (r // n) % 2 else order
 
 
+def settle(fn: Callable[[], Any], most: int = 64) -> int:
+    """Calls ``fn`` until a call runs no compiled partition whose route is still being measured
+    (``torchburn.routing.measured_calls`` unchanged by it), at most ``most`` times; returns the
+    calls made. A torchburn contender measures each partition against eager during its first
+    ~22 calls (half of them on the eager path): timing those would report the measurement's mix,
+    not the path it settles on. Every contender is called at least twice."""
+    fn()  # compiles: its partitions may start measuring only from the next call
+    try:
+        from torchburn.routing import measured_calls
+    except ImportError:
+        return 1
+    for calls in range(2, most + 1):
+        before = measured_calls()
+        fn()
+        if measured_calls() == before:
+            return calls
+    return most
+
+
 def interleaved_samples(
     fns: dict[str, Callable[[], Any]], repeats: int = 9, min_time: float = 0.02
 ) -> dict[str, list[float]]:
     """Every sample (seconds per call) of each function, taken in alternation, the order changing
-    each round (``round_order``), after one warm-up call; a sample times enough calls to last
+    each round (``round_order``), after warming each up (``settle``); a sample times enough calls to last
     ``min_time`` (at least one)."""
     inner = {}
     for name, fn in fns.items():
-        fn()  # warm-up (and compile)
+        settle(fn)  # warm-up: compile, and let torchburn's routes finish measuring
         start = time.perf_counter()
         fn()
         one = max(time.perf_counter() - start, 1e-7)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.harness import faults_per_call, interleaved_samples, round_order
+from benchmarks.harness import faults_per_call, interleaved_samples, round_order, settle
 
 
 def test_two_contenders_alternate_abba() -> None:
@@ -31,7 +31,7 @@ def test_samples_follow_the_round_order() -> None:
     fns = {name: (lambda name=name: calls.append(name)) for name in "ABC"}
     samples = interleaved_samples(fns, repeats=6, min_time=0.0)
     assert {k: len(v) for k, v in samples.items()} == {"A": 6, "B": 6, "C": 6}
-    timed = calls[6:]  # after two warm-up calls each
+    timed = calls[9:]  # after three warm-up calls each (settle's two, the sizing one)
     assert timed == [name for r in range(6) for name in round_order(list("ABC"), r)]
 
 
@@ -55,3 +55,38 @@ def test_page_faults_are_counted_per_call() -> None:
 
     assert faults_per_call(fresh, calls=5) >= 2
     assert faults_per_call(lambda: touch(kept), calls=5) < 2
+
+
+def test_settle_warms_until_no_route_is_measuring() -> None:
+    """A function whose first 5 calls run partitions still being measured is called a 6th time."""
+    from torchburn import routing
+
+    calls: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        if len(calls) <= 5:
+            routing._count_measured_call()
+
+    assert settle(fn) == 6 and len(calls) == 6
+    assert settle(lambda: None) == 2
+
+
+def test_settle_reaches_a_compiled_functions_pinned_routes() -> None:
+    """After settle, a torchburn-compiled function's calls measure nothing more: its partitions
+    are pinned (routing on, as users run it; the test sessions switch it off by default)."""
+    import torch
+
+    from torchburn import routing
+
+    fn = torch.compile(
+        lambda x: torch.nn.functional.gelu(x @ x) * 2,
+        backend="torchburn",
+        options={"warn": False, "cache": False, "routing": "measure"},
+    )
+    x = torch.randn(64, 64)
+    n = settle(lambda: fn(x))
+    assert n > 2  # it measured first
+    before = routing.measured_calls()
+    fn(x)
+    assert routing.measured_calls() == before

@@ -245,6 +245,7 @@ class LowPrecisionRoute:
         if settling is not None:
             if settling < SETTLE_CALLS and self._pending():
                 self._settling = settling + 1
+                routing._count_measured_call()
                 return self.wide(*args)
             self._settling = None
         if len(self._pinned) + len(self._runs) >= MAX_KEYS and key not in self._runs:
@@ -258,6 +259,7 @@ class LowPrecisionRoute:
         return self.traced(*args) if traced else self.wide(*args)
 
     def _measured_call(self, key: Hashable, args: tuple[Any, ...]) -> Any:
+        routing._count_measured_call()
         with self._lock:
             run = self._runs.setdefault(key, _Blocks())
             path, timed = run.next_path()

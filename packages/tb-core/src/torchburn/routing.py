@@ -77,6 +77,23 @@ FORMAT = 2
 ENGINE = "engine"
 EAGER = "eager"
 
+#: Calls made while a partition was still being measured, in this process (``measured_calls``).
+_MEASURED_CALLS = 0
+
+
+def measured_calls() -> int:
+    """How many calls of compiled partitions ran while their route was still being measured (this
+    route or the whole-graph one, ``torchburn.low_precision_route``), since the process started.
+
+    A benchmark warms a compiled function until a call leaves this count unchanged: from then on
+    it times the steady state, the path each partition pinned, not the measurement's mix of both."""
+    return _MEASURED_CALLS
+
+
+def _count_measured_call() -> None:
+    global _MEASURED_CALLS
+    _MEASURED_CALLS += 1
+
 
 @dataclass
 class Decision:
@@ -330,6 +347,7 @@ class Route:
 
     # -- measuring ---------------------------------------------------------------------------
     def _measured_call(self, args: tuple[Any, ...]) -> Any:
+        _count_measured_call()
         threads = torch.get_num_threads()
         with self._lock:
             run = self._runs.get(threads)
@@ -433,6 +451,7 @@ __all__ = [
     "build_route",
     "decide",
     "estimate",
+    "measured_calls",
     "node_effect",
     "not_measured_reason",
     "route_key",
