@@ -176,12 +176,12 @@ def _batch_norm(lw: Lowerer, node: Any) -> tuple[Any, ...]:
         mean, var = lw.value(rm_arg), lw.value(rv_arg)
     rstd = lw.temp([c])
     _rstd(lw, var, rstd, eps)
-    scale, shift = _scale_shift(lw, mean, rstd, w_arg, b_arg, c)
+    scale_c, shift_c = _scale_shift(lw, mean, rstd, w_arg, b_arg, c)
     # y = x · scale + shift, as ATen's CPU kernel computes it, left open in the elementwise group:
     # the ReLU after a batch norm fuses into the same sweep and y is never stored
     g = lw.open_group(tuple(sizes), "f32", node.args)
-    t = g.emit("mul", [lw.operand(g, x_arg), g.load(_channel_view(lw, scale, sizes))])
-    t = g.emit("add", [t, g.load(_channel_view(lw, shift, sizes))], [1.0])
+    t = g.emit("mul", [lw.operand(g, x_arg), g.load(_channel_view(lw, scale_c, sizes))])
+    t = g.emit("add", [t, g.load(_channel_view(lw, shift_c, sizes))], [1.0])
     results: list[Any] = [Lazy(g, t, outs[0])]
     for m, v in zip(outs[1:3], (mean, rstd)):
         o = lw.fresh(m)
