@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_models import ROUTING_CALLS
-from benchmarks.harness import first_call, interleaved
+from benchmarks.harness import first_call, interleaved, settle
 
 BF16 = torch.bfloat16
 
@@ -53,7 +52,6 @@ def _case(
     model: torch.nn.Module, args: tuple[Any, ...], autocast: bool, inductor: bool
 ) -> tuple[dict[str, float], float, int, int]:
     import torchburn
-    from torchburn.low_precision_route import MEASURE_CALLS, SETTLE_CALLS
 
     ctx: Callable[[], Any] = (lambda: torch.autocast("cpu", dtype=BF16)) if autocast else contextlib.nullcontext
 
@@ -72,8 +70,7 @@ def _case(
         cov = torchburn.op_coverage()
         # routing by measurement decides first (a user's steady state): the partitions, then the
         # widened graph against the graph as traced
-        for _ in range(SETTLE_CALLS + max(ROUTING_CALLS, MEASURE_CALLS)):
-            call(tb)()
+        settle(call(tb))
         torchburn.reset_stats()
         call(tb)()
         cov["routed"] = torchburn.op_coverage().get("routed", {})

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.harness import faults_per_call, interleaved
+from benchmarks.harness import faults_per_call, interleaved, settle
 
 # -- the models ------------------------------------------------------------------------------
 
@@ -173,11 +173,6 @@ MODELS: dict[str, tuple[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, .
 # -- measuring ---------------------------------------------------------------------------------
 
 
-# Routing by measurement (docs/architecture.md) decides each partition within its first 22 calls
-# per thread count; the timed calls come after it, as a user's steady state does.
-ROUTING_CALLS = 24
-
-
 def _coverage(compiled: Callable[[], Any]) -> tuple[int, int, int]:
     """(ops on an engine, ops routed to eager by measurement, fallback ops) of one call."""
     import torchburn
@@ -202,8 +197,8 @@ def _measure(
         torch.testing.assert_close(tb(*inputs), model(*inputs), rtol=1e-3, atol=1e-3)  # a wrong answer is no speed-up
         for n in counts:
             torch.set_num_threads(n)
-            for _ in range(ROUTING_CALLS):
-                tb(*inputs)
+            # routing by measurement decides first (a user's steady state), then coverage is read
+            settle(lambda: tb(*inputs))
             native, routed, fallback = _coverage(lambda: tb(*inputs))
             contenders = {
                 "eager": lambda: model(*inputs),

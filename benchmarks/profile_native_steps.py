@@ -3,6 +3,10 @@ set run through ``Executor.run_profiled`` (one clock read per step), summed by s
 the whole call's eager and torchburn time (same run, interleaved medians).
 
     python -m benchmarks.profile_native_steps --only qwen2,llama [--threads 1] [--calls 20]
+    python -m benchmarks.profile_native_steps --train [--threads 1]   # the CNN training step
+
+``--train``: the bench CNN's training step (``benchmarks.bench_cnn_training``: batch 32, SGD), its
+forward and backward programs step by step (training-mode batch norm, pool backward, conv backward).
 
 Routing by measurement is switched off here (``TORCHBURN_ROUTING=off``): this shows the native
 path itself. Step times are medians over ``--calls`` profiled calls.
@@ -72,11 +76,54 @@ def profile(key: str, threads: int, calls: int) -> None:
         print(f"  {kind:<22} x{counts[kind]:<4} {1e3 * s:8.3f} ms  {100 * s / total:5.1f}%")
 
 
+def profile_training(threads: int, calls: int) -> None:
+    """Each native program of the CNN training step (forward, backward), step by step."""
+    from benchmarks.bench_cnn_training import BATCH
+    from benchmarks.bench_models import CNN
+    from tb_cpu_rust import program as prog
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+    torch.manual_seed(0)
+    model = CNN()
+    run = torch.compile(model, backend="torchburn", options={"warn": False})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(run(x), t).backward()
+        opt.step()
+
+    step()
+    seen: list[tuple[Any, list[Any]]] = []
+    original = prog.NativeProgram.__call__
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen.append((self, [*args, *self._constants]))
+        return original(self, *args)
+
+    prog.NativeProgram.__call__ = spy  # type: ignore[method-assign]
+    try:
+        step()
+    finally:
+        prog.NativeProgram.__call__ = original  # type: ignore[method-assign]
+    print(f"\nCNN training step, batch {BATCH}, {threads} thread(s), {len(seen)} native program(s)")
+    for i, (program, tensors) in enumerate(seen):
+        bufs = [torch.empty_strided(s, st, dtype=d) for s, st, d in program._alloc]
+        runs = [program.executor.run_profiled(tensors, bufs) for _ in range(calls)]
+        times = [statistics.median(r[k][1] for r in runs) for k in range(len(runs[0]))]
+        print(f"  program {i}: {1e3 * sum(times):.3f} ms")
+        for k, ms in enumerate(times):
+            print(f"    {k:>3} {runs[0][k][0]:<22} {1e3 * ms:8.3f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="transformer_layer,bert,gpt2,qwen2,llama,vit")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--train", action="store_true", help="the CNN training step instead of --only's models")
     args = ap.parse_args()
     os.environ["TORCHBURN_ROUTING"] = "off"
     import warnings
@@ -84,6 +131,9 @@ def main() -> None:
     import torchburn
 
     warnings.filterwarnings("ignore", category=torchburn.TorchburnFallbackWarning)
+    if args.train:
+        profile_training(args.threads, args.calls)
+        return
     for key in args.only.split(","):
         profile(key, args.threads, args.calls)
 

@@ -276,19 +276,6 @@ fn sum(v: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
 
-/// The dot product of two equally long slices in 8 independent lanes.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (mut ca, mut cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for q in 0..8 {
-            acc[q] += x[q] * y[q];
-        }
-    }
-    acc.iter().sum::<f32>() + ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum::<f32>()
-}
-
 /// Whether the weight gradient's per-image product `gW (ocg × kk) += gY · colᵀ` runs as dot
 /// products of rows (`dot_rows`) rather than through the packing GEMM: where the gradient is
 /// small (up to 20 K outputs per group, 80 KiB), so packing each operand for its single use costs
@@ -521,7 +508,7 @@ unsafe fn dw_grad_weight(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape, g
                             }
                             &xrow[..hi - lo]
                         };
-                        taps[a * s.kw + b] += dot(&gyr[lo..hi], xr) as f64;
+                        taps[a * s.kw + b] += dot_rows::dot(&gyr[lo..hi], xr) as f64;
                     }
                 }
             }

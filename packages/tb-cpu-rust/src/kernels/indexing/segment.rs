@@ -5,9 +5,9 @@
 use crate::core::element::load_i64;
 use crate::core::mem::Mem;
 use crate::core::par::par_rows;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use crate::core::tensor::{need, DType, Result, View};
 use crate::kernels::registry::{kernel, Args, Built, StepDef};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// data (O, N, I), lengths (O, S) or offsets (O, S + 1), out (O, S, I)
 pub struct Segment {

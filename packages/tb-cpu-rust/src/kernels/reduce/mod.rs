@@ -37,7 +37,7 @@ pub unsafe fn reduce(mem: &Mem, kind: Red, x: &View, out: &View) {
     let outer: usize = out.numel();
     let xk: Vec<usize> = (0..nd).map(|d| if red.contains(&d) { 0 } else { x.strides[d] }).collect();
     let f32_moments = matches!(kind, Red::Sum | Red::Mean | Red::Var(_)) && x.dtype == DType::F32 && out.dtype == DType::F32;
-    if f32_moments && n > 0 && (moments_by_runs(mem, kind, x, out, &red, &xk, n) || moments_by_kept_rows(mem, kind, x, out, &red, n)) {
+    if f32_moments && n > 0 && (moments_by_runs(mem, kind, x, out, &red, &xk, n) || moments_by_kept_rows(mem, kind, x, out, &red, &rsz, &rst, n)) {
         return;
     }
     let px = mem.byte_ptr(x);
@@ -191,7 +191,8 @@ unsafe fn moments_by_runs(mem: &Mem, kind: Red, x: &View, out: &View, red: &[usi
 ///
 /// # Safety
 /// As `reduce`.
-unsafe fn moments_by_kept_rows(mem: &Mem, kind: Red, x: &View, out: &View, red: &[usize], n: usize) -> bool {
+#[allow(clippy::too_many_arguments)]
+unsafe fn moments_by_kept_rows(mem: &Mem, kind: Red, x: &View, out: &View, red: &[usize], rsz: &[usize], rst: &[usize], n: usize) -> bool {
     let nd = x.rank();
     let kept: Vec<usize> = (0..nd).filter(|&d| !red.contains(&d) && x.sizes[d] != 1).collect();
     let run = |strides: &[usize]| {
@@ -207,8 +208,6 @@ unsafe fn moments_by_kept_rows(mem: &Mem, kind: Red, x: &View, out: &View, red: 
     if kept.is_empty() || !run(&x.strides) || !run(&out.strides) {
         return false;
     }
-    let rsz: Vec<usize> = red.iter().map(|&d| x.sizes[d]).collect();
-    let rst: Vec<usize> = red.iter().map(|&d| x.strides[d]).collect();
     let outer = out.numel();
     let (xf, of) = (SPtr(mem.byte_ptr(x) as *mut f32), SPtr(mem.byte_ptr(out) as *mut f32));
     const CH: usize = 512;
@@ -216,7 +215,7 @@ unsafe fn moments_by_kept_rows(mem: &Mem, kind: Red, x: &View, out: &View, red: 
         let (lo, hi) = (c * CH, ((c + 1) * CH).min(outer));
         let mut acc = [0f64; CH];
         let acc = &mut acc[..hi - lo];
-        for_each(&rsz, [&rst], |[off]| {
+        for_each(rsz, [rst], |[off]| {
             let row = std::slice::from_raw_parts(xf.get().add(off + lo), hi - lo);
             for (a, &v) in acc.iter_mut().zip(row) {
                 *a += v as f64;
@@ -229,7 +228,7 @@ unsafe fn moments_by_kept_rows(mem: &Mem, kind: Red, x: &View, out: &View, red: 
                 *m = *a / n as f64;
                 *a = 0.0;
             }
-            for_each(&rsz, [&rst], |[off]| {
+            for_each(rsz, [rst], |[off]| {
                 let row = std::slice::from_raw_parts(xf.get().add(off + lo), hi - lo);
                 for ((a, &m), &v) in acc.iter_mut().zip(mu.iter()).zip(row) {
                     let d = v as f64 - m;

@@ -50,7 +50,7 @@ fn sum_sq_dev_impl(row: &[f32], mu: f32) -> f64 {
 fn layer_norm_impl(x: &[f32], y: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) -> (f32, f32) {
     let n = x.len();
     let mu = (sum_by(x, |v| v) / n as f64) as f32;
-    let var = sum_by(x, |v| (v - mu) * (v - mu)) / n as f64;
+    let var = sum_sq_dev_impl(x, mu) / n as f64;
     let rs = (1.0 / (var + eps as f64).sqrt()) as f32;
     let y = &mut y[..n];
     match (w, b) {
