@@ -2,7 +2,7 @@
 set run through ``Executor.run_profiled`` (one clock read per step), summed by step kind, next to
 the whole call's eager and torchburn time (same run, interleaved medians).
 
-    python -m benchmarks.profile_native_steps --only qwen2,llama [--threads 1] [--calls 20]
+    python -m benchmarks.profile_native_steps --only qwen2,llama [--threads 1] [--calls 20] [--steps]
     python -m benchmarks.profile_native_steps --train [--threads 1]   # the CNN training step
 
 ``--train``: the bench CNN's training step (``benchmarks.bench_cnn_training``: batch 32, SGD), its
@@ -48,7 +48,7 @@ def _programs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple
     return compiled, seen
 
 
-def profile(key: str, threads: int, calls: int) -> None:
+def profile(key: str, threads: int, calls: int, steps: bool = False) -> None:
     desc, build = MODELS[key]
     torch.manual_seed(0)
     model, inputs = build()
@@ -59,6 +59,7 @@ def profile(key: str, threads: int, calls: int) -> None:
         times = interleaved({"eager": lambda: model(*inputs), "torchburn": lambda: compiled(*inputs)}, repeats=7)
         by_kind: dict[str, list[float]] = defaultdict(list)
         counts: dict[str, int] = defaultdict(int)
+        in_order: list[tuple[str, float]] = []
         for program, tensors in programs:
             bufs = [torch.empty_strided(s, st, dtype=d) for s, st, d in program._alloc]
             runs = [program.executor.run_profiled(tensors, bufs) for _ in range(calls)]
@@ -66,6 +67,7 @@ def profile(key: str, threads: int, calls: int) -> None:
                 kind = runs[0][step][0]
                 by_kind[kind].append(statistics.median(r[step][1] for r in runs))
                 counts[kind] += 1
+                in_order.append((kind, by_kind[kind][-1]))
     total = sum(sum(v) for v in by_kind.values())
     print(f"\n{key}: {desc}, {threads} thread(s), {len(programs)} native partition(s)")
     print(
@@ -74,6 +76,9 @@ def profile(key: str, threads: int, calls: int) -> None:
     for kind, ts in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
         s = sum(ts)
         print(f"  {kind:<22} x{counts[kind]:<4} {1e3 * s:8.3f} ms  {100 * s / total:5.1f}%")
+    if steps:
+        for k, (kind, t) in enumerate(in_order):
+            print(f"    {k:>3} {kind:<22} {1e3 * t:8.3f} ms")
 
 
 def profile_training(threads: int, calls: int) -> None:
@@ -123,6 +128,7 @@ def main() -> None:
     ap.add_argument("--only", default="transformer_layer,bert,gpt2,qwen2,llama,vit")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--steps", action="store_true", help="also each step in program order")
     ap.add_argument("--train", action="store_true", help="the CNN training step instead of --only's models")
     args = ap.parse_args()
     os.environ["TORCHBURN_ROUTING"] = "off"
@@ -135,7 +141,7 @@ def main() -> None:
         profile_training(args.threads, args.calls)
         return
     for key in args.only.split(","):
-        profile(key, args.threads, args.calls)
+        profile(key, args.threads, args.calls, args.steps)
 
 
 if __name__ == "__main__":

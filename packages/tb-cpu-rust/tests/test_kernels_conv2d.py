@@ -204,6 +204,39 @@ def test_conv_batchnorm_fused(
     assert conv["epilogue"] == want
 
 
+@pytest.mark.parametrize("w", [5, 16, 17, 40, 64, 70])
+@pytest.mark.parametrize(("k", "dil"), [(3, 1), (5, 1), (3, 2)])
+@pytest.mark.parametrize("epilogue", ["bn+add+relu6", "bias+relu", "none"])
+def test_depthwise_stride1_rows_and_epilogue(
+    plans: list[list[dict[str, Any]]], w: int, k: int, dil: int, epilogue: str
+) -> None:
+    """Stride-1 3×3 / 5×5 depthwise planes (the AVX-512 kernel, kernels/conv/depthwise_avx512.rs,
+    where the CPU has it): output widths below, at and past each block of 16 / 32 / 48 / 64
+    columns (a masked last vector), dilation, and the folded norm, residual and activation run on
+    the sums; NaN and ±inf in the input."""
+    torch.manual_seed(0)
+    c = 6
+    conv = nn.Conv2d(c, c, k, padding=dil * (k // 2), dilation=dil, groups=c, bias=epilogue == "bias+relu")
+    bn = _bn(c)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if epilogue == "bn+add+relu6":
+            return F.relu6(bn(conv(x)) + x)
+        if epilogue == "bias+relu":
+            return torch.relu(conv(x))
+        return conv(x)
+
+    x = randn(2, c, 7, w)
+    x[0, 0, 0, 0] = float("nan")
+    x[1, 1, 3, w - 1] = float("inf")
+    x[1, 2, 6, w // 2] = float("-inf")
+    _check(fn, x)
+    steps = [s for p in plans for s in p]
+    assert [s["op"] for s in steps] == ["conv2d"], steps
+    want = {"bn+add+relu6": ["add", "hardtanh:0.0:6.0"], "bias+relu": ["relu"], "none": []}[epilogue]
+    assert steps[0]["epilogue"] == want
+
+
 def test_conv_batchnorm_not_folded_when_conv_result_is_read_twice(plans: list[list[dict[str, Any]]]) -> None:
     conv, bn = nn.Conv2d(4, 4, 3, padding=1, bias=False), _bn(4)
 

@@ -426,25 +426,28 @@ pub(super) unsafe fn im2col_nhwc(xb: *mut f32, xs: &[usize], c: usize, hh: usize
 }
 
 /// One depthwise output plane's operands.
-struct DwArgs {
-    xb: *mut f32,
-    xs: [usize; 2],
-    hh: usize,
-    ww: usize,
-    wp: usize,
-    kh: usize,
-    kw: usize,
-    g: Geom,
-    w: *mut f32,
-    yb: *mut f32,
-    ys: [usize; 2],
-    oh: usize,
-    ow: usize,
+pub(super) struct DwArgs {
+    pub(super) xb: *mut f32,
+    pub(super) xs: [usize; 2],
+    pub(super) hh: usize,
+    pub(super) ww: usize,
+    pub(super) wp: usize,
+    pub(super) kh: usize,
+    pub(super) kw: usize,
+    pub(super) g: Geom,
+    pub(super) w: *mut f32,
+    pub(super) yb: *mut f32,
+    pub(super) ys: [usize; 2],
+    pub(super) oh: usize,
+    pub(super) ow: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn dw_plane_avx512(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+    if super::depthwise_avx512::plane(d, pad, e) {
+        return;
+    }
     dw_plane::<true>(d, pad, acc, e)
 }
 
@@ -454,11 +457,9 @@ unsafe fn dw_plane_avx2(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
     dw_plane::<true>(d, pad, acc, e)
 }
 
-/// One output plane of a depthwise convolution: the input plane is copied into `pad` with its
-/// zero border, then each output row accumulates kh × kw shifted rows of it (no bounds tests;
-/// stride 1 reads contiguous runs, so the loop vectorises along the width).
+/// Copies the input plane into `pad` ((hh + 2 ph) rows of wp floats) with its zero border.
 #[inline(always)]
-unsafe fn dw_plane<const FMA: bool>(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+pub(super) unsafe fn pad_plane(d: &DwArgs, pad: &mut [f32]) {
     let g = d.g;
     let hp = d.hh + 2 * g.ph;
     pad[..g.ph * d.wp].fill(0.0);
@@ -476,7 +477,17 @@ unsafe fn dw_plane<const FMA: bool>(d: &DwArgs, pad: &mut [f32], acc: &mut [f32]
             }
         }
     }
+}
+
+/// One output plane of a depthwise convolution: the input plane is copied into `pad` with its
+/// zero border, then each output row accumulates kh × kw shifted rows of it (no bounds tests;
+/// stride 1 reads contiguous runs, so the loop vectorises along the width).
+#[inline(always)]
+unsafe fn dw_plane<const FMA: bool>(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+    let g = d.g;
+    pad_plane(d, pad);
     let acc = &mut acc[..d.ow];
+
     let (ow, taps) = (d.ow, d.kh * d.kw);
     let mut wv = [0f32; 64];
     let big = taps > wv.len();

@@ -10,6 +10,8 @@ pub mod conv2d;
 pub mod conv2d_backward;
 pub mod conv3d;
 pub mod conv_transpose;
+#[cfg(target_arch = "x86_64")]
+mod depthwise_avx512;
 pub mod pool3d;
 pub mod upsample;
 

@@ -39,6 +39,38 @@ pub struct Epi {
     n: usize,
 }
 
+/// An epilogue step a micro-kernel applies to its accumulators before storing them
+/// (`Epi::in_registers`).
+#[derive(Clone, Copy)]
+pub enum RegOp {
+    Relu,
+    Clamp(f32, f32),
+    /// c += alpha * r[row] (rows `rs` apart, contiguous along the tile's columns), `r` at the
+    /// tile's first element.
+    Add(*const f32, isize, f32),
+}
+
+/// The epilogue of one tile in the form a micro-kernel applies in registers: a bias per row
+/// (NCHW convolutions) or per column (Linear), scaled by `beta`, then up to `MAX_EPI` steps.
+/// Pointers are at the tile's first row / column.
+#[derive(Clone, Copy)]
+pub struct RegEpi {
+    /// bias of row r at `row_bias + r * row_bias_step` (null: none)
+    pub row_bias: *const f32,
+    pub row_bias_step: isize,
+    /// bias of column q at `col_bias + q` (null: none)
+    pub col_bias: *const f32,
+    pub beta: f32,
+    pub ops: [RegOp; MAX_EPI],
+    pub n: usize,
+}
+
+impl RegEpi {
+    pub fn ops(&self) -> &[RegOp] {
+        &self.ops[..self.n]
+    }
+}
+
 impl Default for Epi {
     fn default() -> Epi {
         Epi { bias: None, ops: [EpiOp::Un(Un::Copy); MAX_EPI], n: 0 }
@@ -62,6 +94,44 @@ impl Epi {
 
     pub fn is_empty(&self) -> bool {
         self.bias.is_none() && self.n == 0
+    }
+
+    /// This epilogue for the tile whose first element is (i, j), as a micro-kernel applies it in
+    /// registers: `None` when a step is not one of its forms (another unary op, a bias or
+    /// residual that is not contiguous along the columns or constant along them).
+    ///
+    /// # Safety
+    /// Only computes pointers; they are valid where the epilogue's matrices are.
+    #[inline]
+    pub unsafe fn in_registers(&self, i: usize, j: usize) -> Option<RegEpi> {
+        let at = |m: Mat| m.p.0.offset(i as isize * m.rs + j as isize * m.cs) as *const f32;
+        let mut e = RegEpi {
+            row_bias: std::ptr::null(),
+            row_bias_step: 0,
+            col_bias: std::ptr::null(),
+            beta: 1.0,
+            ops: [RegOp::Relu; MAX_EPI],
+            n: 0,
+        };
+        if let Some((b, beta)) = self.bias {
+            e.beta = beta;
+            match (b.rs, b.cs) {
+                (_, 0) => (e.row_bias, e.row_bias_step) = (at(b), b.rs),
+                (0, 1) => e.col_bias = at(b),
+                _ => return None,
+            }
+        }
+        for op in self.ops() {
+            e.ops[e.n] = match *op {
+                EpiOp::Un(Un::Relu) => RegOp::Relu,
+                EpiOp::Un(Un::Clamp(lo, hi)) => RegOp::Clamp(lo, hi),
+                EpiOp::Un(Un::Copy) => continue,
+                EpiOp::Add(m, alpha) if m.cs == 1 => RegOp::Add(at(m), m.rs, alpha),
+                _ => return None,
+            };
+            e.n += 1;
+        }
+        Some(e)
     }
 
     /// Applies the epilogue to `row`, the elements (i, j..j+row.len()) of the output.
@@ -100,6 +170,21 @@ impl Epi {
         }
         for op in self.ops() {
             match *op {
+                // the activations convolutions and Linear layers end with, in place: a tile row
+                // is a few vectors, so the general path's copy and dispatch cost more than the op
+                // (NaN passes through both comparisons, as in ATen's relu / hardtanh)
+                EpiOp::Un(Un::Relu) => {
+                    for o in row.iter_mut() {
+                        *o = if *o < 0.0 { 0.0 } else { *o };
+                    }
+                }
+                EpiOp::Un(Un::Clamp(lo, hi)) => {
+                    for o in row.iter_mut() {
+                        let v = *o;
+                        *o = if v < lo { lo } else if v > hi { hi } else { v };
+                    }
+                }
+                EpiOp::Un(Un::Copy) => {}
                 EpiOp::Un(u) => {
                     for chunk in row.chunks_mut(64) {
                         let mut tmp = [0f32; 64];

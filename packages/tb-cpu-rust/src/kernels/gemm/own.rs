@@ -22,6 +22,7 @@
 //! holding the others up at the join.
 
 use crate::core::mem::SPtr;
+use crate::kernels::gemm::epilogue::RegEpi;
 use crate::kernels::gemm::{Epi, Mat};
 use std::cell::RefCell;
 
@@ -59,6 +60,20 @@ pub(crate) trait Isa: Copy + Send + Sync + 'static {
     /// # Safety
     /// As `kernel`; B valid for kc steps of NR floats `bs` apart.
     unsafe fn kernel_b_rows(_mv: usize, _kc: usize, _a: *const f32, _b: *const f32, _bs: usize, _c: *mut f32, _rs: isize, _alpha: f32, _acc: bool) -> bool {
+        false
+    }
+    /// The ISA has `kernel_epi`.
+    const EPI_IN_REGS: bool = false;
+    /// As `kernel` (bs = NR: a packed panel; mv = MR) / `kernel_rows` / `kernel_b_rows` for
+    /// rows 0..mv (0 < mv ≤ MR), with the epilogue `e` applied to the accumulators before they
+    /// are stored (`e` built at row 0, this tile's first row `i`): C's tile is written once, instead of written and read back by the epilogue
+    /// (12 rows of an NCHW output 4 KiB apart share an L1 set, so the read-back missed).
+    /// False, touching nothing, where the ISA has none (`EPI_IN_REGS` false).
+    ///
+    /// # Safety
+    /// As `kernel_b_rows`; the epilogue's pointers valid for the tile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel_epi(_mv: usize, _kc: usize, _a: *const f32, _b: *const f32, _bs: usize, _c: *mut f32, _rs: isize, _alpha: f32, _acc: bool, _e: &RegEpi, _i: usize) -> bool {
         false
     }
     /// Packs depth p0..p0+kc, columns j0..j0+nv (nv ≤ NR) of a B whose columns are contiguous
@@ -418,6 +433,9 @@ unsafe fn tiles_b<I: Isa>(
     let j = jp * I::NR;
     let nv = I::NR.min(n - j);
     let packed = bs == I::NR;
+    // the epilogue in the micro-kernel's registers where it has that form (built once per
+    // panel, at row 0: a copy per tile cost a memcpy call each)
+    let reg = if I::EPI_IN_REGS && last && !epi.is_empty() && nv == I::NR && c.cs == 1 { epi.in_registers(0, j) } else { None };
     let mut i = r0;
     while i < r1 {
         let mv = I::MR.min(r1 - i);
@@ -427,7 +445,9 @@ unsafe fn tiles_b<I: Isa>(
         // fewer rows where the ISA has a kernel for them)
         let direct = nv == I::NR
             && c.cs == 1
-            && if !packed {
+            && if let Some(e) = reg.as_ref() {
+                I::kernel_epi(mv, kc, ap, pb, bs, cp, c.rs, alpha, acc, e, i)
+            } else if !packed {
                 I::kernel_b_rows(mv, kc, ap, pb, bs, cp, c.rs, alpha, acc)
             } else if mv == I::MR {
                 I::kernel(kc, ap, pb, cp, c.rs, alpha, acc);
@@ -436,7 +456,7 @@ unsafe fn tiles_b<I: Isa>(
                 I::kernel_rows(mv, kc, ap, pb, cp, c.rs, alpha, acc)
             };
         if direct {
-            if last && !epi.is_empty() {
+            if last && !epi.is_empty() && reg.is_none() {
                 for r in 0..mv {
                     let row = std::slice::from_raw_parts_mut(cp.offset(r as isize * c.rs), I::NR);
                     epi_row(epi, row, i + r, j);
@@ -653,6 +673,7 @@ unsafe fn store_tile_generic(tile: &[f32], ts: usize, c: Mat, i: usize, j: usize
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{pack_b_rows, pack_b_t_scalar, Isa};
+    use crate::kernels::gemm::epilogue::{RegEpi, RegOp};
     use crate::kernels::gemm::Mat;
     use std::arch::x86_64::*;
 
@@ -674,25 +695,25 @@ pub(crate) mod x86 {
         const B_ROWS: bool = true;
         #[inline(always)]
         unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) {
-            kernel_avx512::<MR512>(kc, a, b, 32, c, rs, alpha, acc)
+            kernel_avx512::<MR512, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0))
         }
         #[inline(always)]
         unsafe fn kernel_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
             // every row count below MR512 (the match is exhaustive up to the largest MR512 tried)
             match mv {
-                1 => kernel_avx512::<1>(kc, a, b, 32, c, rs, alpha, acc),
-                2 => kernel_avx512::<2>(kc, a, b, 32, c, rs, alpha, acc),
-                3 => kernel_avx512::<3>(kc, a, b, 32, c, rs, alpha, acc),
-                4 => kernel_avx512::<4>(kc, a, b, 32, c, rs, alpha, acc),
-                5 => kernel_avx512::<5>(kc, a, b, 32, c, rs, alpha, acc),
-                6 => kernel_avx512::<6>(kc, a, b, 32, c, rs, alpha, acc),
-                7 => kernel_avx512::<7>(kc, a, b, 32, c, rs, alpha, acc),
-                8 if MR512 > 8 => kernel_avx512::<8>(kc, a, b, 32, c, rs, alpha, acc),
-                9 if MR512 > 9 => kernel_avx512::<9>(kc, a, b, 32, c, rs, alpha, acc),
-                10 if MR512 > 10 => kernel_avx512::<10>(kc, a, b, 32, c, rs, alpha, acc),
-                11 if MR512 > 11 => kernel_avx512::<11>(kc, a, b, 32, c, rs, alpha, acc),
-                12 if MR512 > 12 => kernel_avx512::<12>(kc, a, b, 32, c, rs, alpha, acc),
-                13 if MR512 > 13 => kernel_avx512::<13>(kc, a, b, 32, c, rs, alpha, acc),
+                1 => kernel_avx512::<1, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                2 => kernel_avx512::<2, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                3 => kernel_avx512::<3, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                4 => kernel_avx512::<4, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                5 => kernel_avx512::<5, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                6 => kernel_avx512::<6, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                7 => kernel_avx512::<7, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                8 if MR512 > 8 => kernel_avx512::<8, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                9 if MR512 > 9 => kernel_avx512::<9, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                10 if MR512 > 10 => kernel_avx512::<10, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                11 if MR512 > 11 => kernel_avx512::<11, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                12 if MR512 > 12 => kernel_avx512::<12, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                13 if MR512 > 13 => kernel_avx512::<13, false>(kc, a, b, 32, c, rs, alpha, acc, (std::ptr::null(), 0)),
                 _ => return false,
             }
             true
@@ -700,18 +721,38 @@ pub(crate) mod x86 {
         #[inline(always)]
         unsafe fn kernel_b_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
             match mv {
-                1 => kernel_avx512::<1>(kc, a, b, bs, c, rs, alpha, acc),
-                2 => kernel_avx512::<2>(kc, a, b, bs, c, rs, alpha, acc),
-                3 => kernel_avx512::<3>(kc, a, b, bs, c, rs, alpha, acc),
-                4 => kernel_avx512::<4>(kc, a, b, bs, c, rs, alpha, acc),
-                5 => kernel_avx512::<5>(kc, a, b, bs, c, rs, alpha, acc),
-                6 => kernel_avx512::<6>(kc, a, b, bs, c, rs, alpha, acc),
-                7 => kernel_avx512::<7>(kc, a, b, bs, c, rs, alpha, acc),
-                8 => kernel_avx512::<8>(kc, a, b, bs, c, rs, alpha, acc),
-                9 => kernel_avx512::<9>(kc, a, b, bs, c, rs, alpha, acc),
-                10 => kernel_avx512::<10>(kc, a, b, bs, c, rs, alpha, acc),
-                11 => kernel_avx512::<11>(kc, a, b, bs, c, rs, alpha, acc),
-                _ => kernel_avx512::<MR512>(kc, a, b, bs, c, rs, alpha, acc),
+                1 => kernel_avx512::<1, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                2 => kernel_avx512::<2, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                3 => kernel_avx512::<3, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                4 => kernel_avx512::<4, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                5 => kernel_avx512::<5, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                6 => kernel_avx512::<6, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                7 => kernel_avx512::<7, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                8 => kernel_avx512::<8, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                9 => kernel_avx512::<9, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                10 => kernel_avx512::<10, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                11 => kernel_avx512::<11, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                _ => kernel_avx512::<MR512, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+            }
+            true
+        }
+        const EPI_IN_REGS: bool = true;
+        #[inline(always)]
+        unsafe fn kernel_epi(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: &RegEpi, i: usize) -> bool {
+            let e: (*const RegEpi, usize) = (e, i);
+            match mv {
+                1 => kernel_avx512::<1, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                2 => kernel_avx512::<2, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                3 => kernel_avx512::<3, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                4 => kernel_avx512::<4, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                5 => kernel_avx512::<5, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                6 => kernel_avx512::<6, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                7 => kernel_avx512::<7, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                8 => kernel_avx512::<8, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                9 => kernel_avx512::<9, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                10 => kernel_avx512::<10, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                11 => kernel_avx512::<11, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                _ => kernel_avx512::<MR512, true>(kc, a, b, bs, c, rs, alpha, acc, e),
             }
             true
         }
@@ -738,16 +779,16 @@ pub(crate) mod x86 {
         const B_ROWS: bool = true;
         #[inline(always)]
         unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) {
-            kernel_avx2::<6>(kc, a, b, 16, c, rs, alpha, acc)
+            kernel_avx2::<6, false>(kc, a, b, 16, c, rs, alpha, acc, (std::ptr::null(), 0))
         }
         #[inline(always)]
         unsafe fn kernel_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
             match mv {
-                1 => kernel_avx2::<1>(kc, a, b, 16, c, rs, alpha, acc),
-                2 => kernel_avx2::<2>(kc, a, b, 16, c, rs, alpha, acc),
-                3 => kernel_avx2::<3>(kc, a, b, 16, c, rs, alpha, acc),
-                4 => kernel_avx2::<4>(kc, a, b, 16, c, rs, alpha, acc),
-                5 => kernel_avx2::<5>(kc, a, b, 16, c, rs, alpha, acc),
+                1 => kernel_avx2::<1, false>(kc, a, b, 16, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                2 => kernel_avx2::<2, false>(kc, a, b, 16, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                3 => kernel_avx2::<3, false>(kc, a, b, 16, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                4 => kernel_avx2::<4, false>(kc, a, b, 16, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                5 => kernel_avx2::<5, false>(kc, a, b, 16, c, rs, alpha, acc, (std::ptr::null(), 0)),
                 _ => return false,
             }
             true
@@ -755,12 +796,26 @@ pub(crate) mod x86 {
         #[inline(always)]
         unsafe fn kernel_b_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
             match mv {
-                1 => kernel_avx2::<1>(kc, a, b, bs, c, rs, alpha, acc),
-                2 => kernel_avx2::<2>(kc, a, b, bs, c, rs, alpha, acc),
-                3 => kernel_avx2::<3>(kc, a, b, bs, c, rs, alpha, acc),
-                4 => kernel_avx2::<4>(kc, a, b, bs, c, rs, alpha, acc),
-                5 => kernel_avx2::<5>(kc, a, b, bs, c, rs, alpha, acc),
-                _ => kernel_avx2::<6>(kc, a, b, bs, c, rs, alpha, acc),
+                1 => kernel_avx2::<1, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                2 => kernel_avx2::<2, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                3 => kernel_avx2::<3, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                4 => kernel_avx2::<4, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                5 => kernel_avx2::<5, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+                _ => kernel_avx2::<6, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
+            }
+            true
+        }
+        const EPI_IN_REGS: bool = true;
+        #[inline(always)]
+        unsafe fn kernel_epi(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: &RegEpi, i: usize) -> bool {
+            let e: (*const RegEpi, usize) = (e, i);
+            match mv {
+                1 => kernel_avx2::<1, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                2 => kernel_avx2::<2, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                3 => kernel_avx2::<3, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                4 => kernel_avx2::<4, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                5 => kernel_avx2::<5, true>(kc, a, b, bs, c, rs, alpha, acc, e),
+                _ => kernel_avx2::<6, true>(kc, a, b, bs, c, rs, alpha, acc, e),
             }
             true
         }
@@ -787,7 +842,7 @@ pub(crate) mod x86 {
     /// Rows 0..R of an MR512×32 tile (R = MR512: the whole tile); A's packed panel has MR512
     /// rows a step.
     #[target_feature(enable = "avx512f")]
-    unsafe fn kernel_avx512<const R: usize>(kc: usize, a: *const f32, b: *const f32, bs: usize, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
+    unsafe fn kernel_avx512<const R: usize, const E: bool>(kc: usize, a: *const f32, b: *const f32, bs: usize, cp: *mut f32, rs: isize, alpha: f32, acc: bool, e: (*const RegEpi, usize)) {
         const MR: usize = MR512;
         for r in 0..R {
             let row = cp.wrapping_offset(r as isize * rs) as *const i8;
@@ -817,19 +872,63 @@ pub(crate) mod x86 {
         let al = _mm512_set1_ps(alpha);
         for r in 0..R {
             let p = cp.offset(r as isize * rs);
-            let (v0, v1) = if acc {
+            let (mut v0, mut v1) = if acc {
                 (_mm512_fmadd_ps(c[r][0], al, _mm512_loadu_ps(p)), _mm512_fmadd_ps(c[r][1], al, _mm512_loadu_ps(p.add(16))))
+            } else if alpha == 1.0 {
+                (c[r][0], c[r][1])
             } else {
                 (_mm512_mul_ps(c[r][0], al), _mm512_mul_ps(c[r][1], al))
             };
+            if E {
+                (v0, v1) = epi_avx512(&*e.0, e.1 + r, v0, v1);
+            }
             _mm512_storeu_ps(p, v0);
             _mm512_storeu_ps(p.add(16), v1);
         }
     }
 
+    /// Row r (32 columns in two vectors; r counted from the row `e` was built at) through the
+    /// epilogue `e`, in registers.
+    /// max / min take their NaN from the second operand: a NaN sum stays NaN through relu
+    /// and clamp, as in the scalar epilogue.
+    #[inline(always)]
+    unsafe fn epi_avx512(e: &RegEpi, r: usize, mut v0: __m512, mut v1: __m512) -> (__m512, __m512) {
+        if !e.row_bias.is_null() {
+            let b = _mm512_set1_ps(e.beta * *e.row_bias.offset(r as isize * e.row_bias_step));
+            v0 = _mm512_add_ps(v0, b);
+            v1 = _mm512_add_ps(v1, b);
+        }
+        if !e.col_bias.is_null() {
+            let be = _mm512_set1_ps(e.beta);
+            v0 = _mm512_fmadd_ps(be, _mm512_loadu_ps(e.col_bias), v0);
+            v1 = _mm512_fmadd_ps(be, _mm512_loadu_ps(e.col_bias.add(16)), v1);
+        }
+        for op in e.ops() {
+            match *op {
+                RegOp::Relu => {
+                    let z = _mm512_setzero_ps();
+                    v0 = _mm512_max_ps(z, v0);
+                    v1 = _mm512_max_ps(z, v1);
+                }
+                RegOp::Clamp(lo, hi) => {
+                    let (l, h) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+                    v0 = _mm512_min_ps(h, _mm512_max_ps(l, v0));
+                    v1 = _mm512_min_ps(h, _mm512_max_ps(l, v1));
+                }
+                RegOp::Add(m, mrs, alpha) => {
+                    let q = m.offset(r as isize * mrs);
+                    let a = _mm512_set1_ps(alpha);
+                    v0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(q), v0);
+                    v1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(q.add(16)), v1);
+                }
+            }
+        }
+        (v0, v1)
+    }
+
     /// Rows 0..R of a 6×16 tile (R = 6: the whole tile); A's packed panel has 6 rows a step.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn kernel_avx2<const R: usize>(kc: usize, a: *const f32, b: *const f32, bs: usize, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
+    unsafe fn kernel_avx2<const R: usize, const E: bool>(kc: usize, a: *const f32, b: *const f32, bs: usize, cp: *mut f32, rs: isize, alpha: f32, acc: bool, e: (*const RegEpi, usize)) {
         const MR: usize = 6;
         // the tile of C is read (acc) or written once the loop is done: its lines are
         // requested now so that the miss overlaps the loop instead of following it
@@ -868,14 +967,55 @@ pub(crate) mod x86 {
         let al = _mm256_set1_ps(alpha);
         for r in 0..R {
             let p = cp.offset(r as isize * rs);
-            let (v0, v1) = if acc {
+            let (mut v0, mut v1) = if acc {
                 (_mm256_fmadd_ps(c[r][0], al, _mm256_loadu_ps(p)), _mm256_fmadd_ps(c[r][1], al, _mm256_loadu_ps(p.add(8))))
+            } else if alpha == 1.0 {
+                (c[r][0], c[r][1])
             } else {
                 (_mm256_mul_ps(c[r][0], al), _mm256_mul_ps(c[r][1], al))
             };
+            if E {
+                (v0, v1) = epi_avx2(&*e.0, e.1 + r, v0, v1);
+            }
             _mm256_storeu_ps(p, v0);
             _mm256_storeu_ps(p.add(8), v1);
         }
+    }
+
+    /// `epi_avx512` for a row of 16 columns in two ymm vectors.
+    #[inline(always)]
+    unsafe fn epi_avx2(e: &RegEpi, r: usize, mut v0: __m256, mut v1: __m256) -> (__m256, __m256) {
+        if !e.row_bias.is_null() {
+            let b = _mm256_set1_ps(e.beta * *e.row_bias.offset(r as isize * e.row_bias_step));
+            v0 = _mm256_add_ps(v0, b);
+            v1 = _mm256_add_ps(v1, b);
+        }
+        if !e.col_bias.is_null() {
+            let be = _mm256_set1_ps(e.beta);
+            v0 = _mm256_fmadd_ps(be, _mm256_loadu_ps(e.col_bias), v0);
+            v1 = _mm256_fmadd_ps(be, _mm256_loadu_ps(e.col_bias.add(8)), v1);
+        }
+        for op in e.ops() {
+            match *op {
+                RegOp::Relu => {
+                    let z = _mm256_setzero_ps();
+                    v0 = _mm256_max_ps(z, v0);
+                    v1 = _mm256_max_ps(z, v1);
+                }
+                RegOp::Clamp(lo, hi) => {
+                    let (l, h) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                    v0 = _mm256_min_ps(h, _mm256_max_ps(l, v0));
+                    v1 = _mm256_min_ps(h, _mm256_max_ps(l, v1));
+                }
+                RegOp::Add(m, mrs, alpha) => {
+                    let q = m.offset(r as isize * mrs);
+                    let a = _mm256_set1_ps(alpha);
+                    v0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(q), v0);
+                    v1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(q.add(8)), v1);
+                }
+            }
+        }
+        (v0, v1)
     }
 
     /// Transposes 8×8 blocks in registers: column j of B (contiguous along k) becomes lane j
@@ -977,6 +1117,81 @@ mod tests {
             }
         }
         c
+    }
+
+    /// The epilogue applied in the micro-kernel's registers (`Isa::kernel_epi`) gives the same
+    /// bits as the product stored plainly and then run through `Epi::apply_row`: row and
+    /// column biases with beta ≠ 1, relu, clamp, a residual with its own row stride and
+    /// alpha, NaN / ±inf in A, partial row tiles, several k slices, accumulate, both loop
+    /// orders and a B read in place, on every ISA this CPU has.
+    #[test]
+    fn epilogue_in_registers_matches_the_row_epilogue() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::core::isa::has_avx2() {
+                check_epi::<x86::Avx2>();
+            }
+            if crate::core::isa::has_avx512() {
+                check_epi::<x86::Avx512>();
+            }
+        }
+    }
+
+    #[allow(dead_code)]
+    fn check_epi<I: Isa>() {
+        use crate::core::math::unary::Un;
+        use crate::kernels::gemm::EpiOp;
+        let shapes = [(I::MR, I::NR, 8), (2 * I::MR + 5, 3 * I::NR, 40), (I::MR - 1, 2 * I::NR + 3, I::KC + 9), (SMALL_M + 7, 2 * I::NR, 33)];
+        for &(m, n, k) in &shapes {
+            let mut av: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 13.0).collect();
+            av[k] = f32::NAN;
+            av[3 * k + 1] = f32::INFINITY;
+            av[4 * k + 2] = f32::NEG_INFINITY;
+            let bv: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 11.0).collect();
+            let row_b: Vec<f32> = (0..2 * m).map(|i| (i % 7) as f32 * 0.25 - 0.7).collect();
+            let col_b: Vec<f32> = (0..n).map(|j| (j % 5) as f32 * 0.3 - 0.6).collect();
+            let res_rs = n + 5;
+            let res: Vec<f32> = (0..m * res_rs).map(|i| (i % 9) as f32 * 0.1 - 0.4).collect();
+            let p = |v: &Vec<f32>| SPtr(v.as_ptr() as *mut f32);
+            let a = Mat { p: p(&av), rs: k as isize, cs: 1 };
+            // B read in place (rows n + 1 apart) and the packed path (rows a multiple of 4 KiB)
+            let b_rows = Mat { p: p(&bv), rs: n as isize, cs: 1 };
+            let b_cols = Mat { p: p(&bv), rs: 1, cs: k as isize };
+            let epis = [
+                Epi::new(Some((Mat { p: p(&row_b), rs: 2, cs: 0 }, 0.5)), [EpiOp::Un(Un::Relu)]),
+                Epi::new(Some((Mat { p: p(&col_b), rs: 0, cs: 1 }, 1.0)), [EpiOp::Un(Un::Clamp(-0.5, 0.75))]),
+                Epi::new(
+                    Some((Mat { p: p(&col_b), rs: 0, cs: 1 }, -2.0)),
+                    [EpiOp::Add(Mat { p: p(&res), rs: res_rs as isize, cs: 1 }, 2.0), EpiOp::Un(Un::Copy), EpiOp::Un(Un::Relu)],
+                ),
+                Epi::new(None, [EpiOp::Add(Mat { p: p(&res), rs: res_rs as isize, cs: 1 }, 1.0), EpiOp::Un(Un::Clamp(0.0, 6.0))]),
+            ];
+            for (ei, e) in epis.iter().enumerate() {
+                assert!(unsafe { e.in_registers(0, 0) }.is_some());
+                for b in [b_rows, b_cols] {
+                    for (alpha, acc) in [(1.0, false), (0.5, true)] {
+                        for threads in [1, 2] {
+                            let ldc = n + 3;
+                            let mut got = vec![0.25f32; m * ldc];
+                            let mut want = vec![0.25f32; m * ldc];
+                            unsafe {
+                                drive::<I>(m, n, k, a, b, Mat { p: SPtr(got.as_mut_ptr()), rs: ldc as isize, cs: 1 }, alpha, acc, threads, e);
+                                drive::<I>(m, n, k, a, b, Mat { p: SPtr(want.as_mut_ptr()), rs: ldc as isize, cs: 1 }, alpha, acc, threads, &Epi::default());
+                                for i in 0..m {
+                                    e.apply_row(&mut want[i * ldc..i * ldc + n], i, 0);
+                                }
+                            }
+                            for i in 0..m {
+                                for j in 0..ldc {
+                                    let (g, w) = (got[i * ldc + j], want[i * ldc + j]);
+                                    assert!(g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(), "{m}x{n}x{k} epi {ei} b.rs={} alpha {alpha} t{threads} ({i},{j}): {g} vs {w}", b.rs);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Every ISA's kernel, both loop orders (few and many rows), every operand layout, with
