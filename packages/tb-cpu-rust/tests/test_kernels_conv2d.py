@@ -210,7 +210,7 @@ def test_conv_batchnorm_fused(
 def test_depthwise_stride1_rows_and_epilogue(
     plans: list[list[dict[str, Any]]], w: int, k: int, dil: int, epilogue: str
 ) -> None:
-    """Stride-1 3×3 / 5×5 depthwise planes (the AVX-512 kernel, kernels/conv/depthwise_avx512.rs,
+    """Stride-1 3×3 / 5×5 depthwise planes (the vector kernel, kernels/conv/depthwise_vector.rs,
     where the CPU has it): output widths below, at and past each block of 16 / 32 / 48 / 64
     columns (a masked last vector), dilation, and the folded norm, residual and activation run on
     the sums; NaN and ±inf in the input."""

@@ -445,7 +445,7 @@ pub(super) struct DwArgs {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn dw_plane_avx512(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
-    if super::depthwise_avx512::plane(d, pad, e) {
+    if super::depthwise_vector::plane_avx512(d, pad, e) {
         return;
     }
     dw_plane::<true>(d, pad, acc, e)
@@ -454,6 +454,9 @@ unsafe fn dw_plane_avx512(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dw_plane_avx2(d: &DwArgs, pad: &mut [f32], acc: &mut [f32], e: &Epi) {
+    if super::depthwise_vector::plane_avx2(d, pad, e) {
+        return;
+    }
     dw_plane::<true>(d, pad, acc, e)
 }
 
@@ -638,6 +641,65 @@ mod tests {
             }
         }
         y
+    }
+
+    /// Stride-1 3×3 / 5×5 depthwise planes on each vector path this CPU has (AVX2 on an
+    /// AVX-512 machine too: `depthwise_vector`) with a bias, a residual and a clamp in the
+    /// epilogue: widths around each block of 1-4 vectors, dilation, NaN and inf in the input.
+    #[test]
+    fn depthwise_vector_planes_with_epilogue_match_the_direct_sum() {
+        let mut paths = vec![];
+        if crate::core::isa::has_avx2() {
+            paths.push(Path::Avx2);
+        }
+        if crate::core::isa::has_avx512() {
+            paths.push(Path::Avx512);
+        }
+        for &ww in &[5usize, 8, 9, 16, 17, 33, 40, 70] {
+            for &(k, d) in &[(3usize, 1usize), (5, 1), (3, 2)] {
+                let (n, c, hh, p) = (2usize, 3usize, 6usize, d * (k / 2));
+                let g = Geom { sh: 1, sw: 1, ph: p, pw: p, dh: d, dw: d, groups: c };
+                let (oh, ow) = (hh, ww);
+                let mut x = data(n * c * hh * ww, 7, 23);
+                x[1] = f32::NAN;
+                x[hh * ww + 2] = f32::INFINITY;
+                let w = data(c * k * k, 5, 11);
+                let bias: Vec<f32> = (0..c).map(|o| o as f32 * 0.3 - 0.2).collect();
+                let res = data(n * c * oh * ow, 3, 17);
+                let conv = naive(&x, &w, [n, c, hh, ww, c, k, k, 0], g, oh, ow);
+                let want: Vec<f32> = conv
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        let t = v + bias[(i / (oh * ow)) % c] + res[i];
+                        if t.is_nan() {
+                            t
+                        } else {
+                            t.clamp(0.0, 0.5)
+                        }
+                    })
+                    .collect();
+                for &path in &paths {
+                    let (mut xb, mut wb, mut bb, mut rb) = (x.clone(), w.clone(), bias.clone(), res.clone());
+                    let mut y = vec![f32::NAN; n * c * oh * ow];
+                    let mem = Mem {
+                        ptrs: vec![xb.as_mut_ptr() as *mut u8, wb.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8, bb.as_mut_ptr() as *mut u8, rb.as_mut_ptr() as *mut u8],
+                    };
+                    let plane = [c * oh * ow, oh * ow, ow, 1];
+                    let xv = View::new(0, &[n, c, hh, ww], &[c * hh * ww, hh * ww, ww, 1], DType::F32);
+                    let wv = View::new(1, &[c, 1, k, k], &[k * k, k * k, k, 1], DType::F32);
+                    let yv = View::new(2, &[n, c, oh, ow], &plane, DType::F32);
+                    let bv = View::new(3, &[c], &[1], DType::F32);
+                    let rv = View::new(4, &[n, c, oh, ow], &plane, DType::F32);
+                    let ops = [EpiSpec::Residual, EpiSpec::Un(Un::Clamp(0.0, 0.5))];
+                    unsafe { conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, 1, path) };
+                    for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                        let same = (a - b).abs() < 1e-4 * (1.0 + b.abs()) || a.is_nan() && b.is_nan();
+                        assert!(same, "{path:?} w{ww} k{k} d{d} [{i}]: {a} vs {b}");
+                    }
+                }
+            }
+        }
     }
 
     /// Depthwise (the direct kernel, every path this CPU has, the portable one always), grouped

@@ -11,7 +11,7 @@ pub mod conv2d_backward;
 pub mod conv3d;
 pub mod conv_transpose;
 #[cfg(target_arch = "x86_64")]
-mod depthwise_avx512;
+mod depthwise_vector;
 pub mod pool3d;
 pub mod upsample;
 
