@@ -13,6 +13,7 @@ from tb_cpu_rust.lowering.dtypes import F32
 from tb_cpu_rust.lowering.elementwise import check_ew
 from tb_cpu_rust.lowering.lowerer import Lazy, Lowerer, contig, meta
 from tb_cpu_rust.lowering.registry import LoweringError, register_lowering
+from torchburn.plan import Ref
 
 _check = kernel_check(float_only=True)
 BATCH_NORMS = frozenset({
@@ -89,6 +90,19 @@ def _batch_norm_eval(lw: Lowerer, node: Any) -> Any:
         return g.load(_channel_view(lw, v, shape))
 
     xr = lw.operand(g, x)
+    if _stats_materialised(lw, (w, b, mean, var), c):
+        # scale and shift per channel first (C values, ATen's CPU form), then two operations per
+        # element instead of five and a square root
+        rstd = lw.temp([c])
+        _rstd(lw, lw.value(var), rstd, eps)
+        scale, shift = _scale_shift(lw, lw.value(mean), rstd, w, b, c)
+        t = g.emit(
+            "add",
+            [g.emit("mul", [xr, g.load(_channel_view(lw, scale, shape))]), g.load(_channel_view(lw, shift, shape))],
+            [1.0],
+        )
+        lz = Lazy(g, t, y_meta)
+        return (lz, *(lw.fresh(m) for m in out[1:]))
     t = g.emit("sub", [xr, chan(mean)], [1.0])
     inv = g.emit("rsqrt", [g.emit("add", [chan(var), g.const(float(eps))], [1.0])])
     t = g.emit("mul", [t, inv])
@@ -99,6 +113,21 @@ def _batch_norm_eval(lw: Lowerer, node: Any) -> Any:
     lz = Lazy(g, t, y_meta)
     empties = tuple(lw.fresh(m) for m in out[1:])
     return (lz, *empties)
+
+
+def _stats_materialised(lw: Lowerer, args: tuple[Any, ...], c: int) -> bool:
+    """Whether the norm's statistics and affine parameters present are float32 (C,) values
+    already in buffers (graph inputs or earlier steps' results), not pending in the open
+    elementwise group, so per-channel steps can read them before the group runs."""
+    for a in args:
+        if a is None:
+            continue
+        if not isinstance(a, Ref) or lw.dtype_of_arg(a) != F32:
+            return False
+        v = lw.slot.get(a.slot)
+        if not isinstance(v, int) or lw.values[v]["sizes"] != [c]:
+            return False
+    return args[2] is not None and args[3] is not None
 
 
 def _normalise(lw: Lowerer, x: int, mean: int, rstd: int, weight: int | None, bias: int | None, y: int) -> None:
