@@ -184,6 +184,29 @@ def test_nan_and_inf_propagate(kw: dict[str, Any]) -> None:
     _check(x, w, kw, gy)
 
 
+@pytest.mark.parametrize("w", [5, 17, 40])
+@pytest.mark.parametrize(("k", "dil"), [(3, 1), (5, 1), (3, 2)])
+def test_depthwise_stride1_vector_paths(w: int, k: int, dil: int) -> None:
+    """Stride-1 depthwise backward (grad_input by the forward's vector planes over grad_out,
+    the weight gradient by per-tap vector sums): widths below / past one and two vectors, 3×3
+    and 5×5, dilation, padding 0 and k // 2."""
+    c = 5
+    for pad in (0, dil * (k // 2)):
+        x, wt = randn(2, c, 7, w), randn(c, 1, k, k, seed=1)
+        _check(x, wt, {"groups": c, "padding": pad, "dilation": dil})
+
+
+def test_depthwise_stride1_nonfinite_grad_out_at_the_border() -> None:
+    """A NaN / infinity in grad_out where the window reaches into the padding: autograd never
+    multiplies the padding, so the weight gradient's taps that only meet padding there stay
+    finite (the vector tap sums would multiply it by zero: that channel takes the loops)."""
+    x, w = randn(2, 4, 6, 6), randn(4, 1, 3, 3, seed=1)
+    gy = randn(2, 4, 6, 6, seed=2)
+    gy[0, 1, 0, 0] = float("nan")
+    gy[1, 2, 5, 5] = float("inf")
+    _check(x, w, {"groups": 4, "padding": 1}, gy)
+
+
 def test_refuses_what_it_does_not_take() -> None:
     """float64 and transposed convolution backward are not taken (they run in eager, correct)."""
     from torchburn.testing.conformance import compile_with, native_and_fallback

@@ -14,16 +14,18 @@
 //!   column back onto the input positions its window read (a 1×1 stride-1 convolution writes
 //!   `Wᵀ @ gY` straight into grad_input); images are split over the threads.
 //! - depthwise (`groups == in_channels`, any channel multiplier): direct loops per plane, no
-//!   GEMM, vectorised along the width where both rows are contiguous.
+//!   GEMM, vectorised along the width where both rows are contiguous; a stride-1 3×3 / 5×5
+//!   grad_input (multiplier 1) by the forward's vector planes over grad_out, kernel flipped, and
+//!   its weight gradient by per-tap vector sums over each padded input plane.
 //!
 //! Every operand is read through its strides, so channels-last tensors need no layout copy (the
 //! GEMMs take grad_out as a strided matrix; a grad_out whose rows are not evenly spaced is read
 //! one output row at a time).
 
-use super::conv2d::{im2col_nchw, im2col_nhwc, valid_cols, Geom};
+use super::conv2d::{im2col_nchw, im2col_nhwc, valid_cols, DwArgs, Geom, Path};
 use crate::core::mem::{Mem, SPtr};
 use crate::core::tensor::View;
-use crate::kernels::gemm::{dot_rows, sgemm, Mat};
+use crate::kernels::gemm::{dot_rows, sgemm, Epi, Mat};
 
 /// Floats of im2col buffer one task fills before its GEMM (as the forward: a chunk in L2).
 const COL_BUDGET: usize = 1 << 18;
@@ -49,10 +51,14 @@ pub unsafe fn conv2d_backward(mem: &Mem, gy: &View, x: &View, w: &View, grads: &
     let wk = if grads.input.is_some() { dense_weight(mem, w, &s) } else { Vec::new() };
     if depthwise {
         if let Some(gx) = &grads.input {
-            dw_grad_input(mem, gy, gx, &wk, &s, g, threads);
+            if !dw_grad_input_by_forward(mem, gy, gx, &wk, &s, g, threads) {
+                dw_grad_input(mem, gy, gx, &wk, &s, g, threads);
+            }
         }
         if let Some(gw) = &grads.weight {
-            dw_grad_weight(mem, gy, x, gw, &s, g, threads);
+            if !dw_grad_weight_by_taps(mem, gy, x, gw, &s, g, threads) {
+                dw_grad_weight(mem, gy, x, gw, &s, g, threads);
+            }
         }
         return;
     }
@@ -435,6 +441,70 @@ unsafe fn row_of(p: *mut f32, stride: usize, len: usize, tmp: &mut Vec<f32>) -> 
     tmp
 }
 
+/// grad_input of a stride-1 depthwise convolution with a 3×3 / 5×5 kernel and channel
+/// multiplier 1 (MobileNet's) as the forward's vector plane kernel (`depthwise_vector`) over
+/// grad_out, the kernel flipped in space and the padding `d·(k−1) − p`: each plane's taps in
+/// registers instead of a scattered add per (row, tap). False, touching nothing, where that
+/// does not apply (other shapes, the portable path, a grad_input whose rows are not contiguous).
+unsafe fn dw_grad_input_by_forward(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: &Shape, g: Geom, threads: usize) -> bool {
+    let path = super::conv2d::path();
+    let (qh, qw) = ((s.kh - 1) * g.dh, (s.kw - 1) * g.dw);
+    // a non-finite weight times the zero padding around grad_out would be NaN where autograd
+    // adds nothing (as `grad_input_by_forward`)
+    if path == Path::Portable
+        || s.oc != s.c
+        || g.sh != 1
+        || g.sw != 1
+        || !matches!((s.kh, s.kw), (3, 3) | (5, 5))
+        || gx.strides[3] != 1
+        || g.ph > qh
+        || g.pw > qw
+        || !wk.iter().all(|v| v.is_finite())
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let gp = Geom { sh: 1, sw: 1, ph: qh - g.ph, pw: qw - g.pw, dh: g.dh, dw: g.dw, groups: s.c };
+        // tap (a, b) of the flipped kernel is (kh − 1 − a, kw − 1 − b): index kk − 1 − t
+        let flipped: Vec<f32> = (0..s.c).flat_map(|o| (0..s.kk).map(move |t| wk[o * s.kk + s.kk - 1 - t])).collect();
+        let fp = SPtr(flipped.as_ptr() as *mut f32);
+        let (pgx, py, gs, ys) = (mem.ptr::<f32>(gx), mem.ptr::<f32>(gy), &gx.strides, &gy.strides);
+        let wp = s.ow + 2 * gp.pw;
+        let plane = |item: usize, _: usize| {
+            let (ni, ci) = (item / s.c, item % s.c);
+            let d = DwArgs {
+                xb: py.add(ni * ys[0] + ci * ys[1]),
+                xs: [ys[2], ys[3]],
+                hh: s.oh,
+                ww: s.ow,
+                wp,
+                kh: s.kh,
+                kw: s.kw,
+                g: gp,
+                w: fp.add(ci * s.kk),
+                yb: pgx.add(ni * gs[0] + ci * gs[1]),
+                ys: [gs[2], gs[3]],
+                oh: s.hh,
+                ow: s.ww,
+            };
+            let mut pad = vec![0f32; (s.oh + 2 * gp.ph) * wp];
+            let done = match path {
+                Path::Avx512 => super::depthwise_vector::plane_avx512(&d, &mut pad, &Epi::default()),
+                _ => super::depthwise_vector::plane_avx2(&d, &mut pad, &Epi::default()),
+            };
+            assert!(done, "the depthwise vector plane takes every stride-1 3x3 / 5x5 plane");
+        };
+        over_items(s.n * s.c, threads, plane);
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mem, gy, wk, threads);
+        false
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 unsafe fn dw_grad_input(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: &Shape, g: Geom, threads: usize) {
     let mult = s.oc / s.c;
@@ -472,12 +542,84 @@ unsafe fn dw_grad_input(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: &Shape, 
     over_items(s.n * s.c, threads, plane);
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The weight gradient of a stride-1 depthwise convolution with a 3×3 / 5×5 kernel and
+/// channel multiplier 1 by the vector tap sums (`depthwise_vector::tap_sums`): per image, the
+/// input plane padded once and every tap's products summed in a register over the plane,
+/// instead of a dot product per (row, tap). A channel whose grad_out holds a NaN or an infinity
+/// takes the loops (`dw_grad_weight_channel`): its product with the zero padding would be NaN
+/// where autograd adds nothing. False, touching nothing, where that does not apply.
+unsafe fn dw_grad_weight_by_taps(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape, g: Geom, threads: usize) -> bool {
+    let path = super::conv2d::path();
+    if path == Path::Portable || s.oc != s.c || g.sh != 1 || g.sw != 1 || !matches!((s.kh, s.kw), (3, 3) | (5, 5)) || gy.strides[3] != 1 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (px, py, pw) = (mem.ptr::<f32>(x), mem.ptr::<f32>(gy), mem.ptr::<f32>(gw));
+        let (xs, ys, ws) = (&x.strides, &gy.strides, &gw.strides);
+        let wp = s.ww + 2 * g.pw;
+        let channel = |o: usize, _: usize| {
+            let finite = (0..s.n).all(|ni| {
+                (0..s.oh).all(|yo| std::slice::from_raw_parts(py.add(ni * ys[0] + o * ys[1] + yo * ys[2]), s.ow).iter().all(|v| v.is_finite()))
+            });
+            if !finite {
+                dw_grad_weight_channel([px, py, pw], gy, x, gw, s, g, o);
+                return;
+            }
+            let mut taps = vec![0f64; s.kk];
+            let mut pad = vec![0f32; (s.hh + 2 * g.ph) * wp];
+            for ni in 0..s.n {
+                let d = DwArgs {
+                    xb: px.add(ni * xs[0] + o * xs[1]),
+                    xs: [xs[2], xs[3]],
+                    hh: s.hh,
+                    ww: s.ww,
+                    wp,
+                    kh: s.kh,
+                    kw: s.kw,
+                    g,
+                    w: std::ptr::null_mut(),
+                    yb: std::ptr::null_mut(),
+                    ys: [0, 1],
+                    oh: s.oh,
+                    ow: s.ow,
+                };
+                let gyb = py.add(ni * ys[0] + o * ys[1]) as *const f32;
+                let done = match path {
+                    Path::Avx512 => super::depthwise_vector::tap_sums_avx512(&d, &mut pad, gyb, ys[2], &mut taps),
+                    _ => super::depthwise_vector::tap_sums_avx2(&d, &mut pad, gyb, ys[2], &mut taps),
+                };
+                assert!(done, "the depthwise tap sums take every stride-1 3x3 / 5x5 plane");
+            }
+            for a in 0..s.kh {
+                for b in 0..s.kw {
+                    *pw.add(o * ws[0] + a * ws[2] + b * ws[3]) = taps[a * s.kw + b] as f32;
+                }
+            }
+        };
+        over_items(s.oc, threads, channel);
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mem, x, gw, threads);
+        false
+    }
+}
+
 unsafe fn dw_grad_weight(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape, g: Geom, threads: usize) {
+    let ptrs = [mem.ptr::<f32>(x), mem.ptr::<f32>(gy), mem.ptr::<f32>(gw)];
+    over_items(s.oc, threads, |o, _| dw_grad_weight_channel(ptrs, gy, x, gw, s, g, o));
+}
+
+/// Output channel `o`'s depthwise weight gradient by dot products of rows (any stride,
+/// multiplier, kernel; NaN and infinities exactly as autograd: padding is never multiplied).
+/// `ptrs`: x, grad_out and grad_weight's buffers.
+unsafe fn dw_grad_weight_channel(ptrs: [SPtr<f32>; 3], gy: &View, x: &View, gw: &View, s: &Shape, g: Geom, o: usize) {
     let mult = s.oc / s.c;
-    let (px, py, pw) = (mem.ptr::<f32>(x), mem.ptr::<f32>(gy), mem.ptr::<f32>(gw));
+    let [px, py, pw] = ptrs;
     let (xs, ys, ws) = (&x.strides, &gy.strides, &gw.strides);
-    let channel = |o: usize, _: usize| {
+    {
         let ci = o / mult;
         let mut taps = vec![0f64; s.kh * s.kw];
         let (mut tmp, mut xrow) = (Vec::new(), vec![0f32; s.ow]);
@@ -518,8 +660,7 @@ unsafe fn dw_grad_weight(mem: &Mem, gy: &View, x: &View, gw: &View, s: &Shape, g
                 *pw.add(o * ws[0] + a * ws[2] + b * ws[3]) = taps[a * s.kw + b] as f32;
             }
         }
-    };
-    over_items(s.oc, threads, channel);
+    }
 }
 
 #[cfg(test)]
@@ -582,6 +723,13 @@ mod tests {
             (2, 5, 6, 7, 3, 1, 1, 0, 1, 1, false),
             (2, 5, 6, 7, 4, 3, 1, 1, 1, 1, true),
             (0, 4, 5, 5, 4, 3, 1, 1, 1, 1, false),
+            // depthwise stride 1, multiplier 1 (grad_input by the forward's vector planes):
+            // 3×3 / 5×5, padding 0 / k / 2, dilation 2, widths past one and two vectors
+            (2, 4, 7, 9, 4, 3, 1, 1, 1, 4, false),
+            (2, 3, 8, 20, 3, 5, 1, 2, 1, 3, false),
+            (2, 4, 8, 37, 4, 3, 1, 2, 2, 4, false),
+            (1, 3, 6, 7, 3, 3, 1, 0, 1, 3, false),
+            (2, 4, 7, 9, 4, 3, 1, 1, 1, 4, true),
         ];
         for &(n, c, hh, ww, oc, k, st, p, dl, groups, cl) in &cases {
             let g = Geom { sh: st, sw: st, ph: p, pw: p, dh: dl, dw: dl, groups };

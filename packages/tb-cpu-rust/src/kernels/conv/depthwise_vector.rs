@@ -47,6 +47,8 @@ trait Lanes: Copy {
     unsafe fn min(self, x: Self) -> Self;
     unsafe fn load(p: *const f32, live: usize) -> Self;
     unsafe fn store(self, p: *mut f32, live: usize);
+    /// the sum of the lanes
+    unsafe fn sum(self) -> f32;
 }
 
 #[derive(Clone, Copy)]
@@ -102,6 +104,10 @@ impl Lanes for Z16 {
             _mm512_mask_storeu_ps(p, mask16(live), self.0)
         }
     }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        _mm512_reduce_add_ps(self.0)
+    }
 }
 
 /// Lanes 0..live set (all ones), for AVX2's masked loads and stores.
@@ -147,6 +153,82 @@ impl Lanes for Y8 {
             _mm256_storeu_ps(p, self.0)
         } else {
             _mm256_maskstore_ps(p, mask8(live), self.0)
+        }
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        let h = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps::<1>(self.0));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
+    }
+}
+
+/// The weight gradient of one plane of a stride-1 3×3 / 5×5 depthwise convolution on AVX-512
+/// (`tap_sums`).
+///
+/// # Safety
+/// The CPU has AVX-512F; as `tap_sums`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tap_sums_avx512(d: &DwArgs, pad: &mut [f32], gy: *const f32, gys: usize, taps: &mut [f64]) -> bool {
+    tap_sums::<Z16>(d, pad, gy, gys, taps)
+}
+
+/// `tap_sums_avx512` on AVX2.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as `tap_sums`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tap_sums_avx2(d: &DwArgs, pad: &mut [f32], gy: *const f32, gys: usize, taps: &mut [f64]) -> bool {
+    tap_sums::<Y8>(d, pad, gy, gys, taps)
+}
+
+/// Adds to `taps[a · kw + b]` the sum over the plane's output positions of
+/// `gy[yo, xo] · x[yo + a·dh − ph, xo + b·dw − pw]` (zero outside the input): one input plane's
+/// share of a depthwise weight gradient. `d` is the forward's plane (input `xb`, geometry,
+/// output size; its weights and output unused), `gy` grad_out's plane with contiguous rows
+/// `gys` apart. Each tap's products are summed in a vector register over the plane, then once
+/// into float64. False, touching nothing, unless stride 1 and a 3×3 / 5×5 kernel.
+#[inline(always)]
+unsafe fn tap_sums<V: Lanes>(d: &DwArgs, pad: &mut [f32], gy: *const f32, gys: usize, taps: &mut [f64]) -> bool {
+    if d.g.sh != 1 || d.g.sw != 1 {
+        return false;
+    }
+    match (d.kh, d.kw) {
+        (3, 3) => {
+            pad_copy::<V>(d, pad);
+            plane_tap_sums::<V, 3, 3>(d, pad, gy, gys, taps);
+        }
+        (5, 5) => {
+            pad_copy::<V>(d, pad);
+            plane_tap_sums::<V, 5, 5>(d, pad, gy, gys, taps);
+        }
+        _ => return false,
+    }
+    true
+}
+
+#[inline(always)]
+unsafe fn plane_tap_sums<V: Lanes, const KH: usize, const KW: usize>(d: &DwArgs, pad: &[f32], gy: *const f32, gys: usize, taps: &mut [f64]) {
+    let mut acc = [[V::zero(); KW]; KH];
+    let (pp, n) = (pad.as_ptr(), V::N);
+    for yo in 0..d.oh {
+        let g = gy.add(yo * gys);
+        let mut xo = 0;
+        while xo < d.ow {
+            let live = (d.ow - xo).min(n);
+            let gv = V::load(g.add(xo), live);
+            for (a, row) in acc.iter_mut().enumerate() {
+                let src = pp.add((yo + a * d.g.dh) * d.wp + xo);
+                for (b, s) in row.iter_mut().enumerate() {
+                    *s = gv.fma(V::load(src.add(b * d.g.dw), live), *s);
+                }
+            }
+            xo += n;
+        }
+    }
+    for (a, row) in acc.iter().enumerate() {
+        for (b, s) in row.iter().enumerate() {
+            taps[a * KW + b] += s.sum() as f64;
         }
     }
 }
