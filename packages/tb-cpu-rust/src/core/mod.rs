@@ -6,6 +6,8 @@ pub mod element;
 pub mod fma_peak;
 pub mod host_tensor;
 pub mod isa;
+#[cfg(target_arch = "x86_64")]
+pub mod lanes;
 pub mod math;
 pub mod mem;
 pub mod par;

@@ -20,6 +20,7 @@ from tb_cpu_rust.lowering.dtypes import F32
 from tb_cpu_rust.lowering.elementwise import check_ew
 from tb_cpu_rust.lowering.limits import MAX_EPILOGUE
 from tb_cpu_rust.lowering.lowerer import Lowerer
+from tb_cpu_rust.lowering.norms import stats_materialised
 from tb_cpu_rust.lowering.registry import register_lowering
 from torchburn.plan import Ref, TensorMeta
 
@@ -46,16 +47,7 @@ def _foldable_bn(lw: Lowerer, node: Any) -> bool:
         return False
     if not all(_is_f32(m) for m in node.out[:1]) or len(node.out[0].shape) != 4:
         return False
-    c = node.out[0].shape[1]
-    for a in (w, b, mean, var):
-        if a is None:
-            continue
-        if not isinstance(a, Ref) or lw.dtype_of_arg(a) != F32:
-            return False
-        v = lw.slot.get(a.slot)
-        if not isinstance(v, int) or lw.values[v]["sizes"] != [c]:
-            return False  # a statistic computed in this partition's open elementwise group
-    return mean is not None and var is not None
+    return stats_materialised(lw, (w, b, mean, var), node.out[0].shape[1])
 
 
 @register_lowering("aten._native_batch_norm_legit_no_training.default", check=check_ew, when=_foldable_bn)

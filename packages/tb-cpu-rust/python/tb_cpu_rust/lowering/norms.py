@@ -90,7 +90,7 @@ def _batch_norm_eval(lw: Lowerer, node: Any) -> Any:
         return g.load(_channel_view(lw, v, shape))
 
     xr = lw.operand(g, x)
-    if _stats_materialised(lw, (w, b, mean, var), c):
+    if stats_materialised(lw, (w, b, mean, var), c):
         # scale and shift per channel first (C values, ATen's CPU form), then two operations per
         # element instead of five and a square root
         rstd = lw.temp([c])
@@ -115,7 +115,7 @@ def _batch_norm_eval(lw: Lowerer, node: Any) -> Any:
     return (lz, *empties)
 
 
-def _stats_materialised(lw: Lowerer, args: tuple[Any, ...], c: int) -> bool:
+def stats_materialised(lw: Lowerer, args: tuple[Any, ...], c: int) -> bool:
     """Whether the norm's statistics and affine parameters present are float32 (C,) values
     already in buffers (graph inputs or earlier steps' results), not pending in the open
     elementwise group, so per-channel steps can read them before the group runs."""

@@ -11,9 +11,9 @@
 //! 15-17).
 
 use super::conv2d::{pad_plane, DwArgs};
-use crate::kernels::gemm::epilogue::{RegEpi, RegOp};
+use crate::core::lanes::{Lanes, Y8, Z16};
+use crate::kernels::gemm::epilogue::RegEpi;
 use crate::kernels::gemm::Epi;
-use std::arch::x86_64::*;
 
 /// One plane on AVX-512 (`plane`).
 ///
@@ -31,136 +31,6 @@ pub(super) unsafe fn plane_avx512(d: &DwArgs, pad: &mut [f32], e: &Epi) -> bool 
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn plane_avx2(d: &DwArgs, pad: &mut [f32], e: &Epi) -> bool {
     plane::<Y8>(d, pad, e)
-}
-
-/// The vector operations the kernel uses, per instruction set (a mask is the number of
-/// leading lanes that are live: loads give 0 in the others, stores leave them untouched).
-trait Lanes: Copy {
-    const N: usize;
-    unsafe fn zero() -> Self;
-    unsafe fn splat(v: f32) -> Self;
-    /// self * x + acc
-    unsafe fn fma(self, x: Self, acc: Self) -> Self;
-    unsafe fn add(self, x: Self) -> Self;
-    /// max / min with the NaN of `x` (the second operand) kept
-    unsafe fn max(self, x: Self) -> Self;
-    unsafe fn min(self, x: Self) -> Self;
-    unsafe fn load(p: *const f32, live: usize) -> Self;
-    unsafe fn store(self, p: *mut f32, live: usize);
-    /// the sum of the lanes
-    unsafe fn sum(self) -> f32;
-}
-
-#[derive(Clone, Copy)]
-struct Z16(__m512);
-
-#[derive(Clone, Copy)]
-struct Y8(__m256);
-
-#[inline(always)]
-fn mask16(live: usize) -> __mmask16 {
-    if live >= 16 {
-        0xFFFF
-    } else {
-        ((1u32 << live) - 1) as __mmask16
-    }
-}
-
-impl Lanes for Z16 {
-    const N: usize = 16;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        Z16(_mm512_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> Self {
-        Z16(_mm512_set1_ps(v))
-    }
-    #[inline(always)]
-    unsafe fn fma(self, x: Self, acc: Self) -> Self {
-        Z16(_mm512_fmadd_ps(self.0, x.0, acc.0))
-    }
-    #[inline(always)]
-    unsafe fn add(self, x: Self) -> Self {
-        Z16(_mm512_add_ps(self.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn max(self, x: Self) -> Self {
-        Z16(_mm512_max_ps(self.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn min(self, x: Self) -> Self {
-        Z16(_mm512_min_ps(self.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32, live: usize) -> Self {
-        Z16(if live >= 16 { _mm512_loadu_ps(p) } else { _mm512_maskz_loadu_ps(mask16(live), p) })
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, live: usize) {
-        if live >= 16 {
-            _mm512_storeu_ps(p, self.0)
-        } else {
-            _mm512_mask_storeu_ps(p, mask16(live), self.0)
-        }
-    }
-    #[inline(always)]
-    unsafe fn sum(self) -> f32 {
-        _mm512_reduce_add_ps(self.0)
-    }
-}
-
-/// Lanes 0..live set (all ones), for AVX2's masked loads and stores.
-#[inline(always)]
-unsafe fn mask8(live: usize) -> __m256i {
-    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(live.min(8) as i32), idx)
-}
-
-impl Lanes for Y8 {
-    const N: usize = 8;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        Y8(_mm256_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> Self {
-        Y8(_mm256_set1_ps(v))
-    }
-    #[inline(always)]
-    unsafe fn fma(self, x: Self, acc: Self) -> Self {
-        Y8(_mm256_fmadd_ps(self.0, x.0, acc.0))
-    }
-    #[inline(always)]
-    unsafe fn add(self, x: Self) -> Self {
-        Y8(_mm256_add_ps(self.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn max(self, x: Self) -> Self {
-        Y8(_mm256_max_ps(self.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn min(self, x: Self) -> Self {
-        Y8(_mm256_min_ps(self.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32, live: usize) -> Self {
-        Y8(if live >= 8 { _mm256_loadu_ps(p) } else { _mm256_maskload_ps(p, mask8(live)) })
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, live: usize) {
-        if live >= 8 {
-            _mm256_storeu_ps(p, self.0)
-        } else {
-            _mm256_maskstore_ps(p, mask8(live), self.0)
-        }
-    }
-    #[inline(always)]
-    unsafe fn sum(self) -> f32 {
-        let h = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps::<1>(self.0));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
-    }
 }
 
 /// The weight gradient of one plane of a stride-1 3×3 / 5×5 depthwise convolution on AVX-512
@@ -353,33 +223,10 @@ unsafe fn block<V: Lanes, const KH: usize, const KW: usize, const NV: usize>(r: 
     for (v, &s) in acc.iter().enumerate() {
         let (n, col) = (live(v), xo + V::N * v);
         let x = match e {
-            Some(e) => epilogue(e, r.yo, col, n, s),
+            Some(e) => e.apply(r.yo, col, n, s),
             None => s,
         };
         x.store(r.dst.add(col), n);
     }
     (NV - 1) * V::N + last.min(V::N)
-}
-
-/// The epilogue on the sums of output row `yo`, columns col.. (`live` lanes), in the order
-/// `Epi::apply_row` applies it: bias, then each step (max / min take their NaN from the second
-/// operand: a NaN stays NaN through relu and clamp). The same bits as `apply_row` where the
-/// scales (beta, a residual's alpha) are powers of two — a scaled residual is one fused
-/// multiply-add here, a product and a sum there.
-#[inline(always)]
-unsafe fn epilogue<V: Lanes>(e: &RegEpi, yo: usize, col: usize, live: usize, mut x: V) -> V {
-    if !e.row_bias.is_null() {
-        x = x.add(V::splat(e.beta * *e.row_bias.offset(yo as isize * e.row_bias_step)));
-    }
-    if !e.col_bias.is_null() {
-        x = V::splat(e.beta).fma(V::load(e.col_bias.add(col), live), x);
-    }
-    for op in e.ops() {
-        x = match *op {
-            RegOp::Relu => V::zero().max(x),
-            RegOp::Clamp(lo, hi) => V::splat(hi).min(V::splat(lo).max(x)),
-            RegOp::Add(p, rs, alpha) => V::splat(alpha).fma(V::load(p.offset(yo as isize * rs).add(col), live), x),
-        };
-    }
-    x
 }

@@ -69,6 +69,33 @@ impl RegEpi {
     pub fn ops(&self) -> &[RegOp] {
         &self.ops[..self.n]
     }
+
+    /// The epilogue on `x`, the sums of row `r` (counted from the row the epilogue was built
+    /// at), columns col..col + live, in the order `Epi::apply_row` applies it: bias, then each
+    /// step. max / min take their NaN from the second operand, so a NaN stays NaN through relu
+    /// and clamp. The same bits as `apply_row` where the scales (beta, a residual's alpha) are
+    /// powers of two — a scaled bias or residual is one fused multiply-add here.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set; the pointers valid for those columns of row r.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn apply<V: crate::core::lanes::Lanes>(&self, r: usize, col: usize, live: usize, mut x: V) -> V {
+        if !self.row_bias.is_null() {
+            x = x.add(V::splat(self.beta * *self.row_bias.offset(r as isize * self.row_bias_step)));
+        }
+        if !self.col_bias.is_null() {
+            x = V::splat(self.beta).fma(V::load(self.col_bias.add(col), live), x);
+        }
+        for op in self.ops() {
+            x = match *op {
+                RegOp::Relu => V::zero().max(x),
+                RegOp::Clamp(lo, hi) => V::splat(hi).min(V::splat(lo).max(x)),
+                RegOp::Add(p, rs, alpha) => V::splat(alpha).fma(V::load(p.offset(r as isize * rs).add(col), live), x),
+            };
+        }
+        x
+    }
 }
 
 impl Default for Epi {

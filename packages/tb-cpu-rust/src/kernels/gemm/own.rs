@@ -673,7 +673,8 @@ unsafe fn store_tile_generic(tile: &[f32], ts: usize, c: Mat, i: usize, j: usize
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{pack_b_rows, pack_b_t_scalar, Isa};
-    use crate::kernels::gemm::epilogue::{RegEpi, RegOp};
+    use crate::core::lanes::{Y8, Z16};
+    use crate::kernels::gemm::epilogue::RegEpi;
     use crate::kernels::gemm::Mat;
     use std::arch::x86_64::*;
 
@@ -888,42 +889,10 @@ pub(crate) mod x86 {
     }
 
     /// Row r (32 columns in two vectors; r counted from the row `e` was built at) through the
-    /// epilogue `e`, in registers.
-    /// max / min take their NaN from the second operand: a NaN sum stays NaN through relu
-    /// and clamp, as in the scalar epilogue.
+    /// epilogue `e`, in registers (`RegEpi::apply`).
     #[inline(always)]
-    unsafe fn epi_avx512(e: &RegEpi, r: usize, mut v0: __m512, mut v1: __m512) -> (__m512, __m512) {
-        if !e.row_bias.is_null() {
-            let b = _mm512_set1_ps(e.beta * *e.row_bias.offset(r as isize * e.row_bias_step));
-            v0 = _mm512_add_ps(v0, b);
-            v1 = _mm512_add_ps(v1, b);
-        }
-        if !e.col_bias.is_null() {
-            let be = _mm512_set1_ps(e.beta);
-            v0 = _mm512_fmadd_ps(be, _mm512_loadu_ps(e.col_bias), v0);
-            v1 = _mm512_fmadd_ps(be, _mm512_loadu_ps(e.col_bias.add(16)), v1);
-        }
-        for op in e.ops() {
-            match *op {
-                RegOp::Relu => {
-                    let z = _mm512_setzero_ps();
-                    v0 = _mm512_max_ps(z, v0);
-                    v1 = _mm512_max_ps(z, v1);
-                }
-                RegOp::Clamp(lo, hi) => {
-                    let (l, h) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-                    v0 = _mm512_min_ps(h, _mm512_max_ps(l, v0));
-                    v1 = _mm512_min_ps(h, _mm512_max_ps(l, v1));
-                }
-                RegOp::Add(m, mrs, alpha) => {
-                    let q = m.offset(r as isize * mrs);
-                    let a = _mm512_set1_ps(alpha);
-                    v0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(q), v0);
-                    v1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(q.add(16)), v1);
-                }
-            }
-        }
-        (v0, v1)
+    unsafe fn epi_avx512(e: &RegEpi, r: usize, v0: __m512, v1: __m512) -> (__m512, __m512) {
+        (e.apply(r, 0, 16, Z16(v0)).0, e.apply(r, 16, 16, Z16(v1)).0)
     }
 
     /// Rows 0..R of a 6×16 tile (R = 6: the whole tile); A's packed panel has 6 rows a step.
@@ -984,38 +953,8 @@ pub(crate) mod x86 {
 
     /// `epi_avx512` for a row of 16 columns in two ymm vectors.
     #[inline(always)]
-    unsafe fn epi_avx2(e: &RegEpi, r: usize, mut v0: __m256, mut v1: __m256) -> (__m256, __m256) {
-        if !e.row_bias.is_null() {
-            let b = _mm256_set1_ps(e.beta * *e.row_bias.offset(r as isize * e.row_bias_step));
-            v0 = _mm256_add_ps(v0, b);
-            v1 = _mm256_add_ps(v1, b);
-        }
-        if !e.col_bias.is_null() {
-            let be = _mm256_set1_ps(e.beta);
-            v0 = _mm256_fmadd_ps(be, _mm256_loadu_ps(e.col_bias), v0);
-            v1 = _mm256_fmadd_ps(be, _mm256_loadu_ps(e.col_bias.add(8)), v1);
-        }
-        for op in e.ops() {
-            match *op {
-                RegOp::Relu => {
-                    let z = _mm256_setzero_ps();
-                    v0 = _mm256_max_ps(z, v0);
-                    v1 = _mm256_max_ps(z, v1);
-                }
-                RegOp::Clamp(lo, hi) => {
-                    let (l, h) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-                    v0 = _mm256_min_ps(h, _mm256_max_ps(l, v0));
-                    v1 = _mm256_min_ps(h, _mm256_max_ps(l, v1));
-                }
-                RegOp::Add(m, mrs, alpha) => {
-                    let q = m.offset(r as isize * mrs);
-                    let a = _mm256_set1_ps(alpha);
-                    v0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(q), v0);
-                    v1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(q.add(8)), v1);
-                }
-            }
-        }
-        (v0, v1)
+    unsafe fn epi_avx2(e: &RegEpi, r: usize, v0: __m256, v1: __m256) -> (__m256, __m256) {
+        (e.apply(r, 0, 8, Y8(v0)).0, e.apply(r, 8, 8, Y8(v1)).0)
     }
 
     /// Transposes 8×8 blocks in registers: column j of B (contiguous along k) becomes lane j
@@ -1099,6 +1038,21 @@ pub(crate) mod x86 {
 
 #[cfg(test)]
 mod tests {
+    /// Runs `$check::<I>()` for each ISA this CPU has (AVX2 too on an AVX-512 machine).
+    macro_rules! on_every_isa {
+        ($check:ident) => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if crate::core::isa::has_avx2() {
+                    $check::<x86::Avx2>();
+                }
+                if crate::core::isa::has_avx512() {
+                    $check::<x86::Avx512>();
+                }
+            }
+        };
+    }
+
     use super::*;
     use crate::core::mem::SPtr;
 
@@ -1126,15 +1080,7 @@ mod tests {
     /// orders and a B read in place, on every ISA this CPU has.
     #[test]
     fn epilogue_in_registers_matches_the_row_epilogue() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::core::isa::has_avx2() {
-                check_epi::<x86::Avx2>();
-            }
-            if crate::core::isa::has_avx512() {
-                check_epi::<x86::Avx512>();
-            }
-        }
+        on_every_isa!(check_epi);
     }
 
     #[allow(dead_code)]
@@ -1198,30 +1144,14 @@ mod tests {
     /// edges in m, n and k around the tile and block sizes, against a float64 reference.
     #[test]
     fn own_kernels_match_naive_across_layouts_and_edges() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::core::isa::has_avx2() {
-                check::<x86::Avx2>();
-            }
-            if crate::core::isa::has_avx512() {
-                check::<x86::Avx512>();
-            }
-        }
+        on_every_isa!(check);
     }
 
     /// `sgemm_packed_ab`'s layout, packed here by hand, on every ISA this CPU has (AVX2 too on
     /// an AVX-512 machine), k split into several slices, a partial last panel.
     #[test]
     fn packed_b_matches_naive() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::core::isa::has_avx2() {
-                check_packed::<x86::Avx2>();
-            }
-            if crate::core::isa::has_avx512() {
-                check_packed::<x86::Avx512>();
-            }
-        }
+        on_every_isa!(check_packed);
     }
 
     #[allow(dead_code)]
