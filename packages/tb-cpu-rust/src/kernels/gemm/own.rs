@@ -721,40 +721,13 @@ pub(crate) mod x86 {
         }
         #[inline(always)]
         unsafe fn kernel_b_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
-            match mv {
-                1 => kernel_avx512::<1, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                2 => kernel_avx512::<2, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                3 => kernel_avx512::<3, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                4 => kernel_avx512::<4, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                5 => kernel_avx512::<5, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                6 => kernel_avx512::<6, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                7 => kernel_avx512::<7, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                8 => kernel_avx512::<8, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                9 => kernel_avx512::<9, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                10 => kernel_avx512::<10, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                11 => kernel_avx512::<11, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                _ => kernel_avx512::<MR512, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-            }
+            rows_avx512::<false>(mv, kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0));
             true
         }
         const EPI_IN_REGS: bool = true;
         #[inline(always)]
         unsafe fn kernel_epi(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: &RegEpi, i: usize) -> bool {
-            let e: (*const RegEpi, usize) = (e, i);
-            match mv {
-                1 => kernel_avx512::<1, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                2 => kernel_avx512::<2, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                3 => kernel_avx512::<3, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                4 => kernel_avx512::<4, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                5 => kernel_avx512::<5, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                6 => kernel_avx512::<6, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                7 => kernel_avx512::<7, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                8 => kernel_avx512::<8, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                9 => kernel_avx512::<9, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                10 => kernel_avx512::<10, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                11 => kernel_avx512::<11, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                _ => kernel_avx512::<MR512, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-            }
+            rows_avx512::<true>(mv, kc, a, b, bs, c, rs, alpha, acc, (e, i));
             true
         }
         #[inline(always)]
@@ -796,28 +769,13 @@ pub(crate) mod x86 {
         }
         #[inline(always)]
         unsafe fn kernel_b_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
-            match mv {
-                1 => kernel_avx2::<1, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                2 => kernel_avx2::<2, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                3 => kernel_avx2::<3, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                4 => kernel_avx2::<4, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                5 => kernel_avx2::<5, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-                _ => kernel_avx2::<6, false>(kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0)),
-            }
+            rows_avx2::<false>(mv, kc, a, b, bs, c, rs, alpha, acc, (std::ptr::null(), 0));
             true
         }
         const EPI_IN_REGS: bool = true;
         #[inline(always)]
         unsafe fn kernel_epi(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: &RegEpi, i: usize) -> bool {
-            let e: (*const RegEpi, usize) = (e, i);
-            match mv {
-                1 => kernel_avx2::<1, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                2 => kernel_avx2::<2, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                3 => kernel_avx2::<3, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                4 => kernel_avx2::<4, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                5 => kernel_avx2::<5, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-                _ => kernel_avx2::<6, true>(kc, a, b, bs, c, rs, alpha, acc, e),
-            }
+            rows_avx2::<true>(mv, kc, a, b, bs, c, rs, alpha, acc, (e, i));
             true
         }
         #[inline(always)]
@@ -833,6 +791,41 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn pack_b_rows_avx2(b: Mat, p0: usize, kc: usize, g0: usize, g1: usize, n: usize, dst: *mut f32) {
         pack_b_rows::<Avx2>(b, p0, kc, g0, g1, n, dst)
+    }
+
+    /// `kernel_avx512` for rows 0..mv (1 ≤ mv; MR512 and above: the whole tile), B's steps `bs`
+    /// apart, with the epilogue `e` in registers when `E` (`kernel_b_rows`, `kernel_epi`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn rows_avx512<const E: bool>(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: (*const RegEpi, usize)) {
+        match mv {
+            1 => kernel_avx512::<1, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            2 => kernel_avx512::<2, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            3 => kernel_avx512::<3, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            4 => kernel_avx512::<4, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            5 => kernel_avx512::<5, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            6 => kernel_avx512::<6, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            7 => kernel_avx512::<7, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            8 => kernel_avx512::<8, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            9 => kernel_avx512::<9, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            10 => kernel_avx512::<10, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            11 => kernel_avx512::<11, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            _ => kernel_avx512::<MR512, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+        }
+    }
+
+    /// `rows_avx512` for the 6 × 16 AVX2 tile.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn rows_avx2<const E: bool>(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: (*const RegEpi, usize)) {
+        match mv {
+            1 => kernel_avx2::<1, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            2 => kernel_avx2::<2, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            3 => kernel_avx2::<3, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            4 => kernel_avx2::<4, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            5 => kernel_avx2::<5, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+            _ => kernel_avx2::<6, E>(kc, a, b, bs, c, rs, alpha, acc, e),
+        }
     }
 
     /// Rows of the AVX-512 tile: MR512 × 32 accumulators in 2 × MR512 zmm registers, two for
