@@ -18,13 +18,25 @@ pub(crate) trait Lanes: Copy {
     /// self * x + acc
     unsafe fn fma(self, x: Self, acc: Self) -> Self;
     unsafe fn add(self, x: Self) -> Self;
+    /// self - x
+    unsafe fn sub(self, x: Self) -> Self;
     /// max / min with the NaN of `x` (the second operand) kept
     unsafe fn max(self, x: Self) -> Self;
     unsafe fn min(self, x: Self) -> Self;
     unsafe fn load(p: *const f32, live: usize) -> Self;
+    /// Lanes from..to loaded (from < to ≤ N), the others 0 and not read: `p` may point before
+    /// or past the buffer where those lanes would.
+    unsafe fn load_range(p: *const f32, from: usize, to: usize) -> Self;
     unsafe fn store(self, p: *mut f32, live: usize);
     /// the sum of the lanes
     unsafe fn sum(self) -> f32;
+    /// Interleaves the lanes of `self` (a) and `x` (b): (a0 b0 a1 b1 … of the first halves,
+    /// the same of the second halves).
+    unsafe fn zip(self, x: Self) -> (Self, Self);
+    /// The inverse of `zip` over the 2N floats `self` then `x`: (even lanes, odd lanes).
+    unsafe fn unzip(self, x: Self) -> (Self, Self);
+    /// Whether a lane holds NaN or ±inf.
+    unsafe fn any_nonfinite(self) -> bool;
 }
 
 /// 16 float32 lanes in a zmm register (AVX-512F).
@@ -63,6 +75,10 @@ impl Lanes for Z16 {
         Z16(_mm512_add_ps(self.0, x.0))
     }
     #[inline(always)]
+    unsafe fn sub(self, x: Self) -> Self {
+        Z16(_mm512_sub_ps(self.0, x.0))
+    }
+    #[inline(always)]
     unsafe fn max(self, x: Self) -> Self {
         Z16(_mm512_max_ps(self.0, x.0))
     }
@@ -75,6 +91,10 @@ impl Lanes for Z16 {
         Z16(if live >= 16 { _mm512_loadu_ps(p) } else { _mm512_maskz_loadu_ps(mask16(live), p) })
     }
     #[inline(always)]
+    unsafe fn load_range(p: *const f32, from: usize, to: usize) -> Self {
+        Z16(_mm512_maskz_loadu_ps(mask16(to) & !mask16(from), p))
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32, live: usize) {
         if live >= 16 {
             _mm512_storeu_ps(p, self.0)
@@ -85,6 +105,25 @@ impl Lanes for Z16 {
     #[inline(always)]
     unsafe fn sum(self) -> f32 {
         _mm512_reduce_add_ps(self.0)
+    }
+    #[inline(always)]
+    unsafe fn zip(self, x: Self) -> (Self, Self) {
+        // index bit 4 picks x
+        let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        (Z16(_mm512_permutex2var_ps(self.0, lo, x.0)), Z16(_mm512_permutex2var_ps(self.0, hi, x.0)))
+    }
+    #[inline(always)]
+    unsafe fn unzip(self, x: Self) -> (Self, Self) {
+        let ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        (Z16(_mm512_permutex2var_ps(self.0, ev, x.0)), Z16(_mm512_permutex2var_ps(self.0, od, x.0)))
+    }
+    #[inline(always)]
+    unsafe fn any_nonfinite(self) -> bool {
+        // x - x is 0 for a finite x, NaN for NaN / ±inf
+        let d = _mm512_sub_ps(self.0, self.0);
+        _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(d, _mm512_setzero_ps()) != 0xFFFF
     }
 }
 
@@ -114,6 +153,10 @@ impl Lanes for Y8 {
         Y8(_mm256_add_ps(self.0, x.0))
     }
     #[inline(always)]
+    unsafe fn sub(self, x: Self) -> Self {
+        Y8(_mm256_sub_ps(self.0, x.0))
+    }
+    #[inline(always)]
     unsafe fn max(self, x: Self) -> Self {
         Y8(_mm256_max_ps(self.0, x.0))
     }
@@ -124,6 +167,13 @@ impl Lanes for Y8 {
     #[inline(always)]
     unsafe fn load(p: *const f32, live: usize) -> Self {
         Y8(if live >= 8 { _mm256_loadu_ps(p) } else { _mm256_maskload_ps(p, mask8(live)) })
+    }
+    #[inline(always)]
+    unsafe fn load_range(p: *const f32, from: usize, to: usize) -> Self {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let below_to = _mm256_cmpgt_epi32(_mm256_set1_epi32(to.min(8) as i32), idx);
+        let below_from = _mm256_cmpgt_epi32(_mm256_set1_epi32(from.min(8) as i32), idx);
+        Y8(_mm256_maskload_ps(p, _mm256_andnot_si256(below_from, below_to)))
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32, live: usize) {
@@ -138,5 +188,24 @@ impl Lanes for Y8 {
         let h = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps::<1>(self.0));
         let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
+    }
+    #[inline(always)]
+    unsafe fn zip(self, x: Self) -> (Self, Self) {
+        // a0 b0 a1 b1 | a4 b4 a5 b5 and a2 b2 a3 b3 | a6 b6 a7 b7, then the halves regrouped
+        let (l, h) = (_mm256_unpacklo_ps(self.0, x.0), _mm256_unpackhi_ps(self.0, x.0));
+        (Y8(_mm256_permute2f128_ps::<0x20>(l, h)), Y8(_mm256_permute2f128_ps::<0x31>(l, h)))
+    }
+    #[inline(always)]
+    unsafe fn unzip(self, x: Self) -> (Self, Self) {
+        // a0 a2 b0 b2 | a4 a6 b4 b6, then 64-bit pairs reordered to a0 a2 a4 a6 b0 b2 b4 b6
+        let ev = _mm256_shuffle_ps::<0b10_00_10_00>(self.0, x.0);
+        let od = _mm256_shuffle_ps::<0b11_01_11_01>(self.0, x.0);
+        let fix = |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
+        (Y8(fix(ev)), Y8(fix(od)))
+    }
+    #[inline(always)]
+    unsafe fn any_nonfinite(self) -> bool {
+        let d = _mm256_sub_ps(self.0, self.0);
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(d, _mm256_setzero_ps())) != 0xFF
     }
 }

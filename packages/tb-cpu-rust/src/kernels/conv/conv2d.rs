@@ -198,6 +198,35 @@ pub unsafe fn conv2d(
         }
         return;
     }
+    // 3×3 stride 1: Winograd F(2×2, 3×3), 2.25× fewer multiply-adds (`winograd`)
+    #[cfg(target_arch = "x86_64")]
+    if path != Path::Portable && !nhwc && super::winograd::applies(c, oc, kh, kw, [g.sh, g.sw], [g.dh, g.dw], g.groups, ow, ys[3]) {
+        let wa = super::winograd::Args {
+            x: px.get(),
+            xs: [xs[0], xs[1], xs[2], xs[3]],
+            n,
+            c,
+            hh,
+            ww,
+            w: &wk,
+            oc,
+            y: py.get(),
+            ys: [ys[0], ys[1], ys[2], ys[3]],
+            oh,
+            ow,
+            ph: g.ph,
+            pw: g.pw,
+        };
+        let epi_at = |ni: usize, yo: usize| {
+            epi(
+                shift_p.map(|s| Mat { p: s, rs: 1, cs: 0 }),
+                pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + yo * rs[2])), rs: rs[1] as isize, cs: rs[3] as isize }),
+            )
+        };
+        if super::winograd::conv3x3(&wa, &epi_at, threads) {
+            return;
+        }
+    }
     let direct = kh == 1 && kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 && (xs[2] == ww * xs[3] || hh == 1);
     // a residual whose rows are not evenly spaced is read one output row at a time
     let res_rows = res.is_none_or(|r| r.strides[2] == ow * r.strides[3] || oh == 1);
@@ -725,6 +754,87 @@ mod tests {
                         let same = (a - b).abs() < 1e-4 * (1.0 + b.abs()) || a.is_nan() && b.is_nan();
                         assert!(same, "{path:?} w{ww} k{k} d{d} [{i}]: {a} vs {b}");
                     }
+                }
+            }
+        }
+    }
+
+    /// 3×3 stride-1 convolutions the Winograd path takes (`winograd::applies`): odd and even
+    /// output sizes (a tile half outside), padding 0 / 1 / 2, strided input, a bias, a folded
+    /// norm, a residual and relu / clamp in the epilogue, and NaN / ±inf inputs (recomputed as
+    /// the direct sum: the transforms would turn an inf into inf - inf) against the direct sum.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn winograd_path_matches_the_direct_sum() {
+        if crate::kernels::gemm::own::packed_b_layout(16).is_none() {
+            return;
+        }
+        // (n, c, h, w, oc, pad, epilogue, non-finite inputs, channel-strided input)
+        let cases = [
+            (2, 16, 8, 14, 16, 1, false, false, false),
+            (1, 24, 9, 17, 20, 1, true, false, false),
+            (2, 32, 10, 31, 40, 0, true, false, true),
+            (1, 16, 7, 12, 16, 2, true, false, false),
+            (1, 16, 7, 12, 16, 2, false, true, false),
+            (1, 16, 7, 12, 16, 2, true, true, false),
+            (3, 19, 16, 16, 33, 1, false, true, false),
+            (1, 300, 6, 9, 17, 1, true, false, false),
+        ];
+        for &(n, c, hh, ww, oc, p, with_epi, nonfinite, strided) in &cases {
+            let g = Geom { sh: 1, sw: 1, ph: p, pw: p, dh: 1, dw: 1, groups: 1 };
+            let (oh, ow) = (hh + 2 * p - 2, ww + 2 * p - 2);
+            assert!(super::super::winograd::applies(c, oc, 3, 3, [1, 1], [1, 1], 1, ow, 1), "case c{c} oc{oc} {hh}x{ww}");
+            let mut x = data(n * c * hh * ww, 7, 23);
+            if nonfinite {
+                x[3] = f32::INFINITY;
+                x[hh * ww + ww + 5] = f32::NEG_INFINITY;
+                x[(n * c - 1) * hh * ww + 2 * ww + 1] = f32::NAN;
+            }
+            let w = data(oc * c * 9, 5, 11);
+            let bias = data(oc, 3, 7);
+            let res = data(n * oc * oh * ow, 11, 13);
+            let mut want = naive(&x, &w, [n, c, hh, ww, oc, 3, 3, 0], g, oh, ow);
+            if with_epi {
+                for (i, v) in want.iter_mut().enumerate() {
+                    let o = i / (oh * ow) % oc;
+                    // relu and clamp as ATen's: NaN passes through
+                    let r = *v + bias[o];
+                    let r = if r < 0.0 { 0.0 } else { r } + res[i];
+                    *v = if r < -1.0 { -1.0 } else if r > 0.75 { 0.75 } else { r };
+                }
+            }
+            // a channel stride wider than the plane: the input is a slice of a bigger tensor
+            let cstride = if strided { hh * ww + 5 } else { hh * ww };
+            let mut xb = vec![0f32; n * c * cstride];
+            for ni in 0..n {
+                for ci in 0..c {
+                    let src = &x[(ni * c + ci) * hh * ww..(ni * c + ci + 1) * hh * ww];
+                    xb[(ni * c + ci) * cstride..(ni * c + ci) * cstride + hh * ww].copy_from_slice(src);
+                }
+            }
+            let (mut wb, mut bb, mut rb) = (w.clone(), bias.clone(), res.clone());
+            let mut y = vec![f32::NAN; n * oc * oh * ow];
+            let mem = Mem {
+                ptrs: vec![xb.as_mut_ptr() as *mut u8, wb.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8, bb.as_mut_ptr() as *mut u8, rb.as_mut_ptr() as *mut u8],
+            };
+            let xv = View::new(0, &[n, c, hh, ww], &[c * cstride, cstride, ww, 1], DType::F32);
+            let wv = View::new(1, &[oc, c, 3, 3], &[c * 9, 9, 3, 1], DType::F32);
+            let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+            let bv = View::new(3, &[oc], &[1], DType::F32);
+            let rv = View::new(4, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+            let ops = [EpiSpec::Un(Un::Relu), EpiSpec::Residual, EpiSpec::Un(Un::Clamp(-1.0, 0.75))];
+            for threads in [1, 2] {
+                y.fill(f32::NAN);
+                unsafe {
+                    if with_epi {
+                        conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, threads, path());
+                    } else {
+                        conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path());
+                    }
+                }
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    let same = if b.is_finite() { (a - b).abs() < 1e-4 * (1.0 + b.abs()) } else { a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) };
+                    assert!(same, "case c{c} oc{oc} {hh}x{ww} pad {p} t{threads} [{i}]: {a} vs {b}");
                 }
             }
         }

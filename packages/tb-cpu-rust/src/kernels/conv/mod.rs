@@ -14,6 +14,8 @@ pub mod conv_transpose;
 mod depthwise_vector;
 pub mod pool3d;
 pub mod upsample;
+#[cfg(target_arch = "x86_64")]
+mod winograd;
 
 use crate::core::mem::Mem;
 use crate::core::tensor::View;
