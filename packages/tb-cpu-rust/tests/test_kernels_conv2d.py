@@ -237,6 +237,93 @@ def test_depthwise_stride1_rows_and_epilogue(
     assert steps[0]["epilogue"] == want
 
 
+#: 3×3 stride-1 convolutions the Winograd path takes (≥ 16 channels each side, output ≥ 7 wide):
+#: (x shape, out channels, padding, input view)
+WINOGRAD_CASES = [
+    ((2, 16, 8, 8), 16, 1, "contiguous"),
+    ((1, 24, 15, 13), 32, 1, "contiguous"),  # odd output: a tile half outside, both ways
+    ((2, 32, 12, 40), 16, 0, "contiguous"),  # no padding; 19 tiles a row (a run across panels)
+    ((1, 16, 9, 9), 20, 2, "contiguous"),
+    ((2, 16, 11, 30), 24, 1, "channel_slice"),  # every other channel of a bigger tensor
+    ((1, 16, 10, 12), 16, 1, "transposed"),  # rows not contiguous (the strided input transform)
+    ((1, 300, 6, 9), 17, 1, "contiguous"),  # the GEMM's depth in two slices
+    ((3, 64, 16, 16), 64, 1, "contiguous"),  # several chunks of tile rows
+    ((0, 16, 8, 8), 16, 1, "contiguous"),
+]
+
+
+def _winograd_input(shape: tuple[int, ...], view: str) -> torch.Tensor:
+    n, c, h, w = shape
+    if view == "channel_slice":
+        return randn(n, 2 * c, h, w)[:, ::2]
+    if view == "transposed":
+        return randn(n, c, w, h).transpose(2, 3)
+    return randn(n, c, h, w)
+
+
+@pytest.mark.parametrize(("x_shape", "cout", "pad", "view"), WINOGRAD_CASES)
+@pytest.mark.parametrize("epilogue", ["none", "bn+add+relu", "bias+relu6"])
+def test_conv3x3_winograd_matches_torch(
+    plans: list[list[dict[str, Any]]], x_shape: tuple[int, ...], cout: int, pad: int, view: str, epilogue: str
+) -> None:
+    """Winograd F(2×2, 3×3) (kernels/conv/winograd.rs) against eager: odd sizes, padding 0-2,
+    strided inputs, empty batch, two depth slices, and the folded norm / residual / activation
+    applied to its outputs; NaN and ±inf inputs (the outputs they reach are recomputed as the
+    direct sum, so an inf stays ±inf where the transforms would make it inf - inf)."""
+    torch.manual_seed(0)
+    c = x_shape[1]
+    conv = nn.Conv2d(c, cout, 3, padding=pad, bias=epilogue == "bias+relu6")
+    bn = _bn(cout)
+    res = randn(x_shape[0], cout, x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2, seed=1)
+
+    def fn(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        if epilogue == "bn+add+relu":
+            return torch.relu(bn(conv(x)) + r)
+        if epilogue == "bias+relu6":
+            return F.relu6(conv(x))
+        return conv(x)
+
+    x = _winograd_input(x_shape, view)
+    _check(fn, x, res)
+    if x.numel():
+        x = x.clone()
+        x[0, 0, 0, 0] = float("nan")
+        x[-1, 1, 2, 3] = float("inf")
+        x[-1, c - 1, x.shape[2] - 1, x.shape[3] // 2] = float("-inf")
+        _check(fn, x, res)
+    ops = {s["op"] for p in plans for s in p}
+    assert ops == {"conv2d"} if x.numel() else "conv2d" in ops  # norm, add and activation folded
+
+
+def test_conv3x3_winograd_error_is_the_direct_paths_size() -> None:
+    """Against a float64 reference, the transforms' error stays of the size of eager's float32
+    direct convolution (256 input channels: the longest sums here)."""
+    torch.manual_seed(0)
+    x = randn(2, 256, 16, 16)
+    w = torch.randn(64, 256, 3, 3, generator=torch.Generator().manual_seed(3)) / 48.0
+    ref = F.conv2d(x.double(), w.double(), padding=1)
+    eager_err = (F.conv2d(x, w, padding=1).double() - ref).abs().max().item()
+    got = run_native(lambda a: F.conv2d(a, w, padding=1), x, require_native=True)
+    err = (got.double() - ref).abs().max().item()
+    assert err <= 4 * eager_err, (err, eager_err)
+
+
+def test_conv3x3_winograd_switch() -> None:
+    """TB_CONV_WINOGRAD=0 (read once per process) takes im2col instead; both match eager."""
+    code = (
+        "import test_kernels_conv2d as t\n"
+        "for case in t.WINOGRAD_CASES[:4]: t._check(t.nn.Conv2d(case[0][1], case[1], 3, padding=case[2]), "
+        "t._winograd_input(case[0], case[3]))\n"
+        "print('ok')"
+    )
+    for flag in ("0", "1"):
+        env = {**os.environ, "TB_CONV_WINOGRAD": flag}
+        r = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__)
+        )
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
 def test_conv_batchnorm_not_folded_when_conv_result_is_read_twice(plans: list[list[dict[str, Any]]]) -> None:
     conv, bn = nn.Conv2d(4, 4, 3, padding=1, bias=False), _bn(4)
 
