@@ -8,7 +8,8 @@
 //!   weight gradient, added up at the end.
 //!   A channels-last input (one group) is gathered as the forward's NHWC im2col (positions ×
 //!   (a, b, ci)), so both GEMM operands are read along their rows.
-//! - grad_input, stride 1, no more output than input channels: the forward convolution (`conv2d::conv2d`, all its paths) of grad_out
+//! - grad_input, stride 1, no more output than input channels (or any counts where that forward
+//!   is a Winograd 3×3): the forward convolution (`conv2d::conv2d`, all its paths) of grad_out
 //!   with the weights flipped in space and transposed per group, padded `d·(k−1) − p`.
 //! - grad_input otherwise: `col (K × P) = Wᵀ (K × OC/g) @ gY (OC/g × P)`, then col2im adds each
 //!   column back onto the input positions its window read (a 1×1 stride-1 convolution writes
@@ -97,7 +98,14 @@ unsafe fn grad_input_by_forward(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: 
     let ocg = s.oc / g.groups;
     // a non-finite weight times the zero padding the forward reads would be NaN where
     // PyTorch's gradient has none
-    if g.sh != 1 || g.sw != 1 || g.ph > reach_h || g.pw > reach_w || !rows_even || ocg > s.cg || !wk.iter().all(|v| v.is_finite()) {
+    // ... except where the forward is a Winograd 3×3 (2.25× fewer products than either GEMM)
+    #[cfg(target_arch = "x86_64")]
+    let winograd = gy.strides[3] == 1
+        && super::conv2d::path() != Path::Portable
+        && super::winograd::applies(ocg, s.c, s.kh, s.kw, [1, 1], [g.dh, g.dw], g.groups, s.ww, gx.strides[3]);
+    #[cfg(not(target_arch = "x86_64"))]
+    let winograd = false;
+    if g.sh != 1 || g.sw != 1 || g.ph > reach_h || g.pw > reach_w || !rows_even || (ocg > s.cg && !winograd) || !wk.iter().all(|v| v.is_finite()) {
         return false;
     }
     let taps = s.kh * s.kw;
