@@ -249,6 +249,8 @@ WINOGRAD_CASES = [
     ((1, 300, 6, 9), 17, 1, "contiguous"),  # the GEMM's depth in two slices
     ((3, 64, 16, 16), 64, 1, "contiguous"),  # several chunks of tile rows
     ((0, 16, 8, 8), 16, 1, "contiguous"),
+    ((2, 16, 8, 8), 16, 1, "channels_last"),  # planes transposed in, the output transposed back
+    ((1, 24, 15, 13), 32, 2, "channels_last"),
 ]
 
 
@@ -258,6 +260,8 @@ def _winograd_input(shape: tuple[int, ...], view: str) -> torch.Tensor:
         return randn(n, 2 * c, h, w)[:, ::2]
     if view == "transposed":
         return randn(n, c, w, h).transpose(2, 3)
+    if view == "channels_last":
+        return randn(n, c, h, w).to(memory_format=torch.channels_last)
     return randn(n, c, h, w)
 
 

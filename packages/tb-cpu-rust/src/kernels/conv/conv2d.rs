@@ -1,7 +1,10 @@
-//! 2-d convolution forward, three ways, all with the same fused epilogue (per output channel
+//! 2-d convolution forward, four ways, all with the same fused epilogue (per output channel
 //! shift — the bias, or a folded inference batch norm's `b - mean * scale` — then activations
 //! and a residual add, applied per GEMM tile while it is in L1):
 //!
+//! - 3×3 stride 1, one group, ≥ 16 channels each side: Winograd F(2×2, 3×3) (`winograd`), 2.25×
+//!   fewer multiply-adds than any direct method; a dense channels-last input through planes
+//!   transposed once each way.
 //! - depthwise (`groups == in_channels`, any channel multiplier): a direct kernel per output
 //!   plane over a zero-padded copy of its input plane, vectorised along the output width.
 //! - channels-last input (NHWC, one group): im2col rows gathered as contiguous runs of
@@ -200,7 +203,29 @@ pub unsafe fn conv2d(
     }
     // 3×3 stride 1: Winograd F(2×2, 3×3), 2.25× fewer multiply-adds (`winograd`)
     #[cfg(target_arch = "x86_64")]
-    if path != Path::Portable && !nhwc && super::winograd::applies(c, oc, kh, kw, [g.sh, g.sw], [g.dh, g.dw], g.groups, ow, ys[3]) {
+    // (channels-last: a dense NHWC input, through planes transposed once each way)
+    #[cfg(target_arch = "x86_64")]
+    let x_nhwc = nhwc && xs[3] == c && xs[2] == ww * c;
+    #[cfg(target_arch = "x86_64")]
+    if path != Path::Portable
+        && (!nhwc || x_nhwc)
+        && super::winograd::applies(c, oc, kh, kw, [g.sh, g.sw], [g.dh, g.dw], g.groups, ow, if x_nhwc { 1 } else { ys[3] })
+        && (!x_nhwc || ys[3] == 1 || (ys[1] == 1 && ys[3] == oc && ys[2] == ow * oc))
+    {
+        // the channels-last path laid the weights out (a, b, ci) × oc: back to oc × (ci, a, b)
+        let w_planes: Vec<f32> = if nhwc {
+            let mut v = vec![0f32; oc * kk];
+            for o in 0..oc {
+                for ci in 0..c {
+                    for t in 0..9 {
+                        v[(o * c + ci) * 9 + t] = wk[(t * c + ci) * oc + o];
+                    }
+                }
+            }
+            v
+        } else {
+            Vec::new()
+        };
         let wa = super::winograd::Args {
             x: px.get(),
             xs: [xs[0], xs[1], xs[2], xs[3]],
@@ -208,7 +233,7 @@ pub unsafe fn conv2d(
             c,
             hh,
             ww,
-            w: &wk,
+            w: if nhwc { &w_planes } else { &wk },
             oc,
             y: py.get(),
             ys: [ys[0], ys[1], ys[2], ys[3]],
@@ -223,7 +248,8 @@ pub unsafe fn conv2d(
                 pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + yo * rs[2])), rs: rs[1] as isize, cs: rs[3] as isize }),
             )
         };
-        if super::winograd::conv3x3(&wa, &epi_at, threads) {
+        let done = if x_nhwc { super::winograd::conv3x3_channels_last(&wa, &epi_at, threads) } else { super::winograd::conv3x3(&wa, &epi_at, threads) };
+        if done {
             return;
         }
     }
@@ -769,18 +795,23 @@ mod tests {
         if crate::kernels::gemm::own::packed_b_layout(16).is_none() {
             return;
         }
-        // (n, c, h, w, oc, pad, epilogue, non-finite inputs, channel-strided input)
+        // (n, c, h, w, oc, pad, epilogue, non-finite inputs, input layout: 0 NCHW, 1 channel
+        // stride wider than a plane, 2 channels-last (output and residual channels-last too))
         let cases = [
-            (2, 16, 8, 14, 16, 1, false, false, false),
-            (1, 24, 9, 17, 20, 1, true, false, false),
-            (2, 32, 10, 31, 40, 0, true, false, true),
-            (1, 16, 7, 12, 16, 2, true, false, false),
-            (1, 16, 7, 12, 16, 2, false, true, false),
-            (1, 16, 7, 12, 16, 2, true, true, false),
-            (3, 19, 16, 16, 33, 1, false, true, false),
-            (1, 300, 6, 9, 17, 1, true, false, false),
+            (2, 16, 8, 14, 16, 1, false, false, 0),
+            (1, 24, 9, 17, 20, 1, true, false, 0),
+            (2, 32, 10, 31, 40, 0, true, false, 1),
+            (1, 16, 7, 12, 16, 2, true, false, 0),
+            (1, 16, 7, 12, 16, 2, false, true, 0),
+            (1, 16, 7, 12, 16, 2, true, true, 0),
+            (3, 19, 16, 16, 33, 1, false, true, 0),
+            (1, 300, 6, 9, 17, 1, true, false, 0),
+            (1, 32, 16, 16, 16, 0, false, false, 2),
+            (2, 17, 9, 11, 24, 1, false, false, 2),
+            (2, 17, 9, 11, 24, 1, true, true, 2),
         ];
-        for &(n, c, hh, ww, oc, p, with_epi, nonfinite, strided) in &cases {
+        for &(n, c, hh, ww, oc, p, with_epi, nonfinite, layout) in &cases {
+            let (strided, cl) = (layout == 1, layout == 2);
             let g = Geom { sh: 1, sw: 1, ph: p, pw: p, dh: 1, dw: 1, groups: 1 };
             let (oh, ow) = (hh + 2 * p - 2, ww + 2 * p - 2);
             assert!(super::super::winograd::applies(c, oc, 3, 3, [1, 1], [1, 1], 1, ow, 1), "case c{c} oc{oc} {hh}x{ww}");
@@ -809,19 +840,39 @@ mod tests {
             for ni in 0..n {
                 for ci in 0..c {
                     let src = &x[(ni * c + ci) * hh * ww..(ni * c + ci + 1) * hh * ww];
-                    xb[(ni * c + ci) * cstride..(ni * c + ci) * cstride + hh * ww].copy_from_slice(src);
+                    if cl {
+                        for (q, &v) in src.iter().enumerate() {
+                            xb[(ni * hh * ww + q) * c + ci] = v;
+                        }
+                    } else {
+                        xb[(ni * c + ci) * cstride..(ni * c + ci) * cstride + hh * ww].copy_from_slice(src);
+                    }
                 }
             }
-            let (mut wb, mut bb, mut rb) = (w.clone(), bias.clone(), res.clone());
+            // NCHW index i of an output-shaped tensor -> its index in the layout under test
+            let at = |i: usize| {
+                if !cl {
+                    return i;
+                }
+                let (q, o, ni) = (i % (oh * ow), i / (oh * ow) % oc, i / (oh * ow * oc));
+                (ni * oh * ow + q) * oc + o
+            };
+            let mut rb = vec![0f32; res.len()];
+            for (i, &v) in res.iter().enumerate() {
+                rb[at(i)] = v;
+            }
+            let (mut wb, mut bb) = (w.clone(), bias.clone());
             let mut y = vec![f32::NAN; n * oc * oh * ow];
             let mem = Mem {
                 ptrs: vec![xb.as_mut_ptr() as *mut u8, wb.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8, bb.as_mut_ptr() as *mut u8, rb.as_mut_ptr() as *mut u8],
             };
-            let xv = View::new(0, &[n, c, hh, ww], &[c * cstride, cstride, ww, 1], DType::F32);
+            let xs = if cl { [hh * ww * c, 1, ww * c, c] } else { [c * cstride, cstride, ww, 1] };
+            let ys = if cl { [oh * ow * oc, 1, ow * oc, oc] } else { [oc * oh * ow, oh * ow, ow, 1] };
+            let xv = View::new(0, &[n, c, hh, ww], &xs, DType::F32);
             let wv = View::new(1, &[oc, c, 3, 3], &[c * 9, 9, 3, 1], DType::F32);
-            let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+            let yv = View::new(2, &[n, oc, oh, ow], &ys, DType::F32);
             let bv = View::new(3, &[oc], &[1], DType::F32);
-            let rv = View::new(4, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+            let rv = View::new(4, &[n, oc, oh, ow], &ys, DType::F32);
             let ops = [EpiSpec::Un(Un::Relu), EpiSpec::Residual, EpiSpec::Un(Un::Clamp(-1.0, 0.75))];
             for threads in [1, 2] {
                 y.fill(f32::NAN);
@@ -832,9 +883,10 @@ mod tests {
                         conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path());
                     }
                 }
-                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                for (i, b) in want.iter().enumerate() {
+                    let a = y[at(i)];
                     let same = if b.is_finite() { (a - b).abs() < 1e-4 * (1.0 + b.abs()) } else { a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) };
-                    assert!(same, "case c{c} oc{oc} {hh}x{ww} pad {p} t{threads} [{i}]: {a} vs {b}");
+                    assert!(same, "case c{c} oc{oc} {hh}x{ww} pad {p} layout {layout} t{threads} [{i}]: {a} vs {b}");
                 }
             }
         }

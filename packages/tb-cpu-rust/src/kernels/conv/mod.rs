@@ -1,6 +1,7 @@
 //! Convolution and max / average pooling with PyTorch's window and padding rules.
 //!
-//! Submodules: 2-d convolution (`conv2d`: im2col + packed GEMM, a direct depthwise kernel,
+//! Submodules: 2-d convolution (`conv2d`: Winograd F(2×2, 3×3) for 3×3 stride-1 layers
+//! (`winograd`), im2col + packed GEMM, a direct depthwise kernel,
 //! channels-last without a layout copy; bias, a folded inference batch norm, activations and a
 //! residual add fused into its epilogue; its backward in `conv2d_backward`), 3-d convolution and pooling, transposed convolution,
 //! adaptive pooling and upsampling (the resampling kernels over spatial dims).

@@ -32,6 +32,7 @@ const CHUNK_BUDGET: usize = 1 << 17;
 
 /// One convolution as the Winograd path reads it: NCHW input and output (unit stride along
 /// the output width), weights `oc × c × 3 × 3` contiguous (already scaled by a folded norm).
+#[derive(Clone, Copy)]
 pub(super) struct Args<'a> {
     pub x: *const f32,
     pub xs: [usize; 4],
@@ -190,6 +191,98 @@ pub(super) unsafe fn conv3x3(a: &Args, epi_at: &(dyn Fn(usize, usize) -> Epi + S
         (0..chunks).for_each(task);
     }
     true
+}
+
+thread_local! {
+    static NHWC_IN: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static NHWC_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `conv3x3` for a channels-last input (dense NHWC: channels contiguous, rows `ww · c` apart)
+/// and an output either channels-last too or with contiguous rows: the input is transposed to
+/// planes first and a channels-last output transposed back (8×8 register blocks, one pass each
+/// way: ~5 % of a 64 → 64 convolution), as the transforms run along rows of a plane. The
+/// epilogue's residual is read through its own strides. False, touching nothing of the output,
+/// when a weight is NaN / inf.
+///
+/// # Safety
+/// As `conv3x3`, with `a.xs` the input's NHWC strides and `a.ys` the output's.
+pub(super) unsafe fn conv3x3_channels_last(a: &Args, epi_at: &(dyn Fn(usize, usize) -> Epi + Sync), threads: usize) -> bool {
+    let (hw, ohw) = (a.hh * a.ww, a.oh * a.ow);
+    let y_nhwc = a.ys[1] == 1 && a.ys[3] == a.oc && a.ys[2] == a.ow * a.oc;
+    let with = |cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, n: usize, f: &mut dyn FnMut(*mut f32) -> bool| {
+        cell.with(|c| match c.try_borrow_mut() {
+            Ok(mut v) => {
+                if v.len() < n {
+                    v.resize(n, 0.0);
+                }
+                f(v.as_mut_ptr())
+            }
+            Err(_) => f(vec![0.0; n].as_mut_ptr()),
+        })
+    };
+    let each_image = |f: &(dyn Fn(usize) + Sync)| {
+        if threads > 1 {
+            crate::core::par::for_each(a.n, f);
+        } else {
+            (0..a.n).for_each(f);
+        }
+    };
+    with(&NHWC_IN, a.n * a.c * hw, &mut |xt| {
+        let (xp, xtp) = (SPtr(a.x as *mut f32), SPtr(xt));
+        each_image(&|ni| transpose(xp.add(ni * a.xs[0]), hw, a.c, a.xs[3], xtp.add(ni * a.c * hw), hw));
+        let planes = Args { x: xt, xs: [a.c * hw, hw, a.ww, 1], w: a.w, ..*a };
+        if !y_nhwc {
+            return conv3x3(&planes, epi_at, threads);
+        }
+        with(&NHWC_OUT, a.n * a.oc * ohw, &mut |yt| {
+            let out = Args { y: yt, ys: [a.oc * ohw, ohw, a.ow, 1], ..planes };
+            if !conv3x3(&out, epi_at, threads) {
+                return false;
+            }
+            let (yp, ytp) = (SPtr(a.y), SPtr(yt));
+            each_image(&|ni| transpose(ytp.add(ni * a.oc * ohw), a.oc, ohw, ohw, yp.add(ni * a.ys[0]), a.oc));
+            true
+        })
+    })
+}
+
+/// dst[j · dst_rs + i] = src[i · src_rs + j] for i < rows, j < cols.
+unsafe fn transpose(src: *const f32, rows: usize, cols: usize, src_rs: usize, dst: *mut f32, dst_rs: usize) {
+    if crate::core::isa::has_avx2() {
+        transpose_avx2(src, rows, cols, src_rs, dst, dst_rs)
+    } else {
+        transpose_scalar(src, 0, rows, 0, cols, src_rs, dst, dst_rs)
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_avx2(src: *const f32, rows: usize, cols: usize, src_rs: usize, dst: *mut f32, dst_rs: usize) {
+    use std::arch::x86_64::*;
+    let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+    for i0 in (0..r8).step_by(8) {
+        for j0 in (0..c8).step_by(8) {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (k, v) in r.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(src.add((i0 + k) * src_rs + j0));
+            }
+            let t = crate::core::transpose::transpose_8x8(&r);
+            for (k, v) in t.iter().enumerate() {
+                _mm256_storeu_ps(dst.add((j0 + k) * dst_rs + i0), *v);
+            }
+        }
+    }
+    transpose_scalar(src, 0, r8, c8, cols, src_rs, dst, dst_rs);
+    transpose_scalar(src, r8, rows, 0, cols, src_rs, dst, dst_rs);
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn transpose_scalar(src: *const f32, i0: usize, i1: usize, j0: usize, j1: usize, src_rs: usize, dst: *mut f32, dst_rs: usize) {
+    for i in i0..i1 {
+        for j in j0..j1 {
+            *dst.add(j * dst_rs + i) = *src.add(i * src_rs + j);
+        }
+    }
 }
 
 /// Tile geometry and the GEMM's packed-panel layout.
