@@ -86,7 +86,7 @@ def _gemm_spec(
         "beta": beta,
         "epilogue": epilogue,
     }
-    return json.dumps({"schema": 4, "buffers": buffers, "values": values, "steps": [step]})
+    return json.dumps({"schema": _native.STEP_SCHEMA_VERSION, "buffers": buffers, "values": values, "steps": [step]})
 
 
 @settings(max_examples=150, deadline=None)

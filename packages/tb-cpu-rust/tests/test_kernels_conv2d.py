@@ -299,6 +299,79 @@ def test_conv3x3_winograd_matches_torch(
     assert ops == {"conv2d"} if x.numel() else "conv2d" in ops  # norm, add and activation folded
 
 
+class _ConvPool(nn.Module):
+    """conv → [bn] → activation → max pool, as CNNs stack them."""
+
+    def __init__(self, cin: int, cout: int, act: str, k: int = 3, bn: bool = True, pool: tuple[int, int] = (2, 2)):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, padding=k // 2)
+        self.bn = _bn(cout) if bn else nn.Identity()
+        self.act, self.pool = act, pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x))
+        y = {"relu": torch.relu, "relu6": F.relu6, "silu": F.silu, "none": lambda t: t}[self.act](y)
+        return F.max_pool2d(y, self.pool[0], self.pool[1])
+
+
+@pytest.mark.parametrize(
+    ("cin", "cout", "hw", "act", "bn", "layout"),
+    [
+        (16, 16, (8, 8), "relu", True, "contiguous"),  # Winograd: its tiles pooled before the epilogue
+        (24, 32, (15, 13), "relu6", True, "contiguous"),  # odd: the last row / column dropped (floor)
+        (16, 20, (9, 17), "none", False, "contiguous"),
+        (3, 16, (10, 10), "relu", True, "contiguous"),  # im2col: a scratch result pooled
+        (16, 16, (8, 10), "relu", True, "channels_last"),
+        (32, 64, (16, 16), "relu", True, "contiguous"),  # the bench CNN's second layer
+    ],
+)
+def test_conv_max_pool_folded(
+    plans: list[list[dict[str, Any]]], cin: int, cout: int, hw: tuple[int, int], act: str, bn: bool, layout: str
+) -> None:
+    """A 2×2 stride-2 max pool after conv (+ bn) (+ relu / relu6) folds into the conv2d step
+    (pool = 2, no max_pool2d step) and matches eager: NaN wins a window, ±inf stays."""
+    torch.manual_seed(0)
+    block = _ConvPool(cin, cout, act, bn=bn).eval()
+    x = randn(2, cin, *hw)
+    if layout == "channels_last":
+        block, x = block.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    _check(block, x)
+    x = x.clone()
+    x[0, 0, 1, 1] = float("nan")
+    x[1, cin - 1, 3, 2] = float("inf")
+    x[1, 1, hw[0] - 1, hw[1] - 1] = -float("inf")
+    _check(block, x)
+    for p in plans:  # one plan per compiled call
+        assert [s["op"] for s in p] == ["conv2d"] and p[0]["pool"] == 2, p
+
+
+@pytest.mark.parametrize("case", ["silu", "stride1", "kernel3", "ceil", "residual", "indices_read"])
+def test_conv_max_pool_not_folded(plans: list[list[dict[str, Any]]], case: str) -> None:
+    """A non-monotone activation, other windows, a residual or read indices: the pool stays a step."""
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(16, 16, 3, padding=1), _bn(16)
+    x = randn(2, 16, 8, 8)
+
+    def fn(x: torch.Tensor) -> Any:
+        y = bn(conv(x))
+        if case == "silu":
+            return F.max_pool2d(F.silu(y), 2)
+        if case == "stride1":
+            return F.max_pool2d(torch.relu(y), 2, 1)
+        if case == "kernel3":
+            return F.max_pool2d(torch.relu(y), 3, 2)
+        if case == "ceil":
+            return F.max_pool2d(torch.relu(y[..., :7]), 2, 2, ceil_mode=True)
+        if case == "residual":
+            return F.max_pool2d(torch.relu(y + x), 2)
+        return F.max_pool2d(torch.relu(y), 2, return_indices=True)
+
+    _check(fn, x)
+    steps = [s for p in plans for s in p]
+    assert "max_pool2d" in [s["op"] for s in steps], steps
+    assert all(s.get("pool", 0) == 0 for s in steps if s["op"] == "conv2d")
+
+
 def test_conv3x3_winograd_error_is_the_direct_paths_size() -> None:
     """Against a float64 reference, the transforms' error stays of the size of eager's float32
     direct convolution (256 input channels: the longest sums here)."""
@@ -509,6 +582,16 @@ def test_conv2d_step_refuses_bad_operands() -> None:
     bad["steps"][0]["epilogue"] = ["hardtanh:0"]
     with pytest.raises(ValueError, match="epilogue"):
         _native.Executor(json.dumps(bad))
+    # pool: only 2, the pooled shape, no residual, relu / clamp only
+    with pytest.raises(ValueError, match="pool is 0"):
+        _native.Executor(_conv_spec(x, w, y, [None] * 6, **geo, pool=3))
+    with pytest.raises(ValueError, match="output shape"):
+        _native.Executor(_conv_spec(x, w, y, [None] * 6, **geo, pool=2))
+    pooled = json.loads(_conv_spec(x, w, torch.empty(1, 3, 1, 1), [None] * 6, **geo, pool=2))
+    _native.Executor(json.dumps(pooled))
+    pooled["steps"][0]["epilogue"] = ["sigmoid"]
+    with pytest.raises(ValueError, match="non-monotone"):
+        _native.Executor(json.dumps(pooled))
 
 
 @pytest.mark.parametrize(("k", "s", "p", "d"), [(2, 2, 0, 1), (3, 2, 0, 1), (3, 1, 1, 1), (2, 1, 0, 2), (3, 2, 1, 1)])

@@ -23,6 +23,8 @@ pub(crate) trait Lanes: Copy {
     /// max / min with the NaN of `x` (the second operand) kept
     unsafe fn max(self, x: Self) -> Self;
     unsafe fn min(self, x: Self) -> Self;
+    /// max that is NaN where either lane is (max_pool's rule)
+    unsafe fn max_nan(self, x: Self) -> Self;
     unsafe fn load(p: *const f32, live: usize) -> Self;
     /// Lanes from..to loaded (from < to ≤ N), the others 0 and not read: `p` may point before
     /// or past the buffer where those lanes would.
@@ -85,6 +87,12 @@ impl Lanes for Z16 {
     #[inline(always)]
     unsafe fn min(self, x: Self) -> Self {
         Z16(_mm512_min_ps(self.0, x.0))
+    }
+    #[inline(always)]
+    unsafe fn max_nan(self, x: Self) -> Self {
+        // max_ps gives x where either is NaN: self's NaN lanes put back
+        let m = _mm512_max_ps(self.0, x.0);
+        Z16(_mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(self.0, self.0), m, self.0))
     }
     #[inline(always)]
     unsafe fn load(p: *const f32, live: usize) -> Self {
@@ -163,6 +171,11 @@ impl Lanes for Y8 {
     #[inline(always)]
     unsafe fn min(self, x: Self) -> Self {
         Y8(_mm256_min_ps(self.0, x.0))
+    }
+    #[inline(always)]
+    unsafe fn max_nan(self, x: Self) -> Self {
+        let m = _mm256_max_ps(self.0, x.0);
+        Y8(_mm256_blendv_ps(m, self.0, _mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0)))
     }
     #[inline(always)]
     unsafe fn load(p: *const f32, live: usize) -> Self {

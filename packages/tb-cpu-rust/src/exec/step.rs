@@ -15,8 +15,9 @@ use std::sync::OnceLock;
 /// Bumped whenever a step kind gains, loses or renames a field, or the plan's envelope changes
 /// meaning (Python's `steps.SCHEMA_VERSION` is this value, read from the native module). 3: an
 /// output buffer's `sizes` / `strides` are the layout its tensor must have. 4: `conv2d` takes a
-/// residual and a folded batch norm's operands, and `epilogue` / `eps` parameters.
-pub const SCHEMA_VERSION: u32 = 4;
+/// residual and a folded batch norm's operands, and `epilogue` / `eps` parameters. 5: `conv2d`
+/// takes `pool` (2: its result max-pooled 2×2 stride 2).
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// One step of a plan: its operands and results (value ids), what it computes (`op`) and the
 /// named parameters of that kind.

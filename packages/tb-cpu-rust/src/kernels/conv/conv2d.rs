@@ -71,6 +71,8 @@ pub fn path() -> Path {
 
 thread_local! {
     static COL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// a pooled convolution's full result, on the paths that write it
+    static FULL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with a thread-local scratch of at least `n` floats (a fresh one when it is borrowed).
@@ -98,6 +100,12 @@ pub struct Geom {
     pub groups: usize,
 }
 
+/// The convolution's output height and width for an input of hh × ww.
+pub(super) fn conv_size(hh: usize, ww: usize, kh: usize, kw: usize, g: Geom) -> (usize, usize) {
+    let span = |size: usize, pad: usize, k: usize, d: usize, s: usize| (size + 2 * pad).checked_sub(d * (k - 1) + 1).map_or(0, |e| e / s + 1);
+    (span(hh, g.ph, kh, g.dh, g.sh), span(ww, g.pw, kw, g.dw, g.sw))
+}
+
 /// Output columns `lo..hi` whose input column `xo * sw + off` lies inside `0..ww`.
 #[inline(always)]
 pub(super) fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize, usize) {
@@ -107,16 +115,21 @@ pub(super) fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize,
     (lo, hi.max(lo))
 }
 
+/// `pool`: y holds the 2×2 stride-2 max pool (floor) of the convolution's result after the
+/// epilogue (no residual; relu / clamp only, which commute with the max): the Winograd path
+/// pools its tiles before the epilogue and never writes the full result, the others write it
+/// to a scratch buffer and pool that.
+///
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn conv2d(
     mem: &Mem, x: &View, w: &View, bias: Option<&View>, bn: Option<&FoldedBn>, res: Option<&View>, y: &View, g: Geom, ops: &[EpiSpec],
-    threads: usize, path: Path,
+    threads: usize, path: Path, pool: bool,
 ) {
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
-    let (oh, ow) = (y.sizes[2], y.sizes[3]);
+    let (oh, ow) = if pool { conv_size(hh, ww, kh, kw, g) } else { (y.sizes[2], y.sizes[3]) };
     if n == 0 || oc == 0 || oh == 0 || ow == 0 {
         return;
     }
@@ -208,7 +221,7 @@ pub unsafe fn conv2d(
     let x_nhwc = nhwc && xs[3] == c && xs[2] == ww * c;
     #[cfg(target_arch = "x86_64")]
     if path != Path::Portable
-        && (!nhwc || x_nhwc)
+        && (!nhwc || (x_nhwc && !pool))
         && super::winograd::applies(c, oc, kh, kw, [g.sh, g.sw], [g.dh, g.dw], g.groups, ow, if x_nhwc { 1 } else { ys[3] })
         && (!x_nhwc || ys[3] == 1 || (ys[1] == 1 && ys[3] == oc && ys[2] == ow * oc))
     {
@@ -241,6 +254,7 @@ pub unsafe fn conv2d(
             ow,
             ph: g.ph,
             pw: g.pw,
+            pool,
         };
         let epi_at = |ni: usize, yo: usize| {
             epi(
@@ -252,6 +266,30 @@ pub unsafe fn conv2d(
         if done {
             return;
         }
+    }
+    if pool {
+        // the full result into a scratch buffer (kept per thread: a fresh one each call would
+        // fault its pages in again), then pooled
+        let pooled = |full: *mut f32| {
+            let mut ptrs = mem.ptrs.clone();
+            ptrs.push(full as *mut u8);
+            let local = Mem { ptrs };
+            let fv = View::new(local.ptrs.len() - 1, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], y.dtype);
+            conv2d(&local, x, w, bias, bn, res, &fv, g, ops, threads, path, false);
+            // the indices view is never written (write_idx false)
+            super::max_pool(&local, &fv, y, y, &[2, 2, 2, 2, 0, 0, 1, 1], false);
+        };
+        let len = n * oc * oh * ow;
+        FULL.with(|f| match f.try_borrow_mut() {
+            Ok(mut v) => {
+                if v.len() < len {
+                    v.resize(len, 0.0);
+                }
+                pooled(v.as_mut_ptr())
+            }
+            Err(_) => pooled(vec![0f32; len].as_mut_ptr()),
+        });
+        return;
     }
     let direct = kh == 1 && kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 && (xs[2] == ww * xs[3] || hh == 1);
     // a residual whose rows are not evenly spaced is read one output row at a time
@@ -775,7 +813,7 @@ mod tests {
                     let bv = View::new(3, &[c], &[1], DType::F32);
                     let rv = View::new(4, &[n, c, oh, ow], &plane, DType::F32);
                     let ops = [EpiSpec::Residual, EpiSpec::Un(Un::Clamp(0.0, 0.5))];
-                    unsafe { conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, 1, path) };
+                    unsafe { conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, 1, path, false) };
                     for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                         let same = (a - b).abs() < 1e-4 * (1.0 + b.abs()) || a.is_nan() && b.is_nan();
                         assert!(same, "{path:?} w{ww} k{k} d{d} [{i}]: {a} vs {b}");
@@ -878,9 +916,9 @@ mod tests {
                 y.fill(f32::NAN);
                 unsafe {
                     if with_epi {
-                        conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, threads, path());
+                        conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, threads, path(), false);
                     } else {
-                        conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path());
+                        conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path(), false);
                     }
                 }
                 for (i, b) in want.iter().enumerate() {
@@ -944,7 +982,7 @@ mod tests {
                 let wv = View::new(1, &[oc, cg, k, k], &[cg * k * k, k * k, k, 1], DType::F32);
                 let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
                 for threads in [1, 2] {
-                    unsafe { conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path) };
+                    unsafe { conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path, false) };
                     for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                         assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "{path:?} case c{c} g{groups} cl{cl} t{threads} [{i}]: {a} vs {b}");
                     }

@@ -336,12 +336,13 @@ mod steps {
 
     crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
 
-    crate::step_params!(struct Conv2dParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, epilogue: Vec<String>, eps: f64 });
+    crate::step_params!(struct Conv2dParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, epilogue: Vec<String>, eps: f64, pool: Option<i64> });
 
     /// operands: x, weight, bias?, res? (the residual the epilogue's add reads), and a folded
     /// inference batch norm's weight?, bias?, mean?, var? (mean and var both or neither)
     fn conv2d_step(a: &Args) -> Built {
-        let Conv2dParams { stride, padding, dilation, groups, epilogue, eps } = a.params()?;
+        let Conv2dParams { stride, padding, dilation, groups, epilogue, eps, pool } = a.params()?;
+        let pool = pool.unwrap_or(0);
         let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
         let (bias, res) = (a.opt(2), a.opt(3));
         f32s(&[&x, &w, &y])?;
@@ -355,12 +356,19 @@ mod steps {
         let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d kernel larger than input")?;
         let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d kernel larger than input")?;
         let (oh, ow) = (eh / sh + 1, ew_ / sw + 1);
-        need(y.sizes == [n, oc, oh, ow], "conv2d output shape")?;
-        need(y.strides[2] == ow * y.strides[3] || oh == 1, "conv2d output layout")?;
+        need(pool == 0 || pool == 2, "conv2d pool is 0 (none) or 2 (a 2×2 stride-2 max pool of the result)")?;
+        let (yh, yw) = if pool == 2 { (oh / 2, ow / 2) } else { (oh, ow) };
+        need(y.sizes == [n, oc, yh, yw], "conv2d output shape")?;
+        need(y.strides[2] == yw * y.strides[3] || yh == 1, "conv2d output layout")?;
         if let Some(b) = &bias {
             need(b.sizes == [oc] && b.dtype == DType::F32, "conv2d bias shape")?;
         }
         let ops = epilogue.iter().map(|e| conv2d::epilogue_op(e)).collect::<Result<Vec<_>>>()?;
+        // the max commutes with a per-channel shift and with relu / clamp, not with the rest
+        let monotone = |e: &crate::kernels::gemm::EpiSpec| {
+            matches!(e, crate::kernels::gemm::EpiSpec::Un(crate::core::math::unary::Un::Relu | crate::core::math::unary::Un::Clamp(..)))
+        };
+        need(pool == 0 || (res.is_none() && ops.iter().all(monotone)), "conv2d pool with a residual or a non-monotone epilogue")?;
         need(ops.len() <= crate::kernels::gemm::MAX_EPI, "too many conv2d epilogue steps")?;
         let adds = ops.iter().filter(|e| **e == crate::kernels::gemm::EpiSpec::Residual).count();
         need(adds == usize::from(res.is_some()), "conv2d residual operand and epilogue disagree")?;
@@ -387,7 +395,7 @@ mod steps {
         };
         let geom = conv2d::Geom { sh, sw, ph, pw, dh, dw, groups: g };
         infallible(move |mem| unsafe {
-            conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path())
+            conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path(), pool == 2)
         })
     }
 

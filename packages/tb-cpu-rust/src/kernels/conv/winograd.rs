@@ -48,6 +48,9 @@ pub(super) struct Args<'a> {
     pub ow: usize,
     pub ph: usize,
     pub pw: usize,
+    /// y holds the 2×2 stride-2 max pool of the convolution's result (oh / 2 × ow / 2, after the
+    /// epilogue, which is then relu / clamp / a shift only: those commute with the max)
+    pub pool: bool,
 }
 
 // SAFETY: the pointers are only dereferenced at disjoint outputs / shared reads by the tasks
@@ -537,6 +540,12 @@ unsafe fn output_transform_v<V: Lanes>(a: &Args, t: &Tiles, g0: usize, g1: usize
                 (e, e.in_registers(0, 0))
             })
         });
+        if a.pool {
+            if ty < a.oh / 2 {
+                pooled_row::<V>(a, t, ni, ty, col0, cols, mp, mlen, rows[0].as_ref().expect("a pooled row's first output row exists"));
+            }
+            continue;
+        }
         let mut spare = [0f32; 2 * 16];
         for o in 0..a.oc {
             // the two rows' outputs, raw (a missing second row into `spare`, block by block)
@@ -597,6 +606,73 @@ unsafe fn output_transform_v<V: Lanes>(a: &Args, t: &Tiles, g0: usize, g1: usize
                     None => epi.apply_row(out, o, 0),
                 }
             }
+        }
+    }
+}
+
+/// One row of the pooled output (tile row `ty`) for every channel: the max of each tile's four
+/// outputs, NaN where one is, then the epilogue. A block whose outputs the transforms left
+/// non-finite takes them as the direct sum first.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pooled_row<V: Lanes>(a: &Args, t: &Tiles, ni: usize, ty: usize, col0: usize, cols: usize, mp: *const f32, mlen: usize, (epi, reg): &(Epi, Option<RegEpi>)) {
+    let pw = a.ow / 2;
+    for o in 0..a.oc {
+        let row = a.y.add(ni * a.ys[0] + o * a.ys[1] + ty * a.ys[2]);
+        let mut t0 = 0;
+        while t0 < pw {
+            let len = V::N.min(t.tw - t0);
+            let live = len.min(pw - t0);
+            let mut q = [V::zero(); 16];
+            for (xi, qx) in q.iter_mut().enumerate() {
+                *qx = V::load(mp.add(xi * mlen + o * cols + col0 + t0), len);
+            }
+            let mut y = [V::zero(); 4];
+            for r in 0..2 {
+                let mut s = [V::zero(); 4];
+                for (j, sj) in s.iter_mut().enumerate() {
+                    *sj = if r == 0 { q[j].add(q[4 + j]).add(q[8 + j]) } else { q[4 + j].sub(q[8 + j]).sub(q[12 + j]) };
+                }
+                y[2 * r] = s[0].add(s[1]).add(s[2]);
+                y[2 * r + 1] = s[1].sub(s[2]).sub(s[3]);
+            }
+            let mut bad = false;
+            for v in &y {
+                bad |= v.any_nonfinite();
+            }
+            if bad {
+                let mut vals = [[0f32; 16]; 4];
+                for (v, dst) in y.iter().zip(vals.iter_mut()) {
+                    v.store(dst.as_mut_ptr(), V::N);
+                }
+                for l in 0..live {
+                    let mut m = f32::NEG_INFINITY;
+                    for (k, vk) in vals.iter().enumerate() {
+                        let mut v = vk[l];
+                        if !v.is_finite() {
+                            v = direct(a, ni, o, 2 * ty + k / 2, 2 * (t0 + l) + k % 2);
+                        }
+                        m = if m.is_nan() || v.is_nan() { f32::NAN } else { m.max(v) };
+                    }
+                    *row.add(t0 + l) = m;
+                }
+            } else {
+                y[0].max_nan(y[1]).max_nan(y[2].max_nan(y[3])).store(row.add(t0), live);
+            }
+            t0 += V::N;
+        }
+        let out = std::slice::from_raw_parts_mut(row, pw);
+        match reg {
+            _ if epi.is_empty() => {}
+            Some(e) => {
+                let mut x0 = 0;
+                while x0 < pw {
+                    let live = V::N.min(pw - x0);
+                    e.apply(o, x0, live, V::load(row.add(x0), live)).store(row.add(x0), live);
+                    x0 += V::N;
+                }
+            }
+            None => epi.apply_row(out, o, 0),
         }
     }
 }
