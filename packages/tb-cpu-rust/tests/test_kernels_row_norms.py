@@ -4,7 +4,6 @@ block sizes, long rows, weights or none, NaN / inf, empty, non-contiguous inputs
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -88,23 +87,6 @@ def test_empty_rows_and_batches() -> None:
     check_native(lambda x: F.layer_norm(x, (8,)) + 1.0, torch.zeros(0, 8))
     check_native(lambda x: x.sum(-1) + 1.0, torch.zeros(5, 0))
     check_native(lambda x: x.mean(-1) + 1.0, torch.zeros(0, 4))
-
-
-@pytest.fixture
-def lowered(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The lowered spec of every partition compiled while the test runs."""
-    from tb_cpu_rust import lower as lower_mod
-    from tb_cpu_rust import program
-
-    seen: list[dict[str, Any]] = []
-
-    def record(plan: Any) -> dict[str, Any]:
-        result = lower_mod.lower(plan)
-        seen.append(json.loads(result["json"]))
-        return result
-
-    monkeypatch.setattr(program, "lower", record)
-    return seen
 
 
 def _ops(specs: list[dict[str, Any]]) -> list[str]:

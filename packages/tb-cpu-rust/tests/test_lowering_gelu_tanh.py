@@ -6,7 +6,6 @@ node by node."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -26,23 +25,6 @@ def new_gelu(x: torch.Tensor) -> torch.Tensor:
 
 def new_gelu_reordered(x: torch.Tensor) -> torch.Tensor:
     return (1.0 + torch.tanh((0.044715 * torch.pow(x, 3.0) + x) * K0)) * (x * 0.5)
-
-
-@pytest.fixture
-def lowered(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The lowered spec of every partition compiled while the test runs."""
-    from tb_cpu_rust import lower as lower_mod
-    from tb_cpu_rust import program
-
-    seen: list[dict[str, Any]] = []
-
-    def record(plan: Any) -> dict[str, Any]:
-        result = lower_mod.lower(plan)
-        seen.append(json.loads(result["json"]))
-        return result
-
-    monkeypatch.setattr(program, "lower", record)
-    return seen
 
 
 def _instrs(specs: list[dict[str, Any]]) -> list[str]:

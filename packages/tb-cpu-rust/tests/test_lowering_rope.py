@@ -5,29 +5,11 @@ broadcast over batch and heads, NaN / inf; near misses of the pattern lower node
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 import torch
 from native_helpers import randn, run_native
-
-
-@pytest.fixture
-def lowered(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The lowered spec of every partition compiled while the test runs."""
-    from tb_cpu_rust import lower as lower_mod
-    from tb_cpu_rust import program
-
-    seen: list[dict[str, Any]] = []
-
-    def record(plan: Any) -> dict[str, Any]:
-        result = lower_mod.lower(plan)
-        seen.append(json.loads(result["json"]))
-        return result
-
-    monkeypatch.setattr(program, "lower", record)
-    return seen
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

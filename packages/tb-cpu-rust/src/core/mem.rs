@@ -2,6 +2,25 @@
 //! crosses thread boundaries (`SPtr`). Kernels only see these and validated `View`s.
 
 use crate::core::tensor::View;
+use std::cell::RefCell;
+
+/// A per-thread scratch buffer of floats that kernels keep between calls (a fresh allocation each
+/// call would fault its pages in again).
+pub type Scratch = std::thread::LocalKey<RefCell<Vec<f32>>>;
+
+/// Runs `f` with `cell`'s vector grown to at least `n` floats (its first `n`), or with a fresh one
+/// when the thread-local is already borrowed (a nested call on the same worker thread).
+pub fn with_scratch<R>(cell: &'static Scratch, n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    cell.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+            f(&mut v[..n])
+        }
+        Err(_) => f(&mut vec![0.0; n]),
+    })
+}
 
 #[derive(Clone, Copy)]
 pub struct SPtr<T>(pub *mut T);

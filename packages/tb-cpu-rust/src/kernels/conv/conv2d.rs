@@ -21,7 +21,7 @@
 //! when there are enough of them for the threads; else the GEMM itself is threaded.
 
 use crate::core::math::unary::Un;
-use crate::core::mem::{Mem, SPtr};
+use crate::core::mem::{with_scratch, Mem, SPtr};
 use crate::core::tensor::View;
 use crate::kernels::gemm::{sgemm_epi, Epi, EpiOp, EpiSpec, Mat};
 use std::cell::RefCell;
@@ -73,19 +73,6 @@ thread_local! {
     static COL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// a pooled convolution's full result, on the paths that write it
     static FULL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with a thread-local scratch of at least `n` floats (a fresh one when it is borrowed).
-fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    COL.with(|c| match c.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < n {
-                v.resize(n, 0.0);
-            }
-            f(&mut v[..n])
-        }
-        Err(_) => f(&mut vec![0.0; n]),
-    })
 }
 
 /// The geometry: stride, padding, dilation (h, w), groups.
@@ -195,7 +182,7 @@ pub unsafe fn conv2d(
                 shift_p.map(|s| Mat { p: SPtr(s.add(o)), rs: 0, cs: 0 }),
                 pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + o * rs[1])), rs: rs[2] as isize, cs: rs[3] as isize }),
             );
-            with_scratch(hp * wp + ow, |buf| {
+            with_scratch(&COL, hp * wp + ow, |buf| {
                 let (pad, acc) = buf.split_at_mut(hp * wp);
                 let args = DwArgs { xb, xs: [xs[2], xs[3]], hh, ww, wp, kh, kw, g, w: wkp.add(o * kk), yb, ys: [ys[2], ys[3]], oh, ow };
                 match path {
@@ -270,24 +257,14 @@ pub unsafe fn conv2d(
     if pool {
         // the full result into a scratch buffer (kept per thread: a fresh one each call would
         // fault its pages in again), then pooled
-        let pooled = |full: *mut f32| {
+        with_scratch(&FULL, n * oc * oh * ow, |full| {
             let mut ptrs = mem.ptrs.clone();
-            ptrs.push(full as *mut u8);
+            ptrs.push(full.as_mut_ptr() as *mut u8);
             let local = Mem { ptrs };
             let fv = View::new(local.ptrs.len() - 1, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], y.dtype);
             conv2d(&local, x, w, bias, bn, res, &fv, g, ops, threads, path, false);
             // the indices view is never written (write_idx false)
             super::max_pool(&local, &fv, y, y, &[2, 2, 2, 2, 0, 0, 1, 1], false);
-        };
-        let len = n * oc * oh * ow;
-        FULL.with(|f| match f.try_borrow_mut() {
-            Ok(mut v) => {
-                if v.len() < len {
-                    v.resize(len, 0.0);
-                }
-                pooled(v.as_mut_ptr())
-            }
-            Err(_) => pooled(vec![0f32; len].as_mut_ptr()),
         });
         return;
     }
@@ -334,7 +311,7 @@ pub unsafe fn conv2d(
             Some((nr, _)) => kk * cols.div_ceil(nr) * nr,
             None => kk * cols,
         };
-        with_scratch(col_len, |col| {
+        with_scratch(&COL, col_len, |col| {
             let colp = SPtr(col.as_mut_ptr());
             if nhwc {
                 // rows of C are output positions, columns output channels

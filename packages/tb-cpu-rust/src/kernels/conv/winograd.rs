@@ -21,7 +21,7 @@
 //! recomputed as the direct sum before the epilogue; weights holding NaN / inf take im2col.
 
 use crate::core::lanes::{Lanes, Y8, Z16};
-use crate::core::mem::SPtr;
+use crate::core::mem::{with_scratch, SPtr};
 use crate::kernels::gemm::own::{pack_a_slices, packed_a_len, packed_b_layout, sgemm_packed_ab};
 use crate::kernels::gemm::epilogue::RegEpi;
 use crate::kernels::gemm::{Epi, Mat};
@@ -82,18 +82,6 @@ pub(super) fn applies(c: usize, oc: usize, kh: usize, kw: usize, strides: [usize
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    SCRATCH.with(|s| match s.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < n {
-                v.resize(n, 0.0);
-            }
-            f(&mut v[..n])
-        }
-        Err(_) => f(&mut vec![0.0; n]),
-    })
 }
 
 /// `U[ξ][o][ci] = (G g Gᵀ)[ξ / 4][ξ % 4]` for each 3×3 kernel g, G = [[1,0,0], [½,½,½], [½,-½,½],
@@ -173,7 +161,7 @@ pub(super) unsafe fn conv3x3(a: &Args, epi_at: &(dyn Fn(usize, usize) -> Epi + S
         // apart would share L1 sets, and each transform touches all 16 at once
         let vlen = a.c * cols.div_ceil(nr) * nr + 16;
         let mlen = a.oc * cols + 16;
-        with_scratch(16 * (vlen + mlen) + 8 * span(tw), |s| {
+        with_scratch(&SCRATCH, 16 * (vlen + mlen) + 8 * span(tw), |s| {
             let (v, rest) = s.split_at_mut(16 * vlen);
             let (m, buf) = rest.split_at_mut(16 * mlen);
             // columns of the last panel past the chunk's tiles: read by the GEMM, never stored
@@ -213,17 +201,6 @@ thread_local! {
 pub(super) unsafe fn conv3x3_channels_last(a: &Args, epi_at: &(dyn Fn(usize, usize) -> Epi + Sync), threads: usize) -> bool {
     let (hw, ohw) = (a.hh * a.ww, a.oh * a.ow);
     let y_nhwc = a.ys[1] == 1 && a.ys[3] == a.oc && a.ys[2] == a.ow * a.oc;
-    let with = |cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, n: usize, f: &mut dyn FnMut(*mut f32) -> bool| {
-        cell.with(|c| match c.try_borrow_mut() {
-            Ok(mut v) => {
-                if v.len() < n {
-                    v.resize(n, 0.0);
-                }
-                f(v.as_mut_ptr())
-            }
-            Err(_) => f(vec![0.0; n].as_mut_ptr()),
-        })
-    };
     let each_image = |f: &(dyn Fn(usize) + Sync)| {
         if threads > 1 {
             crate::core::par::for_each(a.n, f);
@@ -231,14 +208,16 @@ pub(super) unsafe fn conv3x3_channels_last(a: &Args, epi_at: &(dyn Fn(usize, usi
             (0..a.n).for_each(f);
         }
     };
-    with(&NHWC_IN, a.n * a.c * hw, &mut |xt| {
+    with_scratch(&NHWC_IN, a.n * a.c * hw, |xt| {
+        let xt = xt.as_mut_ptr();
         let (xp, xtp) = (SPtr(a.x as *mut f32), SPtr(xt));
         each_image(&|ni| transpose(xp.add(ni * a.xs[0]), hw, a.c, a.xs[3], xtp.add(ni * a.c * hw), hw));
         let planes = Args { x: xt, xs: [a.c * hw, hw, a.ww, 1], w: a.w, ..*a };
         if !y_nhwc {
             return conv3x3(&planes, epi_at, threads);
         }
-        with(&NHWC_OUT, a.n * a.oc * ohw, &mut |yt| {
+        with_scratch(&NHWC_OUT, a.n * a.oc * ohw, |yt| {
+            let yt = yt.as_mut_ptr();
             let out = Args { y: yt, ys: [a.oc * ohw, ohw, a.ow, 1], ..planes };
             if !conv3x3(&out, epi_at, threads) {
                 return false;
@@ -353,21 +332,32 @@ unsafe fn input_transform_v<V: Lanes>(a: &Args, t: &Tiles, g0: usize, g1: usize,
                 for (i, c) in cr.iter_mut().enumerate() {
                     let (e, o) = (ev.as_ptr().add(i * span + t0), od.as_ptr().add(i * span + t0));
                     let (d0, d1, d2, d3) = (V::load(e, V::N), V::load(o, V::N), V::load(e.add(1), V::N), V::load(o.add(1), V::N));
-                    // Bᵀ along the row: d0 - d2, d1 + d2, d2 - d1, d1 - d3
-                    *c = [d0.sub(d2), d1.add(d2), d2.sub(d1), d1.sub(d3)];
+                    *c = row_transform(d0, d1, d2, d3);
                 }
-                let mut out = [V::zero(); 16];
-                for j in 0..4 {
-                    out[j] = cr[0][j].sub(cr[2][j]);
-                    out[4 + j] = cr[1][j].add(cr[2][j]);
-                    out[8 + j] = cr[2][j].sub(cr[1][j]);
-                    out[12 + j] = cr[1][j].sub(cr[3][j]);
-                }
-                store_block(&out, col0 + t0, len, nr, (kcl, base), vp, vlen);
+                store_block(&column_transform(&cr), col0 + t0, len, nr, (kcl, base), vp, vlen);
                 t0 += V::N;
             }
         }
     }
+}
+
+/// Bᵀ along a window row (its columns d0..d3 of each tile): d0 − d2, d1 + d2, d2 − d1, d1 − d3.
+#[inline(always)]
+unsafe fn row_transform<V: Lanes>(d0: V, d1: V, d2: V, d3: V) -> [V; 4] {
+    [d0.sub(d2), d1.add(d2), d2.sub(d1), d1.sub(d3)]
+}
+
+/// Bᵀ down the window's four transformed rows: V[ξ = 4a + j] of each tile.
+#[inline(always)]
+unsafe fn column_transform<V: Lanes>(cr: &[[V; 4]; 4]) -> [V; 16] {
+    let mut out = [V::zero(); 16];
+    for j in 0..4 {
+        out[j] = cr[0][j].sub(cr[2][j]);
+        out[4 + j] = cr[1][j].add(cr[2][j]);
+        out[8 + j] = cr[2][j].sub(cr[1][j]);
+        out[12 + j] = cr[1][j].sub(cr[3][j]);
+    }
+    out
 }
 
 /// Channel ci's slice depth (kc, or less in the last slice) and its first float in a V[ξ].
@@ -420,16 +410,9 @@ unsafe fn transform_rows_unit<V: Lanes>(a: &Args, xb: *const f32, ty: usize, tw:
             let row = xb.add(yin as usize * a.xs[2]);
             let (d0, d1) = window::<V>(row, c0, ww).unzip(window::<V>(row, c0 + n, ww));
             let (d2, d3) = window::<V>(row, c0 + 2, ww).unzip(window::<V>(row, c0 + n + 2, ww));
-            *c = [d0.sub(d2), d1.add(d2), d2.sub(d1), d1.sub(d3)];
+            *c = row_transform(d0, d1, d2, d3);
         }
-        let mut out = [V::zero(); 16];
-        for j in 0..4 {
-            out[j] = cr[0][j].sub(cr[2][j]);
-            out[4 + j] = cr[1][j].add(cr[2][j]);
-            out[8 + j] = cr[2][j].sub(cr[1][j]);
-            out[12 + j] = cr[1][j].sub(cr[3][j]);
-        }
-        store_block(&out, col0 + t0, len, nr, slot, vp, vlen);
+        store_block(&column_transform(&cr), col0 + t0, len, nr, slot, vp, vlen);
         t0 += V::N;
     }
 }
@@ -557,21 +540,13 @@ unsafe fn output_transform_v<V: Lanes>(a: &Args, t: &Tiles, g0: usize, g1: usize
             let mut t0 = 0;
             while t0 < tw {
                 let len = V::N.min(tw - t0);
-                let mut q = [V::zero(); 16];
-                for (xi, qx) in q.iter_mut().enumerate() {
-                    *qx = V::load(mp.add(xi * mlen + o * cols + col0 + t0), len);
-                }
-                // Aᵀ over the rows (s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 per column j), then
-                // along them: the two output columns of each tile, side by side
+                let y = tile_outputs::<V>(mp.add(o * cols + col0 + t0), mlen, len);
+                // the two output columns of each tile, side by side
                 let x0 = 2 * t0;
                 let n_out = (2 * len).min(a.ow - x0);
                 let (live_lo, live_hi) = (n_out.min(V::N), n_out.saturating_sub(V::N));
                 for (r, &d) in dst.iter().enumerate() {
-                    let mut s = [V::zero(); 4];
-                    for (j, sj) in s.iter_mut().enumerate() {
-                        *sj = if r == 0 { q[j].add(q[4 + j]).add(q[8 + j]) } else { q[4 + j].sub(q[8 + j]).sub(q[12 + j]) };
-                    }
-                    let (c0, c1) = (s[0].add(s[1]).add(s[2]), s[1].sub(s[2]).sub(s[3]));
+                    let (c0, c1) = (y[2 * r], y[2 * r + 1]);
                     bad |= c0.any_nonfinite() | c1.any_nonfinite();
                     let (lo, hi) = c0.zip(c1);
                     let d = if d == spare.as_mut_ptr() { d } else { d.add(x0) };
@@ -610,6 +585,27 @@ unsafe fn output_transform_v<V: Lanes>(a: &Args, t: &Tiles, g0: usize, g1: usize
     }
 }
 
+/// Aᵀ M A for `len` tiles (lanes) whose 16 transformed sums lie at `m + ξ · mlen`: the outputs
+/// (row 0 col 0, row 0 col 1, row 1 col 0, row 1 col 1) of each tile — Aᵀ over the rows
+/// (s0 = m0 + m1 + m2, s1 = m1 − m2 − m3 per column), then along them.
+#[inline(always)]
+unsafe fn tile_outputs<V: Lanes>(m: *const f32, mlen: usize, len: usize) -> [V; 4] {
+    let mut q = [V::zero(); 16];
+    for (xi, qx) in q.iter_mut().enumerate() {
+        *qx = V::load(m.add(xi * mlen), len);
+    }
+    let mut y = [V::zero(); 4];
+    for r in 0..2 {
+        let mut s = [V::zero(); 4];
+        for (j, sj) in s.iter_mut().enumerate() {
+            *sj = if r == 0 { q[j].add(q[4 + j]).add(q[8 + j]) } else { q[4 + j].sub(q[8 + j]).sub(q[12 + j]) };
+        }
+        y[2 * r] = s[0].add(s[1]).add(s[2]);
+        y[2 * r + 1] = s[1].sub(s[2]).sub(s[3]);
+    }
+    y
+}
+
 /// One row of the pooled output (tile row `ty`) for every channel: the max of each tile's four
 /// outputs, NaN where one is, then the epilogue. A block whose outputs the transforms left
 /// non-finite takes them as the direct sum first.
@@ -623,19 +619,7 @@ unsafe fn pooled_row<V: Lanes>(a: &Args, t: &Tiles, ni: usize, ty: usize, col0: 
         while t0 < pw {
             let len = V::N.min(t.tw - t0);
             let live = len.min(pw - t0);
-            let mut q = [V::zero(); 16];
-            for (xi, qx) in q.iter_mut().enumerate() {
-                *qx = V::load(mp.add(xi * mlen + o * cols + col0 + t0), len);
-            }
-            let mut y = [V::zero(); 4];
-            for r in 0..2 {
-                let mut s = [V::zero(); 4];
-                for (j, sj) in s.iter_mut().enumerate() {
-                    *sj = if r == 0 { q[j].add(q[4 + j]).add(q[8 + j]) } else { q[4 + j].sub(q[8 + j]).sub(q[12 + j]) };
-                }
-                y[2 * r] = s[0].add(s[1]).add(s[2]);
-                y[2 * r + 1] = s[1].sub(s[2]).sub(s[3]);
-            }
+            let y = tile_outputs::<V>(mp.add(o * cols + col0 + t0), mlen, len);
             let mut bad = false;
             for v in &y {
                 bad |= v.any_nonfinite();

@@ -21,7 +21,7 @@
 //! Tasks outnumber threads, so a core that is busy elsewhere takes fewer of them instead of
 //! holding the others up at the join.
 
-use crate::core::mem::SPtr;
+use crate::core::mem::{with_scratch, SPtr};
 use crate::kernels::gemm::epilogue::RegEpi;
 use crate::kernels::gemm::{Epi, Mat};
 use std::cell::RefCell;
@@ -105,20 +105,6 @@ thread_local! {
     static PACK_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static PACK_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static PANEL_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with a thread-local scratch vector of at least `n` floats (a fresh one when the
-/// thread-local is already borrowed, e.g. by a nested call on the same worker thread).
-fn with_scratch<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    cell.with(|c| match c.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < n {
-                v.resize(n, 0.0);
-            }
-            f(&mut v[..n])
-        }
-        Err(_) => f(&mut vec![0.0; n]),
-    })
 }
 
 pub fn available() -> bool {
