@@ -94,9 +94,6 @@ def find_tanh_gelus(plan: Plan, uses: dict[int, int]) -> dict[int, TanhGeluMatch
         pw = node(cube[1], ("aten.pow.Tensor_Scalar",))
         if pw is None or len(pw[1].args) != 2 or pw[1].args[0] != x or not _is_const(pw[1].args[1], 3.0):
             return None
-        xm = plan.inputs[x.slot] if x.slot < base else plan.nodes[x.slot - base].out
-        if not isinstance(xm, TensorMeta) or xm.dtype != F32:
-            return None
         return {half[0], k1, th[0], d[0], k2, cube[0], pw[0]}, x
 
     found: dict[int, TanhGeluMatch] = {}
@@ -110,7 +107,7 @@ def find_tanh_gelus(plan: Plan, uses: dict[int, int]) -> dict[int, TanhGeluMatch
             if m is not None:
                 nodes, x = m
                 xm = plan.inputs[x.slot] if x.slot < base else plan.nodes[x.slot - base].out
-                if isinstance(xm, TensorMeta) and tuple(xm.shape) == tuple(n.out.shape):
+                if isinstance(xm, TensorMeta) and xm.dtype == F32 and tuple(xm.shape) == tuple(n.out.shape):
                     found[k] = TanhGeluMatch(k, frozenset(nodes), x)
                 break
     return found

@@ -87,12 +87,6 @@ pub struct Geom {
     pub groups: usize,
 }
 
-/// The convolution's output height and width for an input of hh × ww.
-pub(super) fn conv_size(hh: usize, ww: usize, kh: usize, kw: usize, g: Geom) -> (usize, usize) {
-    let span = |size: usize, pad: usize, k: usize, d: usize, s: usize| (size + 2 * pad).checked_sub(d * (k - 1) + 1).map_or(0, |e| e / s + 1);
-    (span(hh, g.ph, kh, g.dh, g.sh), span(ww, g.pw, kw, g.dw, g.sw))
-}
-
 /// Output columns `lo..hi` whose input column `xo * sw + off` lies inside `0..ww`.
 #[inline(always)]
 pub(super) fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize, usize) {
@@ -116,7 +110,12 @@ pub unsafe fn conv2d(
 ) {
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
-    let (oh, ow) = if pool { conv_size(hh, ww, kh, kw, g) } else { (y.sizes[2], y.sizes[3]) };
+    // (pooled: the convolution's own size; the builder checked the kernel fits)
+    let (oh, ow) = if pool {
+        (super::out_len(hh, kh, g.sh, g.ph, g.dh).unwrap_or(0), super::out_len(ww, kw, g.sw, g.pw, g.dw).unwrap_or(0))
+    } else {
+        (y.sizes[2], y.sizes[3])
+    };
     if n == 0 || oc == 0 || oh == 0 || ow == 0 {
         return;
     }

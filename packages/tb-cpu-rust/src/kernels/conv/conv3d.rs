@@ -9,11 +9,6 @@ use crate::core::tensor::View;
 /// `[sd, sh, sw, pd, ph, pw, dd, dh, dw, groups]`
 pub type Params = [usize; 10];
 
-/// The output length of one dimension, or None when the dilated kernel does not fit.
-pub fn out_len(len: usize, k: usize, stride: usize, pad: usize, dil: usize) -> Option<usize> {
-    (len + 2 * pad).checked_sub(dil * (k - 1) + 1).map(|e| e / stride + 1)
-}
-
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`: the
 /// weight's dims 1..5 and the output's dims 2..5 laid out contiguously (up to their last stride).

@@ -21,6 +21,12 @@ mod winograd;
 use crate::core::mem::Mem;
 use crate::core::tensor::View;
 
+/// The output length of one dimension of a convolution (2-d or 3-d), or None when the dilated
+/// kernel does not fit.
+pub fn out_len(len: usize, k: usize, stride: usize, pad: usize, dil: usize) -> Option<usize> {
+    (len + 2 * pad).checked_sub(dil * (k - 1) + 1).map(|e| e / stride + 1)
+}
+
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`.
 pub unsafe fn max_pool(mem: &Mem, x: &View, y: &View, idx: &View, p: &[usize; 8], write_idx: bool) {
@@ -353,9 +359,8 @@ mod steps {
         let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
         let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
         need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0, "conv2d channel counts")?;
-        let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d kernel larger than input")?;
-        let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d kernel larger than input")?;
-        let (oh, ow) = (eh / sh + 1, ew_ / sw + 1);
+        let oh = out_len(hh, kh, sh, ph, dh).ok_or("conv2d kernel larger than input")?;
+        let ow = out_len(ww, kw, sw, pw, dw).ok_or("conv2d kernel larger than input")?;
         need(pool == 0 || pool == 2, "conv2d pool is 0 (none) or 2 (a 2×2 stride-2 max pool of the result)")?;
         let (yh, yw) = if pool == 2 { (oh / 2, ow / 2) } else { (oh, ow) };
         need(y.sizes == [n, oc, yh, yw], "conv2d output shape")?;
@@ -414,9 +419,9 @@ mod steps {
         let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
         let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
         need(c == cg * g && oc % g == 0 && kh > 0 && kw > 0 && cg > 0, "conv2d_backward channel counts")?;
-        let eh = (hh + 2 * ph).checked_sub(dh * (kh - 1) + 1).ok_or("conv2d_backward kernel larger than input")?;
-        let ew_ = (ww + 2 * pw).checked_sub(dw * (kw - 1) + 1).ok_or("conv2d_backward kernel larger than input")?;
-        need(gy.sizes == [n, oc, eh / sh + 1, ew_ / sw + 1], "conv2d_backward grad_output shape")?;
+        let oh = out_len(hh, kh, sh, ph, dh).ok_or("conv2d_backward kernel larger than input")?;
+        let ow = out_len(ww, kw, sw, pw, dw).ok_or("conv2d_backward kernel larger than input")?;
+        need(gy.sizes == [n, oc, oh, ow], "conv2d_backward grad_output shape")?;
         need(mask.len() == 3 && mask.iter().all(|&m| m == 0 || m == 1), "conv2d_backward mask is three 0 / 1 flags")?;
         let mut next = 0;
         let mut grad = |want: i64, sizes: &[usize], what: &str| -> Result<Option<View>> {
@@ -452,7 +457,7 @@ mod steps {
         need(c == cg * g && oc % g == 0 && w.sizes[2..].iter().all(|&k| k > 0), "conv3d channel counts")?;
         let mut expect = vec![x.sizes[0], oc];
         for d in 0..3 {
-            expect.push(conv3d::out_len(x.sizes[2 + d], w.sizes[2 + d], v[d], v[3 + d], v[6 + d]).ok_or("conv3d kernel larger than input")?);
+            expect.push(out_len(x.sizes[2 + d], w.sizes[2 + d], v[d], v[3 + d], v[6 + d]).ok_or("conv3d kernel larger than input")?);
         }
         need(y.sizes == expect, "conv3d output shape")?;
         let ws = &w.strides;
