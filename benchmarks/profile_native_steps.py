@@ -4,6 +4,7 @@ the whole call's eager and torchburn time (same run, interleaved medians).
 
     python -m benchmarks.profile_native_steps --only qwen2,llama [--threads 1] [--calls 20] [--steps]
     python -m benchmarks.profile_native_steps --train [--threads 1]   # the CNN training step
+    python -m benchmarks.profile_native_steps --only resnet_block --bf16   # converted to bfloat16
 
 ``--train``: the bench CNN's training step (``benchmarks.bench_cnn_training``: batch 32, SGD), its
 forward and backward programs step by step (training-mode batch norm, pool backward, conv backward).
@@ -48,10 +49,14 @@ def _programs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple
     return compiled, seen
 
 
-def profile(key: str, threads: int, calls: int, steps: bool = False) -> None:
+def profile(key: str, threads: int, calls: int, steps: bool = False, bf16: bool = False) -> None:
     desc, build = MODELS[key]
     torch.manual_seed(0)
     model, inputs = build()
+    if bf16:
+        model = model.to(torch.bfloat16)
+        inputs = tuple(a.to(torch.bfloat16) if a.is_floating_point() else a for a in inputs)
+        desc += " (bfloat16)"
     torch._dynamo.reset()
     torch.set_num_threads(threads)
     with torch.no_grad():
@@ -130,6 +135,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--steps", action="store_true", help="also each step in program order")
     ap.add_argument("--train", action="store_true", help="the CNN training step instead of --only's models")
+    ap.add_argument("--bf16", action="store_true", help="the models converted to bfloat16 (their widened plans)")
     args = ap.parse_args()
     os.environ["TORCHBURN_ROUTING"] = "off"
     import warnings
@@ -141,7 +147,7 @@ def main() -> None:
         profile_training(args.threads, args.calls)
         return
     for key in args.only.split(","):
-        profile(key, args.threads, args.calls, args.steps)
+        profile(key, args.threads, args.calls, args.steps, args.bf16)
 
 
 if __name__ == "__main__":

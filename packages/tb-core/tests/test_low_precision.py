@@ -148,6 +148,87 @@ def test_rounds_where_eager_rounds(dtype: torch.dtype) -> None:
     assert not torch.equal(chain, fn(x)), "the example does not tell rounding points apart"
 
 
+def conv_block_fn(dtype: torch.dtype, seed: int = 0) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """conv -> inference batch norm -> ReLU6 -> conv -> batch norm -> + x -> relu, in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    c = 8
+
+    def bn() -> list[torch.Tensor]:
+        return [
+            torch.rand(c, generator=g) + 0.5,
+            torch.randn(c, generator=g),
+            torch.randn(c, generator=g),
+            torch.rand(c, generator=g) + 0.5,
+        ]
+
+    args = [
+        torch.randn(2, c, 6, 6, generator=g),
+        torch.randn(c, c, 3, 3, generator=g) / 8,
+        *bn(),
+        torch.randn(c, c, 3, 3, generator=g) / 8,
+        *bn(),
+    ]
+
+    def norm(y: torch.Tensor, w: torch.Tensor, b: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        # the op an eval-mode BatchNorm2d is in the graphs the backend receives
+        return aten._native_batch_norm_legit_no_training(y, w, b, mean, var, 0.1, 1e-5)[0]
+
+    def fn(x: torch.Tensor, w1: torch.Tensor, *p: torch.Tensor) -> torch.Tensor:
+        F = torch.nn.functional
+        y = F.hardtanh(norm(F.conv2d(x, w1, padding=1), *p[0:4]), 0.0, 6.0)
+        y = norm(F.conv2d(y, p[4], padding=1), *p[5:9])
+        return torch.relu(y + x)
+
+    return fn, tuple(a.to(dtype) for a in args)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=IDS)
+def test_convolution_epilogue_rounds_once(dtype: torch.dtype) -> None:
+    """A convolution's epilogue chain (batch norm, ReLU6, the residual add, relu) reads the
+    float32 results before eager's intermediate roundings, so an engine can fold the chain into
+    the convolution; the chain's end is rounded once. Closer to the exact value than eager, and
+    within the low dtype's tolerance of eager's result."""
+    fn, args = conv_block_fn(dtype)
+    gm = widen_low_precision(traced(fn, *args))
+    bn = aten._native_batch_norm_legit_no_training.default
+    nodes = {n.target: n for n in gm.graph.nodes if n.op == "call_function"}
+    # nothing between each convolution and its batch norm, the norm and ReLU6, the norm and the add
+    norms = [n for n in gm.graph.nodes if n.target is bn]
+    assert len(norms) == 2
+    assert all(n.args[0].target is aten.convolution.default for n in norms)
+    assert nodes[aten.hardtanh.default].args[0].target is operator.getitem
+    add = nodes[aten.add.Tensor]
+    assert any(a.target is operator.getitem for a in add.args)
+    assert nodes[aten.relu.default].args[0] is add
+    # rounded to the low dtype: the first chain's end (read by the second convolution) and the output
+    assert Counter(c[1:] for c in casts(gm) if c[2] == dtype) == Counter({(torch.float32, dtype): 2})
+    out = run_checked(gm, *args)
+    expected = fn(*args)
+    torch.testing.assert_close(out, expected, **tol(dtype))
+    exact = fn(*[a.double() for a in args])
+    assert (out.double() - exact).abs().max() <= (expected.double() - exact).abs().max()
+
+
+def test_hardtanh_rounds_between_when_its_bounds_are_not_low_values() -> None:
+    """hardtanh commutes with rounding only when its bounds are values of the low dtype: clamping
+    at 0.1 (not a bfloat16) after a rounded product keeps the rounding in between."""
+
+    def clamped(lo: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.hardtanh(x @ w, lo, 6.0)
+
+        return fn
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 16, generator=g).bfloat16(), torch.randn(16, 8, generator=g).bfloat16()
+    for lo, between in ((0.0, False), (0.1, True)):
+        fn = clamped(lo)
+        gm = widen_low_precision(traced(fn, x, w))
+        clamp = next(n for n in gm.graph.nodes if n.target is aten.hardtanh.default)
+        assert (clamp.args[0].target is TO_COPY) is between, lo
+        torch.testing.assert_close(run_checked(gm, x, w), fn(x, w), rtol=0, atol=0)
+
+
 def test_idempotent_and_float32_untouched() -> None:
     fn, args = mlp_fn(torch.bfloat16)
     gm = widen_low_precision(traced(fn, *args))

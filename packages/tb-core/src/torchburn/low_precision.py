@@ -95,7 +95,28 @@ EXACT = frozenset(
 #: widened op is computed on that op's float32 result and rounded after it, so the two stay
 #: adjacent in float32 (an engine fuses them: a GEMM's activation epilogue) and the rounding
 #: happens once, after both.
-COMMUTES = frozenset({"aten.relu.default"})
+COMMUTES = frozenset({"aten.relu.default", "aten.hardtanh.default"})
+#: Producers whose epilogue (``CONV_EPILOGUE``) the engines run on the producer's float32 result.
+CONV_PRODUCERS = frozenset({"aten.convolution.default"})
+#: The per-element ops that follow a convolution in convolutional nets (inference batch norm,
+#: a residual add, activations). One that reads the single-use rounded result of a convolution,
+#: or of such an op that read one, reads the float32 result instead, so the chain stays adjacent
+#: in float32 and is rounded once, at its end: an engine runs it as the convolution's epilogue
+#: (batch norm folded into the weights, the add and the activation on the accumulators), as
+#: inductor and oneDNN's post-ops do. Unlike ``COMMUTES`` this is not exact: it drops eager's
+#: rounding of each intermediate result (half a unit in the last place of the low dtype each,
+#: then carried through the chain), so the result is at least as close to the float32 value as
+#: eager's, and within the low dtype's tolerance of eager's own.
+CONV_EPILOGUE = frozenset(
+    {
+        "aten._native_batch_norm_legit_no_training.default",
+        "aten.add.Tensor",
+        "aten.relu.default",
+        "aten.hardtanh.default",
+        "aten.clamp.default",
+        "aten.silu.default",
+    }
+)
 #: Views a widened op may read through: the same view of the float32 twin.
 VIEWS = frozenset(
     {
@@ -199,6 +220,8 @@ class _Widener:
         self.twin: dict[torch.fx.Node, torch.fx.Node] = {}
         # a rounding cast this pass made -> the float32 result it rounds
         self.rounded: dict[torch.fx.Node, torch.fx.Node] = {}
+        # rounding casts of a convolution or of its epilogue chain (``CONV_EPILOGUE``)
+        self.conv_chain: set[torch.fx.Node] = set()
         self.widened: Counter[str] = Counter()
 
     def own(self, val: Any) -> Any:
@@ -266,12 +289,20 @@ class _Widener:
 
         exact = op in EXACT
         src = node.args[0] if node.args else None
-        if op in COMMUTES and isinstance(src, torch.fx.Node) and src in self.rounded and len(src.users) == 1:
-            # relu(round(y)) -> round(relu(y)): not exact any more (y is not rounded), so no twin
-            args, kwargs = (self.rounded[src], *node.args[1:]), dict(node.kwargs)
-            exact = False
-        else:
-            args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg)
+        # rounded results this op reads before their rounding (see COMMUTES, CONV_EPILOGUE)
+        unrounded: set[torch.fx.Node] = set()
+        if op in COMMUTES and self._single_rounded(src) and self._commutes(node):
+            unrounded.add(src)  # type: ignore[arg-type]
+        if op in CONV_EPILOGUE:
+            unrounded |= {a for a in node.args if self._single_rounded(a) and a in self.conv_chain}
+
+        def arg_of(a: Any) -> Any:
+            return self.rounded[a] if a in unrounded else arg(a)
+
+        args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg_of)
+        # an op reading an unrounded value is not exact any more (its input is not a low value)
+        exact = exact and not unrounded
+        chained = op in CONV_PRODUCERS or bool(unrounded & self.conv_chain)
         if op in ("aten._softmax.default", "aten._log_softmax.default") and len(args) > 2:
             args = (*args[:2], False)  # float32 in, float32 out: half_to_float has nothing left to do
         if op in _BACKWARD_INPUT_DTYPE and len(args) > 3 and args[3] in LOW:
@@ -293,6 +324,8 @@ class _Widener:
                 self.twin[back] = wide
             elif back is not wide:
                 self.rounded[back] = wide
+                if chained:
+                    self.conv_chain.add(back)
             self.graph.erase_node(node)
             return
         # several results: each getitem of the old node reads the new one, rounded where it was low
@@ -307,8 +340,25 @@ class _Widener:
             user.replace_all_uses_with(back)
             if back is not item and exact:
                 self.twin[back] = item
+            elif back is not item and index == 0:
+                self.rounded[back] = item  # the op's result (a norm's; not its statistics)
+                if chained:
+                    self.conv_chain.add(back)
             self.graph.erase_node(user)
         self.graph.erase_node(node)
+
+    def _single_rounded(self, a: Any) -> bool:
+        """A rounding cast this pass made that nothing else reads."""
+        return isinstance(a, torch.fx.Node) and a in self.rounded and len(a.users) == 1
+
+    def _commutes(self, node: torch.fx.Node) -> bool:
+        """relu always; hardtanh when its bounds are values of the low dtype (ReLU6's 0 and 6):
+        clamping to representable bounds and rounding then commute."""
+        if node.target is not aten.hardtanh.default:
+            return True
+        low = _val(node.args[0]).dtype
+        bounds = [*node.args[1:3]] + [-1.0, 1.0][len(node.args) - 1 :]
+        return all(isinstance(b, (int, float)) and float(torch.tensor(b, dtype=low)) == b for b in bounds)
 
     def run(self) -> bool:
         if self.fake_mode is None:
