@@ -357,7 +357,7 @@ class _Widener:
         if node.target is not aten.hardtanh.default:
             return True
         low = _val(node.args[0]).dtype
-        bounds = [*node.args[1:3]] + [-1.0, 1.0][len(node.args) - 1 :]
+        bounds = [*node.args[1:3], *[-1.0, 1.0][len(node.args) - 1 :]]
         return all(isinstance(b, (int, float)) and float(torch.tensor(b, dtype=low)) == b for b in bounds)
 
     def run(self) -> bool:
