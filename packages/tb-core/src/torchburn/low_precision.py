@@ -294,7 +294,11 @@ class _Widener:
         if op in COMMUTES and self._single_rounded(src) and self._commutes(node):
             unrounded.add(src)  # type: ignore[arg-type]
         if op in CONV_EPILOGUE:
-            unrounded |= {a for a in node.args if self._single_rounded(a) and a in self.conv_chain}
+            unrounded |= {
+                a
+                for a in node.args
+                if isinstance(a, torch.fx.Node) and self._single_rounded(a) and a in self.conv_chain
+            }
 
         def arg_of(a: Any) -> Any:
             return self.rounded[a] if a in unrounded else arg(a)
