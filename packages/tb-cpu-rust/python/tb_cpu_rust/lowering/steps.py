@@ -180,10 +180,11 @@ Pdist = kind("pdist", "x", "out", "p:float=2.0")
 Dist = kind("dist", "x y", "out", "p:float=2.0")
 # the epilogue (GEMM epilogue names and ``hardtanh:lo:hi``) runs after the per-channel shift: the bias,
 # or with bn_mean / bn_var a folded inference batch norm; res: the residual its add reads; pool 2: y is
-# the 2×2 stride-2 max pool of that result (conv_fusion: no residual, relu / hardtanh only)
+# the 2×2 stride-2 max pool of that result (conv_fusion: no residual, relu / hardtanh only); bf16: the
+# model computes it in bfloat16, products of bfloat16 values allowed (conv_low_precision)
 Conv2d = kind(
     "conv2d", "x weight bias? res? bn_weight? bn_bias? bn_mean? bn_var?", "y",
-    "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 epilogue:strs=() eps:float=0.0 pool:int=0",
+    "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 epilogue:strs=() eps:float=0.0 pool:int=0 bf16:bool=False",
 )  # fmt: skip
 ConvTranspose2d = kind("conv_transpose2d", "x weight bias?", "y", "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 output_padding:ints=(0, 0)")
 Conv3d = kind("conv3d", "x weight bias?", "y", "stride:ints=(1, 1, 1) padding:ints=(0, 0, 0) dilation:ints=(1, 1, 1) groups:int=1")

@@ -106,7 +106,7 @@ pub(super) fn valid_cols(off: isize, sw: usize, ww: usize, ow: usize) -> (usize,
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn conv2d(
     mem: &Mem, x: &View, w: &View, bias: Option<&View>, bn: Option<&FoldedBn>, res: Option<&View>, y: &View, g: Geom, ops: &[EpiSpec],
-    threads: usize, path: Path, pool: bool,
+    threads: usize, path: Path, pool: bool, bf16: bool,
 ) {
     let (n, c, hh, ww) = (x.sizes[0], x.sizes[1], x.sizes[2], x.sizes[3]);
     let (oc, cg, kh, kw) = (w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
@@ -241,6 +241,7 @@ pub unsafe fn conv2d(
             ph: g.ph,
             pw: g.pw,
             pool,
+            bf16,
         };
         let epi_at = |ni: usize, yo: usize| {
             epi(
@@ -261,7 +262,7 @@ pub unsafe fn conv2d(
             ptrs.push(full.as_mut_ptr() as *mut u8);
             let local = Mem { ptrs };
             let fv = View::new(local.ptrs.len() - 1, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], y.dtype);
-            conv2d(&local, x, w, bias, bn, res, &fv, g, ops, threads, path, false);
+            conv2d(&local, x, w, bias, bn, res, &fv, g, ops, threads, path, false, bf16);
             // the indices view is never written (write_idx false)
             super::max_pool(&local, &fv, y, y, &[2, 2, 2, 2, 0, 0, 1, 1], false);
         });
@@ -789,7 +790,7 @@ mod tests {
                     let bv = View::new(3, &[c], &[1], DType::F32);
                     let rv = View::new(4, &[n, c, oh, ow], &plane, DType::F32);
                     let ops = [EpiSpec::Residual, EpiSpec::Un(Un::Clamp(0.0, 0.5))];
-                    unsafe { conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, 1, path, false) };
+                    unsafe { conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, 1, path, false, false) };
                     for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                         let same = (a - b).abs() < 1e-4 * (1.0 + b.abs()) || a.is_nan() && b.is_nan();
                         assert!(same, "{path:?} w{ww} k{k} d{d} [{i}]: {a} vs {b}");
@@ -802,7 +803,10 @@ mod tests {
     /// 3×3 stride-1 convolutions the Winograd path takes (`winograd::applies`): odd and even
     /// output sizes (a tile half outside), padding 0 / 1 / 2, strided input, a bias, a folded
     /// norm, a residual and relu / clamp in the epilogue, and NaN / ±inf inputs (recomputed as
-    /// the direct sum: the transforms would turn an inf into inf - inf) against the direct sum.
+    /// the direct sum: the transforms would turn an inf into inf - inf) against the direct sum;
+    /// each case also with bfloat16 products (`winograd_pairs`, where the CPU has them: the
+    /// inputs and weights are bfloat16 values; the error then within 2^-7 of the sum of the
+    /// products' magnitudes, where pairs in the wrong halves or panels miss by their size).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn winograd_path_matches_the_direct_sum() {
@@ -820,6 +824,8 @@ mod tests {
             (1, 16, 7, 12, 16, 2, true, true, 0),
             (3, 19, 16, 16, 33, 1, false, true, 0),
             (1, 300, 6, 9, 17, 1, true, false, 0),
+            // two slices of k for the pair kernel (260 pairs)
+            (1, 520, 6, 9, 17, 1, true, false, 0),
             (1, 32, 16, 16, 16, 0, false, false, 2),
             (2, 17, 9, 11, 24, 1, false, false, 2),
             (2, 17, 9, 11, 24, 1, true, true, 2),
@@ -829,16 +835,19 @@ mod tests {
             let g = Geom { sh: 1, sw: 1, ph: p, pw: p, dh: 1, dw: 1, groups: 1 };
             let (oh, ow) = (hh + 2 * p - 2, ww + 2 * p - 2);
             assert!(super::super::winograd::applies(c, oc, 3, 3, [1, 1], [1, 1], 1, ow, 1), "case c{c} oc{oc} {hh}x{ww}");
-            let mut x = data(n * c * hh * ww, 7, 23);
+            let bf = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| crate::core::element::bf16_to_f32(crate::core::element::f32_to_bf16(x))).collect() };
+            let mut x = bf(data(n * c * hh * ww, 7, 23));
             if nonfinite {
                 x[3] = f32::INFINITY;
                 x[hh * ww + ww + 5] = f32::NEG_INFINITY;
                 x[(n * c - 1) * hh * ww + 2 * ww + 1] = f32::NAN;
             }
-            let w = data(oc * c * 9, 5, 11);
+            let w = bf(data(oc * c * 9, 5, 11));
             let bias = data(oc, 3, 7);
             let res = data(n * oc * oh * ow, 11, 13);
             let mut want = naive(&x, &w, [n, c, hh, ww, oc, 3, 3, 0], g, oh, ow);
+            let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+            let magnitude = naive(&abs(&x), &abs(&w), [n, c, hh, ww, oc, 3, 3, 0], g, oh, ow);
             if with_epi {
                 for (i, v) in want.iter_mut().enumerate() {
                     let o = i / (oh * ow) % oc;
@@ -888,19 +897,21 @@ mod tests {
             let bv = View::new(3, &[oc], &[1], DType::F32);
             let rv = View::new(4, &[n, oc, oh, ow], &ys, DType::F32);
             let ops = [EpiSpec::Un(Un::Relu), EpiSpec::Residual, EpiSpec::Un(Un::Clamp(-1.0, 0.75))];
-            for threads in [1, 2] {
+            for (threads, bf16) in [(1, false), (2, false), (1, true), (2, true)] {
                 y.fill(f32::NAN);
                 unsafe {
                     if with_epi {
-                        conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, threads, path(), false);
+                        conv2d(&mem, &xv, &wv, Some(&bv), None, Some(&rv), &yv, g, &ops, threads, path(), false, bf16);
                     } else {
-                        conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path(), false);
+                        conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path(), false, bf16);
                     }
                 }
+                let pairs = bf16 && c % 2 == 0 && crate::kernels::gemm::bf16::pairs_available();
                 for (i, b) in want.iter().enumerate() {
                     let a = y[at(i)];
-                    let same = if b.is_finite() { (a - b).abs() < 1e-4 * (1.0 + b.abs()) } else { a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) };
-                    assert!(same, "case c{c} oc{oc} {hh}x{ww} pad {p} layout {layout} t{threads} [{i}]: {a} vs {b}");
+                    let tol = if pairs { 2f32.powi(-7) * magnitude[i] + 1e-4 } else { 1e-4 * (1.0 + b.abs()) };
+                    let same = if b.is_finite() { (a - b).abs() < tol } else { a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) };
+                    assert!(same, "case c{c} oc{oc} {hh}x{ww} pad {p} layout {layout} t{threads} bf16 {bf16} [{i}]: {a} vs {b}");
                 }
             }
         }
@@ -958,7 +969,7 @@ mod tests {
                 let wv = View::new(1, &[oc, cg, k, k], &[cg * k * k, k * k, k, 1], DType::F32);
                 let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
                 for threads in [1, 2] {
-                    unsafe { conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path, false) };
+                    unsafe { conv2d(&mem, &xv, &wv, None, None, None, &yv, g, &[], threads, path, false, false) };
                     for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                         assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "{path:?} case c{c} g{groups} cl{cl} t{threads} [{i}]: {a} vs {b}");
                     }

@@ -127,7 +127,7 @@ unsafe fn grad_input_by_forward(mem: &Mem, gy: &View, gx: &View, wk: &[f32], s: 
     let wv = View::new(1, &[s.c, ocg, s.kh, s.kw], &[ocg * taps, taps, s.kw, 1], dt);
     let gxv = View::new(2, &gx.sizes, &gx.strides, dt);
     let fg = Geom { sh: 1, sw: 1, ph: reach_h - g.ph, pw: reach_w - g.pw, dh: g.dh, dw: g.dw, groups: g.groups };
-    super::conv2d::conv2d(&local, &gyv, &wv, None, None, None, &gxv, fg, &[], threads, super::conv2d::path(), false);
+    super::conv2d::conv2d(&local, &gyv, &wv, None, None, None, &gxv, fg, &[], threads, super::conv2d::path(), false, false);
     true
 }
 

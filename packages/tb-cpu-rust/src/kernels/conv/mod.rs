@@ -17,6 +17,8 @@ pub mod pool3d;
 pub mod upsample;
 #[cfg(target_arch = "x86_64")]
 mod winograd;
+#[cfg(target_arch = "x86_64")]
+mod winograd_pairs;
 
 use crate::core::mem::Mem;
 use crate::core::tensor::View;
@@ -342,13 +344,17 @@ mod steps {
 
     crate::step_params!(struct ConvParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64 });
 
-    crate::step_params!(struct Conv2dParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, epilogue: Vec<String>, eps: f64, pool: Option<i64> });
+    crate::step_params!(struct Conv2dParams { stride: Vec<i64>, padding: Vec<i64>, dilation: Vec<i64>, groups: i64, epilogue: Vec<String>, eps: f64, pool: Option<i64>, bf16: Option<bool> });
 
     /// operands: x, weight, bias?, res? (the residual the epilogue's add reads), and a folded
-    /// inference batch norm's weight?, bias?, mean?, var? (mean and var both or neither)
+    /// inference batch norm's weight?, bias?, mean?, var? (mean and var both or neither);
+    /// `bf16`: the model computes it in bfloat16 (the lowering saw bfloat16 input and weights
+    /// widened), so its Winograd path may multiply bfloat16 values (`winograd_pairs`)
     fn conv2d_step(a: &Args) -> Built {
-        let Conv2dParams { stride, padding, dilation, groups, epilogue, eps, pool } = a.params()?;
+        let Conv2dParams { stride, padding, dilation, groups, epilogue, eps, pool, bf16 } = a.params()?;
         let pool = pool.unwrap_or(0);
+        // the model computes this convolution in bfloat16: products of bfloat16 values allowed
+        let bf16 = bf16.unwrap_or(false);
         let (x, w, y) = (a.take(0)?, a.take(1)?, a.out(0)?);
         let (bias, res) = (a.opt(2), a.opt(3));
         f32s(&[&x, &w, &y])?;
@@ -400,7 +406,7 @@ mod steps {
         };
         let geom = conv2d::Geom { sh, sw, ph, pw, dh, dw, groups: g };
         infallible(move |mem| unsafe {
-            conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path(), pool == 2)
+            conv2d::conv2d(mem, &x, &w, bias.as_ref(), bn.as_ref(), res.as_ref(), &y, geom, &ops, crate::core::par::threads(), conv2d::path(), pool == 2, bf16)
         })
     }
 

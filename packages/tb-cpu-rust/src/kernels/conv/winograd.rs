@@ -51,6 +51,9 @@ pub(super) struct Args<'a> {
     /// y holds the 2×2 stride-2 max pool of the convolution's result (oh / 2 × ow / 2, after the
     /// epilogue, which is then relu / clamp / a shift only: those commute with the max)
     pub pool: bool,
+    /// the convolution was bfloat16 in the model: its channel sums may take bfloat16 products of
+    /// the transformed values (`winograd_pairs`, where the CPU has `vdpbf16ps`)
+    pub bf16: bool,
 }
 
 // SAFETY: the pointers are only dereferenced at disjoint outputs / shared reads by the tasks
@@ -81,12 +84,12 @@ pub(super) fn applies(c: usize, oc: usize, kh: usize, kw: usize, strides: [usize
 }
 
 thread_local! {
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    pub(super) static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `U[ξ][o][ci] = (G g Gᵀ)[ξ / 4][ξ % 4]` for each 3×3 kernel g, G = [[1,0,0], [½,½,½], [½,-½,½],
 /// [0,0,1]]; None when a weight is NaN / inf.
-fn transform_weights(w: &[f32], oc: usize, c: usize) -> Option<Vec<f32>> {
+pub(super) fn transform_weights(w: &[f32], oc: usize, c: usize) -> Option<Vec<f32>> {
     if w.iter().any(|v| !v.is_finite()) {
         return None;
     }
@@ -117,7 +120,7 @@ fn transform_weights(w: &[f32], oc: usize, c: usize) -> Option<Vec<f32>> {
 
 /// Tile rows per chunk: as many as the budget allows, preferring a count whose tiles fill the
 /// GEMM's NR-column panels (a partial panel is computed whole).
-fn chunk_rows(tw: usize, nr: usize, c: usize, oc: usize) -> usize {
+pub(super) fn chunk_rows(tw: usize, nr: usize, c: usize, oc: usize) -> usize {
     let max_cols = (CHUNK_BUDGET / (16 * (c + oc))).max(nr);
     let rmax = (max_cols / tw).max(1);
     let fill = |r: usize| (r * tw) as f64 / ((r * tw).div_ceil(nr) * nr) as f64;
@@ -137,6 +140,9 @@ fn chunk_rows(tw: usize, nr: usize, c: usize, oc: usize) -> usize {
 /// # Safety
 /// The pointers valid for the sizes and strides of `a`; `applies` held for them.
 pub(super) unsafe fn conv3x3(a: &Args, epi_at: &(dyn Fn(usize, usize) -> Epi + Sync), threads: usize) -> bool {
+    if super::winograd_pairs::applies(a) {
+        return super::winograd_pairs::conv3x3(a, epi_at, threads);
+    }
     let Some((nr, kc)) = packed_b_layout(a.c) else { return false };
     let Some(u) = transform_weights(a.w, a.oc, a.c) else { return false };
     let (th, tw) = (a.oh.div_ceil(2), a.ow.div_ceil(2));
@@ -268,11 +274,35 @@ unsafe fn transpose_scalar(src: *const f32, i0: usize, i1: usize, j0: usize, j1:
 }
 
 /// Tile geometry and the GEMM's packed-panel layout.
-struct Tiles {
-    th: usize,
-    tw: usize,
+#[derive(Clone, Copy)]
+pub(super) struct Tiles {
+    pub th: usize,
+    pub tw: usize,
+    pub nr: usize,
+    pub kc: usize,
+}
+
+/// Where the input transform puts a block of transformed tiles of one channel: `out[ξ]` for
+/// `len` tiles from column `col`.
+pub(super) trait Sink<V: Lanes> {
+    /// # Safety
+    /// The destination holds those columns.
+    unsafe fn put(&self, out: &[V; 16], col: usize, len: usize);
+}
+
+/// One channel's rows of V's float32 packed panels (`store_block`).
+struct Panels {
     nr: usize,
-    kc: usize,
+    slot: (usize, usize),
+    vp: *mut f32,
+    vlen: usize,
+}
+
+impl<V: Lanes> Sink<V> for Panels {
+    #[inline(always)]
+    unsafe fn put(&self, out: &[V; 16], col: usize, len: usize) {
+        store_block(out, col, len, self.nr, self.slot, self.vp, self.vlen)
+    }
 }
 
 /// Bᵀ d B of every tile of tile rows g0..g1, every channel, into V's packed panels: V[ξ] is the
@@ -311,7 +341,7 @@ unsafe fn input_transform_v<V: Lanes>(a: &Args, t: &Tiles, g0: usize, g1: usize,
         for ci in 0..a.c {
             let xb = a.x.add(ni * a.xs[0] + ci * a.xs[1]);
             if a.xs[3] == 1 {
-                transform_rows_unit::<V>(a, xb, ty, tw, col0, nr, kcl_base(a.c, kc, ci, npan, nr), vp, vlen);
+                transform_rows_unit::<V, _>(a, xb, ty, tw, col0, &Panels { nr, slot: kcl_base(a.c, kc, ci, npan, nr), vp, vlen });
                 continue;
             }
             for i in 0..4 {
@@ -362,7 +392,7 @@ unsafe fn column_transform<V: Lanes>(cr: &[[V; 4]; 4]) -> [V; 16] {
 
 /// Channel ci's slice depth (kc, or less in the last slice) and its first float in a V[ξ].
 #[inline(always)]
-fn kcl_base(c: usize, kc: usize, ci: usize, npan: usize, nr: usize) -> (usize, usize) {
+pub(super) fn kcl_base(c: usize, kc: usize, ci: usize, npan: usize, nr: usize) -> (usize, usize) {
     let p0 = ci / kc * kc;
     (kc.min(c - p0), p0 * npan * nr + (ci - p0) * nr)
 }
@@ -393,8 +423,7 @@ unsafe fn store_block<V: Lanes>(out: &[V; 16], col: usize, len: usize, nr: usize
 /// columns of every tile come from two pairs of vector loads split into even / odd lanes,
 /// the padding as masked-off lanes.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn transform_rows_unit<V: Lanes>(a: &Args, xb: *const f32, ty: usize, tw: usize, col0: usize, nr: usize, slot: (usize, usize), vp: *mut f32, vlen: usize) {
+pub(super) unsafe fn transform_rows_unit<V: Lanes, S: Sink<V>>(a: &Args, xb: *const f32, ty: usize, tw: usize, col0: usize, sink: &S) {
     let n = V::N as isize;
     let ww = a.ww as isize;
     let mut t0 = 0;
@@ -412,7 +441,7 @@ unsafe fn transform_rows_unit<V: Lanes>(a: &Args, xb: *const f32, ty: usize, tw:
             let (d2, d3) = window::<V>(row, c0 + 2, ww).unzip(window::<V>(row, c0 + n + 2, ww));
             *c = row_transform(d0, d1, d2, d3);
         }
-        store_block(&column_transform(&cr), col0 + t0, len, nr, slot, vp, vlen);
+        sink.put(&column_transform(&cr), col0 + t0, len);
         t0 += V::N;
     }
 }
@@ -436,7 +465,7 @@ unsafe fn window<V: Lanes>(row: *const f32, c: isize, ww: isize) -> V {
 }
 
 /// Floats of one deinterleaved row: tw + 1 tile columns and a vector's spare.
-fn span(tw: usize) -> usize {
+pub(super) fn span(tw: usize) -> usize {
     tw + 1 + 16
 }
 
@@ -489,7 +518,7 @@ unsafe fn deinterleave<V: Lanes>(row: *const f32, xs: usize, ww: usize, pw: usiz
 /// time, with the epilogue on the sums in registers; a block of tiles the transforms left
 /// NaN / inf is stored, its non-finite outputs recomputed directly, then given the epilogue.
 #[allow(clippy::too_many_arguments)]
-unsafe fn output_transform(a: &Args, t: &Tiles, g0: usize, g1: usize, m: &[f32], mlen: usize, epi_at: &(dyn Fn(usize, usize) -> Epi + Sync)) {
+pub(super) unsafe fn output_transform(a: &Args, t: &Tiles, g0: usize, g1: usize, m: &[f32], mlen: usize, epi_at: &(dyn Fn(usize, usize) -> Epi + Sync)) {
     if crate::core::isa::has_avx512() && t.tw > 8 {
         output_transform_avx512(a, t, g0, g1, m, mlen, epi_at)
     } else {

@@ -297,8 +297,7 @@ pub(crate) unsafe fn drive<I: Isa>(m: usize, n: usize, k: usize, a: Mat, b: Mat,
 /// the GEMM backend on this CPU): the panel width NR and the depth of each slice of k.
 pub fn packed_b_layout(k: usize) -> Option<(usize, usize)> {
     fn of<I: Isa>(k: usize) -> (usize, usize) {
-        let kc = blocking::<I>().0;
-        (I::NR, k.div_ceil(k.div_ceil(kc)))
+        packed_layout::<I>(k)
     }
     if crate::kernels::gemm::backend() != "own" || k == 0 {
         return None;
@@ -313,6 +312,13 @@ pub fn packed_b_layout(k: usize) -> Option<(usize, usize)> {
         }
     }
     None
+}
+
+/// `packed_b_layout` for the micro-kernel `I` (the bfloat16 pair kernel's, say: k counted in
+/// pairs): (NR, the depth of each slice of k).
+pub(crate) fn packed_layout<I: Isa>(k: usize) -> (usize, usize) {
+    let kc = blocking::<I>().0;
+    (I::NR, k.div_ceil(k.div_ceil(kc)))
 }
 
 /// Floats `pack_a_slices` writes for an m × k A (0 where `packed_b_layout` is None).
@@ -347,7 +353,11 @@ pub unsafe fn pack_a_slices(a: Mat, m: usize, k: usize, dst: *mut f32) {
     unreachable!("pack_a_slices without packed_b_layout()")
 }
 
-unsafe fn pack_a_slices_for<I: Isa>(a: Mat, m: usize, k: usize, dst: *mut f32) {
+/// `pack_a_slices` for the micro-kernel `I`; `dst` holds `m.div_ceil(I::MR) * I::MR * k` elements.
+///
+/// # Safety
+/// As `pack_a_slices`.
+pub(crate) unsafe fn pack_a_slices_for<I: Isa>(a: Mat, m: usize, k: usize, dst: *mut f32) {
     let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
     let m_pad = m.div_ceil(I::MR) * I::MR;
     let mut p0 = 0;
@@ -381,7 +391,12 @@ pub unsafe fn sgemm_packed_ab(m: usize, n: usize, k: usize, pa: *const f32, pb: 
     unreachable!("sgemm_packed_ab without packed_b_layout()")
 }
 
-unsafe fn drive_packed_ab<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, epi: &Epi) {
+/// `sgemm_packed_ab` on the micro-kernel `I`, both operands packed for it (`pack_a_slices_for`,
+/// B as `packed_layout::<I>(k)` says).
+///
+/// # Safety
+/// As `sgemm_packed_ab`.
+pub(crate) unsafe fn drive_packed_ab<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, epi: &Epi) {
     if m == 0 || n == 0 {
         return;
     }
