@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pathlib
 import sys
+import tempfile
 import traceback
 from typing import Any
 
@@ -96,6 +98,8 @@ def render(rows: list[dict[str, Any]], info: dict[str, Any], skipped: dict[str, 
         "(A B B A … for two; `benchmarks/harness.py` `round_order`); ratios are eager time ÷ contender time (> 1 is faster than eager). "
         "Suites measured before 2026-12-06 (machine not recorded) ran eager first in every round, which slowed it by up to 2× "
         "on convolutional models (MobileNet block eager 8.4 ms in that order, 4.0 ms rotated): their ratios over eager read high.",
+        "Each run starts from an empty torchburn compile cache (a temporary `TORCHBURN_CACHE_DIR`, unless one is set): every "
+        "routing decision in it was measured in that run, none inherited from an earlier run or build.",
         "The model-set and CNN-training rows count each contender's page faults per call (`harness.faults_per_call`): eager "
         "PyTorch allocates every large intermediate afresh and glibc's malloc returns multi-MiB blocks to the kernel on free, "
         "so each call faults their pages in again, while a compiled plan reuses its buffers. On a VM where faults are dear "
@@ -186,6 +190,9 @@ def main() -> int:
     parser.add_argument("--only", help="comma list of suites")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if "TORCHBURN_CACHE_DIR" not in os.environ:
+        # routing decisions persist in the compile cache: a run measures its own
+        os.environ["TORCHBURN_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchburn-bench-cache-")
     wanted = set(args.only.split(",")) if args.only else None
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}

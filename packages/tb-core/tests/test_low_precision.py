@@ -229,6 +229,33 @@ def test_hardtanh_rounds_between_when_its_bounds_are_not_low_values() -> None:
         torch.testing.assert_close(run_checked(gm, x, w), fn(x, w), rtol=0, atol=0)
 
 
+def test_relu_commutes_through_a_view() -> None:
+    """A Linear on a 3-d input is addmm -> view -> relu: the relu reads the same view of the
+    float32 product (not the rounded one), so the rounding happens once, after it, and the next
+    Linear reads that bfloat16 value (an engine's bfloat16 GEMM takes it as it is)."""
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(*s, generator=g).bfloat16() for s in ((2, 5, 16), (32, 16), (32,), (8, 32), (8,))]
+
+    def fn(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+        F = torch.nn.functional
+        return F.linear(torch.relu(F.linear(x, w1, b1)), w2, b2)
+
+    gm = widen_low_precision(traced(fn, *args))
+    relu = next(n for n in gm.graph.nodes if n.target is aten.relu.default)
+    view = relu.args[0]
+    assert view.target in (aten.view.default, aten._unsafe_view.default), view.format_node()
+    assert view.args[0].target is aten.addmm.default, view.args[0].format_node()
+    # relu's rounding, then its float32 twin read by the second addmm; and the output's rounding
+    assert Counter(c for c in casts(gm) if c[0] != "placeholder") == Counter(
+        {
+            ("aten.relu.default", torch.float32, torch.bfloat16): 1,
+            ("aten._to_copy.default", torch.bfloat16, torch.float32): 1,
+            ("aten.addmm.default", torch.float32, torch.bfloat16): 1,
+        }
+    )
+    torch.testing.assert_close(run_checked(gm, *args), fn(*args), rtol=0, atol=0)  # relu commutes: exact
+
+
 def test_idempotent_and_float32_untouched() -> None:
     fn, args = mlp_fn(torch.bfloat16)
     gm = widen_low_precision(traced(fn, *args))

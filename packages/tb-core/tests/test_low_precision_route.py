@@ -368,3 +368,13 @@ def test_symbolic_sizes_are_decided_per_shape(laggard: type[Laggard]) -> None:
     keys = {k for k in stats.decisions if isinstance(k, tuple)}
     assert {k[0] for k in keys} == {threads} and len(keys) == 2, stats.describe()
     assert stats.traced_only and "sizes" in stats.describe()
+
+
+def test_a_changed_rewrite_measures_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored decision was measured on the pass's rewrite of its day: its key names the
+    rewrite's version, so a changed rewrite (a new torchburn) decides afresh."""
+    gm = make_fx(lambda x: (x * 2).relu(), tracing_mode="fake")(torch.randn(4).bfloat16())
+    key = low_precision_route.decision_key(gm, ["tag"])
+    assert low_precision_route.decision_key(gm, ["tag"]) == key
+    monkeypatch.setattr(low_precision_route, "REWRITE_VERSION", low_precision_route.REWRITE_VERSION + 1)
+    assert low_precision_route.decision_key(gm, ["tag"]) != key

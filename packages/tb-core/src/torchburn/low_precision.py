@@ -44,6 +44,10 @@ log = logging.getLogger("torchburn")
 
 aten = torch.ops.aten
 F32 = torch.float32
+#: Bumped when the rewrite changes what a widened graph computes or how (a stored widened-or-as-
+#: traced decision, ``low_precision_route.decision_key``, was measured on the old rewrite).
+#: 2: a convolution's epilogue chain rounded once; relu / hardtanh through a view commute.
+REWRITE_VERSION = 2
 LOW = frozenset({torch.bfloat16, torch.float16})
 TO_COPY = aten._to_copy.default
 
@@ -289,24 +293,25 @@ class _Widener:
 
         exact = op in EXACT
         src = node.args[0] if node.args else None
-        # rounded results this op reads before their rounding (see COMMUTES, CONV_EPILOGUE)
-        unrounded: set[torch.fx.Node] = set()
-        if op in COMMUTES and self._single_rounded(src) and self._commutes(node):
-            unrounded.add(src)  # type: ignore[arg-type]
+        # rounded results this op reads before their rounding (see COMMUTES, CONV_EPILOGUE):
+        # each such argument -> the float32 value it reads instead
+        unrounded: dict[torch.fx.Node, torch.fx.Node] = {}
+        if op in COMMUTES and isinstance(src, torch.fx.Node) and self._commutes(node):
+            wide_src = self._unrounded(src, node)
+            if wide_src is not None:
+                unrounded[src] = wide_src
         if op in CONV_EPILOGUE:
-            unrounded |= {
-                a
-                for a in node.args
-                if isinstance(a, torch.fx.Node) and self._single_rounded(a) and a in self.conv_chain
-            }
+            for a in node.args:
+                if isinstance(a, torch.fx.Node) and self._single_rounded(a) and a in self.conv_chain:
+                    unrounded[a] = self.rounded[a]
 
         def arg_of(a: Any) -> Any:
-            return self.rounded[a] if a in unrounded else arg(a)
+            return unrounded[a] if a in unrounded else arg(a)
 
         args, kwargs = torch.fx.node.map_arg((node.args, dict(node.kwargs)), arg_of)
         # an op reading an unrounded value is not exact any more (its input is not a low value)
         exact = exact and not unrounded
-        chained = op in CONV_PRODUCERS or bool(unrounded & self.conv_chain)
+        chained = op in CONV_PRODUCERS or any(a in self.conv_chain for a in unrounded)
         if op in ("aten._softmax.default", "aten._log_softmax.default") and len(args) > 2:
             args = (*args[:2], False)  # float32 in, float32 out: half_to_float has nothing left to do
         if op in _BACKWARD_INPUT_DTYPE and len(args) > 3 and args[3] in LOW:
@@ -354,6 +359,25 @@ class _Widener:
     def _single_rounded(self, a: Any) -> bool:
         """A rounding cast this pass made that nothing else reads."""
         return isinstance(a, torch.fx.Node) and a in self.rounded and len(a.users) == 1
+
+    def _unrounded(self, a: torch.fx.Node, consumer: torch.fx.Node) -> torch.fx.Node | None:
+        """The float32 value of ``a`` before its rounding, if only ``consumer`` reads ``a``: ``a``
+        a rounding this pass made, or a view of one that nothing else reads (a Linear's 3-d
+        result: addmm, rounding, view, relu), whose same view of the float32 result is made here."""
+        if len(a.users) != 1:
+            return None
+        if a in self.rounded:
+            return self.rounded[a]
+        base = a.args[0] if a.op == "call_function" and a.args else None
+        if (
+            str(a.target) not in VIEWS
+            or not isinstance(base, torch.fx.Node)
+            or not self._single_rounded(base)
+            or any(x is not base for x in a.all_input_nodes)
+        ):
+            return None
+        with self.graph.inserting_before(consumer):
+            return self.make(a.target, (self.rounded[base], *a.args[1:]), dict(a.kwargs), a)
 
     def _commutes(self, node: torch.fx.Node) -> bool:
         """relu always; hardtanh when its bounds are values of the low dtype (ReLU6's 0 and 6):

@@ -49,6 +49,7 @@ import torch
 import torch.fx
 
 from torchburn import routing, telemetry
+from torchburn.low_precision import REWRITE_VERSION
 from torchburn.plan import op_name
 
 #: The most calls the widened graph runs alone, waiting for its partitions' routing to decide.
@@ -148,7 +149,10 @@ def decision_key(traced: torch.fx.GraphModule, engine_tags: list[str]) -> str:
                 metas.append([str(val.dtype), list(val.shape), list(val.stride()), str(val.device)])
             else:
                 metas.append(repr(val))
-    material = json.dumps(["low_precision_route", 1, _canonical(traced), metas, engine_tags], default=str)
+    # the pass's rewrite is part of what the widened graph was: a changed rewrite measures again
+    material = json.dumps(
+        ["low_precision_route", 1, REWRITE_VERSION, _canonical(traced), metas, engine_tags], default=str
+    )
     return blake3.blake3(material.encode()).hexdigest()
 
 
