@@ -277,6 +277,43 @@ def test_settling_is_bounded() -> None:
     assert route.stats.traced_only  # measured although the partitions never stopped measuring
 
 
+def test_each_thread_count_settles_before_it_is_measured() -> None:
+    """Partitions route per thread count: after one count settled and was decided, a new count
+    runs the widened graph alone again while its partitions measure, before the comparison."""
+    x = torch.randn(4, 4).to(BF16)
+    traced = _traced(lambda t: t * 2, x)
+    wide_calls: list[int] = []
+    pending = {"calls": 3}
+
+    def wide(t: torch.Tensor) -> torch.Tensor:
+        wide_calls.append(torch.get_num_threads())
+        return t * 2
+
+    def partitions_pending() -> bool:
+        pending["calls"] -= 1
+        return pending["calls"] >= 0
+
+    route = LowPrecisionRoute(wide, traced, pending=partitions_pending, engine="e", fallback_ops=Counter())
+    before = torch.get_num_threads()
+    other = 2 if before != 2 else 1
+    try:
+        for _ in range(3 + MEASURE_CALLS):
+            route(x)
+        assert set(route.stats.decisions) == {before}
+        torch.set_num_threads(other)
+        pending["calls"] = 3
+        wide_calls.clear()
+        for _ in range(3):
+            route(x)
+        # settling at the new count: the widened graph alone, nothing measured yet
+        assert wide_calls == [other] * 3 and route.stats.measuring == {}
+        for _ in range(MEASURE_CALLS):
+            route(x)
+        assert set(route.stats.decisions) == {before, other}
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_slow_traced_graph_keeps_the_widened_one() -> None:
     x = torch.randn(4, 4).to(BF16)
     traced = _traced(lambda t: slow_scale(t), x)

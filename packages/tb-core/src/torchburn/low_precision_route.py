@@ -12,7 +12,9 @@ So an inference graph the pass changed keeps the graph as traced beside the wide
 ``LowPrecisionRoute`` chooses between them by measurement, per thread count:
 
 * first the widened graph runs alone until its partitions' own routing has decided (at most
-  ``SETTLE_CALLS`` calls), so what is compared is the widened graph as it will run;
+  ``SETTLE_CALLS`` calls, at each thread count: partitions route per thread count too, and a
+  partition still measuring at the new count would run its eager path inside the widened
+  graph's samples), so what is compared is the widened graph as it will run;
 * then it times the widened graph against the graph as traced, run by eager PyTorch in its own
   dtype, in blocks of ``BLOCK`` consecutive calls of one path (the first of each untimed: a switch
   of paths costs the next call, which neither path pays once chosen), ``BLOCKS`` blocks each, and
@@ -219,7 +221,10 @@ class LowPrecisionRoute:
         self.traced = run_traced
         self.stats = LowPrecisionStats(ops, widened)
         self._symbolic = symbolic
-        self._settling: int | None = 0
+        # settling calls so far per key (thread count / shape): each key's partitions decide
+        # their own routes (routing is per thread count), so each key settles on its own
+        self._settling: dict[Hashable, int] = {}
+        self._settled: set[Hashable] = set()
         self._pinned: dict[Hashable, Callable[..., Any]] = {}
         self._runs: dict[Hashable, _Blocks] = {}
         self._lock = threading.Lock()
@@ -245,13 +250,13 @@ class LowPrecisionRoute:
                 with self._lock:
                     self._pin(key, decision)
                 return self._pinned[key](*args)
-        settling = self._settling
-        if settling is not None:
+        if key not in self._settled:
+            settling = self._settling.get(key, 0)
             if settling < SETTLE_CALLS and self._pending():
-                self._settling = settling + 1
+                self._settling[key] = settling + 1
                 routing._count_measured_call()
                 return self.wide(*args)
-            self._settling = None
+            self._settled.add(key)
         if len(self._pinned) + len(self._runs) >= MAX_KEYS and key not in self._runs:
             return self._beyond_bound(args)
         return self._measured_call(key, args)
