@@ -5,7 +5,8 @@
 //! the scores). Only a 128×S tile of scores ever exists, never the L×S matrix; causal blocks skip
 //! masked keys.
 
-use crate::core::mem::{Mem, SPtr};
+use crate::core::mem::{with_scratch, Mem, SPtr};
+use std::cell::RefCell;
 use crate::kernels::gemm::{sgemm, Mat};
 use crate::core::math::scalar;
 use crate::core::tensor::{DType, View};
@@ -14,6 +15,12 @@ use crate::core::tensor::{DType, View};
 /// 64 did (no speed difference measurable above this machine's noise at T = 128..1024, D = 64);
 /// the score tile is BQ × S.
 const BQ: usize = 128;
+
+thread_local! {
+    /// A task's score tile and row reciprocals, kept per thread (a fresh zeroed vector per task
+    /// cost an allocation and a memset each: 32 tasks of 65 × 65 per ViT attention call).
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`. K and V
@@ -42,61 +49,70 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
         let vp = pv.add(bi * v.strides[0] + hk * v.strides[1]);
         let op = po.add(bi * o.strides[0] + hi * o.strides[1] + i0 * o.strides[2]);
         let lp = pl.add(bi * lse.strides[0] + hi * lse.strides[1] + i0 * lse.strides[2]);
-        let mut sc = vec![0f32; rows * nk.max(1)];
-        let mut inv = vec![1f32; rows];
-        let scp = SPtr(sc.as_mut_ptr());
-        if nk > 0 {
+        with_scratch(&TILE, rows * nk.max(1) + rows, |tile| {
+            let (sc, inv) = tile.split_at_mut(rows * nk.max(1));
+            inv.fill(1.0);
+            let scp = SPtr(sc.as_mut_ptr());
+            if nk > 0 {
+                sgemm(
+                    rows,
+                    nk,
+                    e,
+                    Mat { p: SPtr(qp), rs: q.strides[2] as isize, cs: q.strides[3] as isize },
+                    Mat { p: SPtr(kp), rs: k.strides[3] as isize, cs: k.strides[2] as isize },
+                    Mat { p: scp, rs: nk as isize, cs: 1 },
+                    scale,
+                    false,
+                    1,
+                );
+            }
+            for r in 0..rows {
+                let row = &mut sc[r * nk..(r + 1) * nk];
+                let qi = i0 + r;
+                if let Some((mp, m)) = &pm {
+                    apply_mask(row, mp.get().add((bi * m.strides[0] + hi * m.strides[1] + qi * m.strides[2]) * m.dtype.size()), m.strides[3], m.dtype);
+                }
+                // a causal row sees keys 0..=qi: only that prefix is exponentiated, the rest is 0
+                let valid = if causal { nk.min(qi + 1) } else { nk };
+                let (seen, hidden) = row.split_at_mut(valid);
+                hidden.fill(0.0);
+                let mx = row_max(seen);
+                if mx == f32::NEG_INFINITY {
+                    seen.fill(0.0);
+                    *lp.add(r * lse.strides[2]) = f32::NEG_INFINITY;
+                    continue;
+                }
+                let sum = exp_shift_sum(seen, mx);
+                inv[r] = 1.0 / sum;
+                *lp.add(r * lse.strides[2]) = mx + sum.ln();
+            }
             sgemm(
                 rows,
+                ev,
                 nk,
-                e,
-                Mat { p: SPtr(qp), rs: q.strides[2] as isize, cs: q.strides[3] as isize },
-                Mat { p: SPtr(kp), rs: k.strides[3] as isize, cs: k.strides[2] as isize },
                 Mat { p: scp, rs: nk as isize, cs: 1 },
-                scale,
+                Mat { p: SPtr(vp), rs: v.strides[2] as isize, cs: v.strides[3] as isize },
+                Mat { p: SPtr(op), rs: o.strides[2] as isize, cs: o.strides[3] as isize },
+                1.0,
                 false,
                 1,
             );
-        }
-        for r in 0..rows {
-            let row = &mut sc[r * nk..(r + 1) * nk];
-            let qi = i0 + r;
-            if let Some((mp, m)) = &pm {
-                apply_mask(row, mp.get().add((bi * m.strides[0] + hi * m.strides[1] + qi * m.strides[2]) * m.dtype.size()), m.strides[3], m.dtype);
-            }
-            // a causal row sees keys 0..=qi: only that prefix is exponentiated, the rest is 0
-            let valid = if causal { nk.min(qi + 1) } else { nk };
-            let (seen, hidden) = row.split_at_mut(valid);
-            hidden.fill(0.0);
-            let mx = row_max(seen);
-            if mx == f32::NEG_INFINITY {
-                seen.fill(0.0);
-                *lp.add(r * lse.strides[2]) = f32::NEG_INFINITY;
-                continue;
-            }
-            let sum = exp_shift_sum(seen, mx);
-            inv[r] = 1.0 / sum;
-            *lp.add(r * lse.strides[2]) = mx + sum.ln();
-        }
-        sgemm(
-            rows,
-            ev,
-            nk,
-            Mat { p: scp, rs: nk as isize, cs: 1 },
-            Mat { p: SPtr(vp), rs: v.strides[2] as isize, cs: v.strides[3] as isize },
-            Mat { p: SPtr(op), rs: o.strides[2] as isize, cs: o.strides[3] as isize },
-            1.0,
-            false,
-            1,
-        );
-        for (r, &f) in inv.iter().enumerate() {
-            if f != 1.0 {
-                let orow = op.add(r * o.strides[2]);
-                for j in 0..ev {
-                    *orow.add(j * o.strides[3]) *= f;
+            for (r, &f) in inv.iter().enumerate() {
+                if f != 1.0 {
+                    let orow = op.add(r * o.strides[2]);
+                    if o.strides[3] == 1 {
+                        // contiguous: a loop the compiler vectorises
+                        for x in std::slice::from_raw_parts_mut(orow, ev) {
+                            *x *= f;
+                        }
+                    } else {
+                        for j in 0..ev {
+                            *orow.add(j * o.strides[3]) *= f;
+                        }
+                    }
                 }
             }
-        }
+        });
     };
     if tasks > 1 {
         crate::core::par::for_each(tasks, task);
