@@ -141,3 +141,67 @@ def test_mixed_input_is_not_marked(lowered: list[dict[str, Any]]) -> None:
     torch.testing.assert_close(got, fn(x), rtol=1e-4, atol=1e-4)
     steps = _conv_steps(lowered)
     assert steps and not any(s["bf16"] for s in steps), steps
+
+
+class _Inverted(nn.Module):
+    """A MobileNet inverted residual: 1×1 expand, 3×3 depthwise, 1×1 project (each with its
+    norm, ReLU6 after the first two), + x."""
+
+    def __init__(self, c: int, expand: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        h = c * expand
+        self.body = nn.Sequential(
+            nn.Conv2d(c, h, 1, bias=False), _bn(h, 1), nn.ReLU6(),
+            nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), _bn(h, 2), nn.ReLU6(),
+            nn.Conv2d(h, c, 1, bias=False), _bn(c, 3),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "autocast"])
+@pytest.mark.parametrize(("c", "h", "w", "n"), [(16, 12, 12, 2), (7, 9, 13, 1)])
+def test_bfloat16_inverted_residual(lowered: list[dict[str, Any]], mode: str, c: int, h: int, w: int, n: int) -> None:
+    """1×1 convolutions (the pair GEMM on the input planes, an odd channel count included), a
+    depthwise one (float32), norms, ReLU6 and the residual folded, against eager bfloat16."""
+    model = _Inverted(c)
+    x = randn(n, c, h, w, seed=4)
+    if mode == "bf16":
+        model, x = model.to(BF16), x.to(BF16)
+    ctx: Callable[[], Any] = (
+        (lambda: torch.autocast("cpu", dtype=BF16)) if mode == "autocast" else contextlib.nullcontext
+    )
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with ctx():
+            return model(x)
+
+    with torch.no_grad():
+        want = fn(x)
+        got = run_native(fn, x, require_native=True)
+        exact = _Inverted(c).double()(x.double())
+    torch.testing.assert_close(got.float(), want.float(), **TOL)
+    err = (got.double() - exact).abs().max().item()
+    eager_err = (want.double() - exact).abs().max().item()
+    assert err <= 2 * eager_err, (err, eager_err)
+    steps = _conv_steps(lowered)
+    assert len(steps) == 3 and all(s["bf16"] for s in steps), steps
+
+
+@pytest.mark.parametrize("kw", [{"kernel_size": 8, "stride": 8}, {"kernel_size": 3, "stride": 2, "padding": 1}])
+def test_bfloat16_strided_convolution(lowered: list[dict[str, Any]], kw: dict[str, Any]) -> None:
+    """Through im2col (a ViT's patch embedding, a strided 3×3) on the pair GEMM, with a bias."""
+    torch.manual_seed(2)
+    conv = nn.Conv2d(3, 32, **kw).to(BF16)
+    x = randn(2, 3, 32, 24, seed=6).to(BF16)
+    with torch.no_grad():
+        want = conv(x)
+        got = run_native(conv, x, require_native=True)
+        exact = F.conv2d(
+            x.double(), conv.weight.double(), conv.bias.double(), **{k: v for k, v in kw.items() if k != "kernel_size"}
+        )
+    torch.testing.assert_close(got.float(), want.float(), **TOL)
+    assert (got.double() - exact).abs().max() <= 2 * (want.double() - exact).abs().max()
+    assert all(s["bf16"] for s in _conv_steps(lowered))

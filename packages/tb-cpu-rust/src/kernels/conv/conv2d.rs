@@ -73,6 +73,9 @@ thread_local! {
     static COL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// a pooled convolution's full result, on the paths that write it
     static FULL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// B's bfloat16 pair panels (`gemm_pairs`)
+    #[cfg(target_arch = "x86_64")]
+    static PAIR_PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The geometry: stride, padding, dilation (h, w), groups.
@@ -285,8 +288,15 @@ pub unsafe fn conv2d(
     let chunks = oh.div_ceil(rows);
     let items = n * chunks;
     let ocg = oc / g.groups;
+    // a bfloat16 model's NCHW convolution, single-threaded GEMMs: bfloat16 products on the pair
+    // kernel (`gemm_pairs`), the weights rounded and packed in pairs once
+    #[cfg(target_arch = "x86_64")]
+    let pairs_w: Option<Vec<f32>> = (bf16 && !nhwc && (threads == 1 || items >= threads) && (!direct || xs[3] == 1) && super::gemm_pairs::available())
+        .then(|| super::gemm_pairs::pack_weights(&wk, g.groups, ocg, kk));
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs_w: Option<Vec<f32>> = None;
     // NCHW, single-threaded GEMMs on the own kernel: im2col writes its packed panels directly
-    let packed = if !nhwc && (threads == 1 || items >= threads) { crate::kernels::gemm::own::packed_b_layout(kk) } else { None };
+    let packed = if pairs_w.is_none() && !nhwc && (threads == 1 || items >= threads) { crate::kernels::gemm::own::packed_b_layout(kk) } else { None };
     // ... and the weights packed once for all of them (each GEMM used to pack its group's A
     // again: for 128 channels of 8 × 8, 1152 deep, that was as much work as the product)
     let pa_len = crate::kernels::gemm::own::packed_a_len(ocg, kk);
@@ -339,6 +349,20 @@ pub unsafe fn conv2d(
                     shift_p.map(|s| Mat { p: SPtr(s.add(gi * ocg)), rs: 1, cs: 0 }),
                     pres.as_ref().map(|(p, rs)| Mat { p: SPtr(p.add(ni * rs[0] + gi * ocg * rs[1] + r0 * rs[2])), rs: rs[1] as isize, cs: rs[3] as isize }),
                 );
+                #[cfg(target_arch = "x86_64")]
+                if let Some(pw2) = pairs_w.as_ref() {
+                    let (bp, brs) = if direct {
+                        (xb.add(r0 * ow * xs[3]) as *const f32, xs[1])
+                    } else {
+                        im2col_nchw(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, col);
+                        (colp.get() as *const f32, cols)
+                    };
+                    let pa = pw2.as_ptr().add(gi * super::gemm_pairs::packed_weights_len(ocg, kk));
+                    with_scratch(&PAIR_PANELS, super::gemm_pairs::b_panels_len(kk, cols), |panels| {
+                        super::gemm_pairs::gemm(ocg, cols, kk, pa, bp, brs, panels, cm, &e);
+                    });
+                    continue;
+                }
                 if let (false, Some((nr, kc))) = (direct, packed) {
                     // im2col straight into the GEMM's packed panels: no second copy of B
                     im2col_packed(xb, xs, cg, hh, ww, kh, kw, g, r0, r1, ow, nr, kc, col);
@@ -810,6 +834,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn winograd_path_matches_the_direct_sum() {
+        // the GEMM backend must stay put (another test switches it)
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
         if crate::kernels::gemm::own::packed_b_layout(16).is_none() {
             return;
         }
@@ -912,6 +938,51 @@ mod tests {
                     let tol = if pairs { 2f32.powi(-7) * magnitude[i] + 1e-4 } else { 1e-4 * (1.0 + b.abs()) };
                     let same = if b.is_finite() { (a - b).abs() < tol } else { a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) };
                     assert!(same, "case c{c} oc{oc} {hh}x{ww} pad {p} layout {layout} t{threads} bf16 {bf16} [{i}]: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// The GEMM paths with bfloat16 products (`gemm_pairs`: 1×1 on the input planes, im2col for
+    /// strided, patch and grouped kernels, an odd K) against the direct sum, with the epilogue,
+    /// at 1 and 2 threads: within 2^-7 of the products' magnitude where the CPU has the pair
+    /// kernel (bit-for-bit the float32 path's tolerance where it has not).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn bf16_products_match_the_direct_sum() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let bf = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| crate::core::element::bf16_to_f32(crate::core::element::f32_to_bf16(x))).collect() };
+        // (n, c, h, w, oc, k, stride, pad, groups)
+        let cases = [(2, 32, 9, 11, 48, 1, 1, 0, 1), (1, 7, 6, 5, 20, 1, 1, 0, 1), (2, 16, 13, 12, 24, 3, 2, 1, 1), (1, 3, 32, 24, 32, 8, 8, 0, 1), (2, 8, 7, 9, 8, 3, 1, 1, 2), (1, 600, 4, 4, 40, 1, 1, 0, 1)];
+        for &(n, c, hh, ww, oc, k, st, p, groups) in &cases {
+            let g = Geom { sh: st, sw: st, ph: p, pw: p, dh: 1, dw: 1, groups };
+            let (oh, ow) = ((hh + 2 * p - k) / st + 1, (ww + 2 * p - k) / st + 1);
+            let cg = c / groups;
+            let x = bf(data(n * c * hh * ww, 7, 23));
+            let w = bf(data(oc * cg * k * k, 5, 11));
+            let bias = data(oc, 3, 7);
+            let dims = [n, c, hh, ww, oc, k, k, 0];
+            let mut want = naive(&x, &w, dims, g, oh, ow);
+            let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+            let magnitude = naive(&abs(&x), &abs(&w), dims, g, oh, ow);
+            for (i, v) in want.iter_mut().enumerate() {
+                let r = *v + bias[i / (oh * ow) % oc];
+                *v = if r < 0.0 { 0.0 } else { r };
+            }
+            let (mut xb, mut wb, mut bb) = (x.clone(), w.clone(), bias.clone());
+            let mut y = vec![f32::NAN; n * oc * oh * ow];
+            let mem = Mem { ptrs: vec![xb.as_mut_ptr() as *mut u8, wb.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8, bb.as_mut_ptr() as *mut u8] };
+            let xv = View::new(0, &[n, c, hh, ww], &[c * hh * ww, hh * ww, ww, 1], DType::F32);
+            let wv = View::new(1, &[oc, cg, k, k], &[cg * k * k, k * k, k, 1], DType::F32);
+            let yv = View::new(2, &[n, oc, oh, ow], &[oc * oh * ow, oh * ow, ow, 1], DType::F32);
+            let bv = View::new(3, &[oc], &[1], DType::F32);
+            let pairs = crate::kernels::gemm::bf16::pairs_available();
+            for threads in [1, 2] {
+                y.fill(f32::NAN);
+                unsafe { conv2d(&mem, &xv, &wv, Some(&bv), None, None, &yv, g, &[EpiSpec::Un(Un::Relu)], threads, path(), false, true) };
+                for (i, b) in want.iter().enumerate() {
+                    let tol = if pairs { 2f32.powi(-7) * magnitude[i] + 1e-4 } else { 1e-4 * (1.0 + b.abs()) };
+                    assert!((y[i] - b).abs() < tol, "case c{c} oc{oc} k{k} s{st} g{groups} t{threads} [{i}]: {} vs {b}", y[i]);
                 }
             }
         }

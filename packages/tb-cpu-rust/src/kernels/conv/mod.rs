@@ -13,6 +13,8 @@ pub mod conv3d;
 pub mod conv_transpose;
 #[cfg(target_arch = "x86_64")]
 mod depthwise_vector;
+#[cfg(target_arch = "x86_64")]
+mod gemm_pairs;
 pub mod pool3d;
 pub mod upsample;
 #[cfg(target_arch = "x86_64")]

@@ -119,7 +119,7 @@ impl Sink<Z16> for PairPanels {
         let live: u32 = if len >= 16 { u32::MAX } else { (1u32 << (2 * len)) - 1 };
         let mask = live & if self.high { 0xAAAA_AAAA } else { 0x5555_5555 };
         for (xi, x) in out.iter().enumerate() {
-            let h = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(x.0)));
+            let h = super::gemm_pairs::to_bf16_lanes(x.0);
             let h = if self.high { _mm512_slli_epi32::<16>(h) } else { h };
             let dst = self.vp.add(xi * self.vlen + base);
             if off + len <= self.nr {

@@ -614,10 +614,15 @@ pub(crate) mod amx {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
+    use crate::core::lanes::Z16;
+    use crate::kernels::gemm::epilogue::RegEpi;
     use crate::kernels::gemm::own::x86::Avx512;
     use crate::kernels::gemm::own::Isa;
     use crate::kernels::gemm::Mat;
     use std::arch::x86_64::*;
+
+    /// No in-register epilogue (`kernel_dp`'s `E` false).
+    const NO_EPI: (*const RegEpi, usize) = (std::ptr::null(), 0);
 
     /// 8×32 tiles of float32 accumulators fed by `vdpbf16ps`: each step of the packed panels is
     /// one k pair (A: 8 row pairs, B: 32 column pairs, as the float32 kernel's 8 and 32 floats).
@@ -632,21 +637,19 @@ pub(crate) mod x86 {
         const MC: usize = 64;
         #[inline(always)]
         unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) {
-            kernel_dp::<8>(kc, a, b, c, rs, alpha, acc)
+            kernel_dp::<8, false>(kc, a, b, c, rs, alpha, acc, NO_EPI)
         }
         #[inline(always)]
         unsafe fn kernel_rows(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool) -> bool {
-            match mv {
-                1 => kernel_dp::<1>(kc, a, b, c, rs, alpha, acc),
-                2 => kernel_dp::<2>(kc, a, b, c, rs, alpha, acc),
-                3 => kernel_dp::<3>(kc, a, b, c, rs, alpha, acc),
-                4 => kernel_dp::<4>(kc, a, b, c, rs, alpha, acc),
-                5 => kernel_dp::<5>(kc, a, b, c, rs, alpha, acc),
-                6 => kernel_dp::<6>(kc, a, b, c, rs, alpha, acc),
-                7 => kernel_dp::<7>(kc, a, b, c, rs, alpha, acc),
-                _ => return false,
-            }
-            true
+            mv < 8 && rows_dp::<false>(mv, kc, a, b, c, rs, alpha, acc, NO_EPI)
+        }
+        const EPI_IN_REGS: bool = true;
+        /// Packed panels only (`bs` = NR): the epilogue on the accumulators before the single
+        /// store (an NCHW convolution's rows are a plane apart: storing and reading them back
+        /// for the epilogue missed L1).
+        #[inline(always)]
+        unsafe fn kernel_epi(mv: usize, kc: usize, a: *const f32, b: *const f32, bs: usize, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: &RegEpi, i: usize) -> bool {
+            bs == 32 && rows_dp::<true>(mv, kc, a, b, c, rs, alpha, acc, (e, i))
         }
         #[inline(always)]
         unsafe fn pack_b_t(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, dst: *mut f32) {
@@ -655,10 +658,31 @@ pub(crate) mod x86 {
         }
     }
 
+    /// `kernel_dp` for 1 ≤ mv ≤ 8 rows; false (nothing run) for another count.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn rows_dp<const E: bool>(mv: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, rs: isize, alpha: f32, acc: bool, e: (*const RegEpi, usize)) -> bool {
+        match mv {
+            1 => kernel_dp::<1, E>(kc, a, b, c, rs, alpha, acc, e),
+            2 => kernel_dp::<2, E>(kc, a, b, c, rs, alpha, acc, e),
+            3 => kernel_dp::<3, E>(kc, a, b, c, rs, alpha, acc, e),
+            4 => kernel_dp::<4, E>(kc, a, b, c, rs, alpha, acc, e),
+            5 => kernel_dp::<5, E>(kc, a, b, c, rs, alpha, acc, e),
+            6 => kernel_dp::<6, E>(kc, a, b, c, rs, alpha, acc, e),
+            7 => kernel_dp::<7, E>(kc, a, b, c, rs, alpha, acc, e),
+            8 => kernel_dp::<8, E>(kc, a, b, c, rs, alpha, acc, e),
+            _ => return false,
+        }
+        true
+    }
+
     /// Rows 0..R of an 8×32 tile: C[r, j] = [C +] alpha * sum over pairs p of
-    /// A[p][r].lo * B[p][j].lo + A[p][r].hi * B[p][j].hi (bfloat16 products, float32 sums).
+    /// A[p][r].lo * B[p][j].lo + A[p][r].hi * B[p][j].hi (bfloat16 products, float32 sums);
+    /// with `E`, the epilogue `e` (built at row `e.1` of the tile's first row) on each row
+    /// before it is stored.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn kernel_dp<const R: usize>(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool) {
+    unsafe fn kernel_dp<const R: usize, const E: bool>(kc: usize, a: *const f32, b: *const f32, cp: *mut f32, rs: isize, alpha: f32, acc: bool, e: (*const RegEpi, usize)) {
         const MR: usize = 8;
         for r in 0..R {
             let row = cp.wrapping_offset(r as isize * rs) as *const i8;
@@ -686,6 +710,11 @@ pub(crate) mod x86 {
             if acc {
                 v0 = _mm512_add_ps(v0, _mm512_loadu_ps(p));
                 v1 = _mm512_add_ps(v1, _mm512_loadu_ps(p.add(16)));
+            }
+            if E {
+                let ep = &*e.0;
+                v0 = ep.apply(e.1 + r, 0, 16, Z16(v0)).0;
+                v1 = ep.apply(e.1 + r, 16, 16, Z16(v1)).0;
             }
             _mm512_storeu_ps(p, v0);
             _mm512_storeu_ps(p.add(16), v1);
