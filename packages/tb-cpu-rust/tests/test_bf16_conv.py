@@ -1,4 +1,4 @@
-"""bfloat16 convolutions on native_cpu (lowering/conv_low_precision.py, kernels/conv/winograd_pairs.rs):
+"""bfloat16 convolutions on native_cpu (lowering/bf16_products.py, kernels/conv/winograd_pairs.rs, kernels/conv/gemm_pairs.rs):
 a model converted to bfloat16 (or run under autocast) keeps its convolutions native, computed in
 float32 between casts (torchburn.low_precision), the conv + batch norm + activation (+ residual)
 chain folded into one ``conv2d`` step, and the 3×3 convolutions marked ``bf16`` so their Winograd

@@ -16,8 +16,8 @@ use std::sync::OnceLock;
 /// meaning (Python's `steps.SCHEMA_VERSION` is this value, read from the native module). 3: an
 /// output buffer's `sizes` / `strides` are the layout its tensor must have. 4: `conv2d` takes a
 /// residual and a folded batch norm's operands, and `epilogue` / `eps` parameters. 5: `conv2d`
-/// takes `pool` (2: its result max-pooled 2×2 stride 2). 6: `conv2d` takes `bf16` (bfloat16
-/// products allowed).
+/// takes `pool` (2: its result max-pooled 2×2 stride 2). 6: `conv2d` and `sdpa` take `bf16`
+/// (bfloat16 products allowed).
 pub const SCHEMA_VERSION: u32 = 6;
 
 /// One step of a plan: its operands and results (value ids), what it computes (`op`) and the

@@ -25,8 +25,12 @@ thread_local! {
 /// # Safety
 /// Every view must have been validated by its step builder against the buffers of `mem`. K and V
 /// may have fewer heads than Q when that count divides Q's (grouped-query attention: query head
-/// `hi` reads key/value head `hi / (H / Hkv)`).
-pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32) {
+/// `hi` reads key/value head `hi / (H / Hkv)`). `bf16`: q, k and v are bfloat16 values (a
+/// bfloat16 model's attention): both products may take bfloat16 operands, the probabilities
+/// rounded to bfloat16 as eager's bfloat16 flash attention rounds them (`attention_pairs`,
+/// where the CPU has AVX-512 BF16).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32, bf16: bool) {
     let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
     let (s, ev) = (k.sizes[2], v.sizes[3]);
     if b * h * l == 0 {
@@ -35,6 +39,10 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
     let group = h / k.sizes[1];
     let (pq, pk, pv, po, pl) = (mem.ptr::<f32>(q), mem.ptr::<f32>(k), mem.ptr::<f32>(v), mem.ptr::<f32>(o), mem.ptr::<f32>(lse));
     let pm = mask.map(|m| (SPtr(mem.byte_ptr(m)), m));
+    #[cfg(target_arch = "x86_64")]
+    let pairs = bf16 && super::attention_pairs::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs = { let _ = bf16; false };
     let qblocks = l.div_ceil(BQ);
     let tasks = b * h * qblocks;
     let task = |t: usize| {
@@ -49,11 +57,24 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
         let vp = pv.add(bi * v.strides[0] + hk * v.strides[1]);
         let op = po.add(bi * o.strides[0] + hi * o.strides[1] + i0 * o.strides[2]);
         let lp = pl.add(bi * lse.strides[0] + hi * lse.strides[1] + i0 * lse.strides[2]);
-        with_scratch(&TILE, rows * nk.max(1) + rows, |tile| {
-            let (sc, inv) = tile.split_at_mut(rows * nk.max(1));
+        // (no keys: the float32 path writes the zero rows)
+        let pairs = pairs && nk > 0;
+        #[cfg(target_arch = "x86_64")]
+        let pair_len = if pairs { super::attention_pairs::scratch_len(rows, nk, e, ev) } else { 0 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let pair_len = 0;
+        with_scratch(&TILE, rows * nk.max(1) + rows + pair_len, |tile| {
+            let (sc, rest) = tile.split_at_mut(rows * nk.max(1));
+            let (inv, pair_scratch) = rest.split_at_mut(rows);
+            // (the pair operands' 32-bit words, in the tile's scratch)
+            let pair_scratch = std::slice::from_raw_parts_mut(pair_scratch.as_mut_ptr() as *mut u32, pair_scratch.len());
             inv.fill(1.0);
             let scp = SPtr(sc.as_mut_ptr());
-            if nk > 0 {
+            #[cfg(target_arch = "x86_64")]
+            if pairs {
+                super::attention_pairs::scores(qp, q.strides[2], q.strides[3], kp, k.strides[2], k.strides[3], rows, nk, e, scale, scp.get(), pair_scratch);
+            }
+            if nk > 0 && !pairs {
                 sgemm(
                     rows,
                     nk,
@@ -86,17 +107,23 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
                 inv[r] = 1.0 / sum;
                 *lp.add(r * lse.strides[2]) = mx + sum.ln();
             }
-            sgemm(
-                rows,
-                ev,
-                nk,
-                Mat { p: scp, rs: nk as isize, cs: 1 },
-                Mat { p: SPtr(vp), rs: v.strides[2] as isize, cs: v.strides[3] as isize },
-                Mat { p: SPtr(op), rs: o.strides[2] as isize, cs: o.strides[3] as isize },
-                1.0,
-                false,
-                1,
-            );
+            #[cfg(target_arch = "x86_64")]
+            if pairs {
+                super::attention_pairs::output(scp.get(), rows, nk, vp, v.strides[2], v.strides[3], ev, op, o.strides[2], o.strides[3], pair_scratch);
+            }
+            if !pairs {
+                sgemm(
+                    rows,
+                    ev,
+                    nk,
+                    Mat { p: scp, rs: nk as isize, cs: 1 },
+                    Mat { p: SPtr(vp), rs: v.strides[2] as isize, cs: v.strides[3] as isize },
+                    Mat { p: SPtr(op), rs: o.strides[2] as isize, cs: o.strides[3] as isize },
+                    1.0,
+                    false,
+                    1,
+                );
+            }
             for (r, &f) in inv.iter().enumerate() {
                 if f != 1.0 {
                     let orow = op.add(r * o.strides[2]);
@@ -194,9 +221,10 @@ mod steps {
 
     pub const STEPS: &[StepDef] = &[StepDef::core("sdpa", sdpa_step)];
 
-    crate::step_params!(struct SdpaParams { causal: bool, scale: f64 });
+    crate::step_params!(struct SdpaParams { causal: bool, scale: f64, bf16: Option<bool> });
 
-    /// q, k, v, mask? -> out, lse (the logsumexp of each query row)
+    /// q, k, v, mask? -> out, lse (the logsumexp of each query row); `bf16`: q, k and v are
+    /// bfloat16 values widened (a bfloat16 model's attention)
     fn sdpa_step(a: &Args) -> Built {
         let p: SdpaParams = a.params()?;
         let (q, k, v, o, lse) = (a.take(0)?, a.take(1)?, a.take(2)?, a.out(0)?, a.out(1)?);
@@ -213,6 +241,75 @@ mod steps {
             need(m.sizes == [b, h, l, s], "sdpa mask must be broadcast to (B, H, L, S)")?;
         }
         let (causal, scale) = (p.causal, p.scale as f32);
-        infallible(move |mem| unsafe { sdpa(mem, &q, &k, &v, mask.as_ref(), &o, &lse, causal, scale) })
+        // the model computes it in bfloat16: bfloat16 products allowed (`attention_pairs`)
+        let bf16 = p.bf16.unwrap_or(false);
+        infallible(move |mem| unsafe { sdpa(mem, &q, &k, &v, mask.as_ref(), &o, &lse, causal, scale, bf16) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::element::{bf16_to_f32, f32_to_bf16};
+
+    /// Both products on bfloat16 pairs (`bf16`, where the CPU has them) and in float32, against
+    /// a float64 attention of the same (bfloat16-valued) q, k, v: odd depths and key counts (a
+    /// last pair half empty), several query blocks, causal, one key, strided q. The pair path's
+    /// error within 2^-7 of the output's magnitude Σ p·|v| (the probabilities' rounding);
+    /// pairs in the wrong halves miss by far more.
+    #[test]
+    fn bfloat16_products_match_a_float64_attention() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let val = |i: usize, m: usize| bf16_to_f32(f32_to_bf16(((i * m % 29) as f32 - 14.0) / 9.0));
+        for &(b, h, l, s, e, ev, causal, strided) in &[
+            (1, 2, 65, 65, 32, 32, false, false),
+            (2, 1, 7, 131, 17, 5, false, true),
+            (1, 1, 200, 200, 64, 64, true, false),
+            (1, 1, 3, 1, 2, 3, false, false),
+        ] {
+            // q laid out (b, l, h, e) when strided: a transposed view, as a projection leaves it
+            let qs = if strided { [l * h * e, e, h * e, 1] } else { [h * l * e, l * e, e, 1] };
+            let mut q: Vec<f32> = (0..b * h * l * e).map(|i| val(i, 7)).collect();
+            let mut k: Vec<f32> = (0..b * h * s * e).map(|i| val(i, 11)).collect();
+            let mut v: Vec<f32> = (0..b * h * s * ev).map(|i| val(i, 5)).collect();
+            let scale = 1.0 / (e as f32).sqrt();
+            let mut want = vec![0f64; b * h * l * ev];
+            let mut magnitude = vec![0f64; b * h * l * ev];
+            for bh in 0..b * h {
+                let (bi, hi) = (bh / h, bh % h);
+                for i in 0..l {
+                    let qrow = |d: usize| q[bi * qs[0] + hi * qs[1] + i * qs[2] + d] as f64;
+                    let seen = if causal { (i + 1).min(s) } else { s };
+                    let sc: Vec<f64> = (0..seen).map(|j| (0..e).map(|d| qrow(d) * k[(bh * s + j) * e + d] as f64).sum::<f64>() * scale as f64).collect();
+                    let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let ex: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                    let sum: f64 = ex.iter().sum();
+                    for c in 0..ev {
+                        let at = (bh * l + i) * ev + c;
+                        want[at] = (0..seen).map(|j| ex[j] / sum * v[(bh * s + j) * ev + c] as f64).sum();
+                        magnitude[at] = (0..seen).map(|j| ex[j] / sum * (v[(bh * s + j) * ev + c] as f64).abs()).sum();
+                    }
+                }
+            }
+            let mut o = vec![f32::NAN; b * h * l * ev];
+            let mut lse = vec![0f32; b * h * l];
+            let mem = Mem {
+                ptrs: vec![q.as_mut_ptr() as *mut u8, k.as_mut_ptr() as *mut u8, v.as_mut_ptr() as *mut u8, o.as_mut_ptr() as *mut u8, lse.as_mut_ptr() as *mut u8],
+            };
+            let qv = View::new(0, &[b, h, l, e], &qs, DType::F32);
+            let kv = View::new(1, &[b, h, s, e], &[h * s * e, s * e, e, 1], DType::F32);
+            let vv = View::new(2, &[b, h, s, ev], &[h * s * ev, s * ev, ev, 1], DType::F32);
+            let ov = View::new(3, &[b, h, l, ev], &[h * l * ev, l * ev, ev, 1], DType::F32);
+            let lv = View::new(4, &[b, h, l], &[h * l, l, 1], DType::F32);
+            let pairs = crate::kernels::gemm::bf16::pairs_available();
+            for bf16 in [false, true] {
+                o.fill(f32::NAN);
+                unsafe { sdpa(&mem, &qv, &kv, &vv, None, &ov, &lv, causal, scale, bf16) };
+                for (i, (&got, &w)) in o.iter().zip(&want).enumerate() {
+                    let tol = if bf16 && pairs { 2f64.powi(-7) * magnitude[i] + 1e-6 } else { 1e-5 * (1.0 + w.abs()) };
+                    assert!((got as f64 - w).abs() <= tol, "case l{l} s{s} e{e} ev{ev} causal {causal} bf16 {bf16} [{i}]: {got} vs {w}");
+                }
+            }
+        }
     }
 }

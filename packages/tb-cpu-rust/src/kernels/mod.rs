@@ -6,6 +6,8 @@
 //! family touches only that family's file; adding a family, that file and this list.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_pairs;
 pub mod cast;
 pub mod complex;
 pub mod conv;

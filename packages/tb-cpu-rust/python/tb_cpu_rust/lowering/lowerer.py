@@ -281,10 +281,10 @@ class Lowerer:
                 outputs.append(("v", self.value(o)))
             else:
                 outputs.append(("lit", o))
-        from tb_cpu_rust.lowering.conv_low_precision import mark_bfloat16_convolutions
+        from tb_cpu_rust.lowering.bf16_products import mark_bfloat16_products
         from tb_cpu_rust.lowering.gemm import fold_low_precision_casts  # gemm.py imports this module
 
-        mark_bfloat16_convolutions(self)
+        mark_bfloat16_products(self)
         fold_low_precision_casts(self, outputs)
         from tb_cpu_rust.lowering.low_precision_ew import fold_casts_into_ew, merge_rounded_ew_chains
 

@@ -155,7 +155,8 @@ LogSoftmaxBwd = kind("log_softmax_bwd", "grad y", "grad_in", "dim:int=0")
 # normalises over the trailing n elements of each row
 LayerNorm = kind("layer_norm", "x weight? bias?", "y mean rstd", "n:int=0 eps:float=0.0")
 RmsNorm = kind("rms_norm", "x weight?", "y rstd", "n:int=0 eps:float=0.0")
-Sdpa = kind("sdpa", "q k v mask?", "out lse", "causal:bool=False scale:float=1.0")
+# bf16: q, k and v are bfloat16 values, products of bfloat16 values allowed (bf16_products)
+Sdpa = kind("sdpa", "q k v mask?", "out lse", "causal:bool=False scale:float=1.0 bf16:bool=False")
 NllLoss = kind("nll_loss", "x target weight?", "out total_weight", "reduction:int=0 ignore_index:int=-100")
 NllLossBwd = kind("nll_loss_bwd", "grad x target weight? total_weight", "grad_in", "reduction:int=0 ignore_index:int=-100")
 Embedding = kind("embedding", "weight index", "out", "")
@@ -181,7 +182,7 @@ Dist = kind("dist", "x y", "out", "p:float=2.0")
 # the epilogue (GEMM epilogue names and ``hardtanh:lo:hi``) runs after the per-channel shift: the bias,
 # or with bn_mean / bn_var a folded inference batch norm; res: the residual its add reads; pool 2: y is
 # the 2×2 stride-2 max pool of that result (conv_fusion: no residual, relu / hardtanh only); bf16: the
-# model computes it in bfloat16, products of bfloat16 values allowed (conv_low_precision)
+# model computes it in bfloat16, products of bfloat16 values allowed (bf16_products)
 Conv2d = kind(
     "conv2d", "x weight bias? res? bn_weight? bn_bias? bn_mean? bn_var?", "y",
     "stride:ints=(1, 1) padding:ints=(0, 0) dilation:ints=(1, 1) groups:int=1 epilogue:strs=() eps:float=0.0 pool:int=0 bf16:bool=False",

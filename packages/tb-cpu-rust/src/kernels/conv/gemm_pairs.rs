@@ -11,7 +11,7 @@
 //! even and flushes subnormals; NaN and ±inf stay NaN and ±inf.
 
 use crate::core::element::f32_to_bf16;
-use crate::kernels::gemm::bf16::x86::Pairs;
+use crate::kernels::gemm::bf16::x86::{bf16_lanes, Pairs};
 use crate::kernels::gemm::own::{drive_packed_ab, pack_a_slices_for, packed_layout, Isa};
 use crate::kernels::gemm::{Epi, Mat};
 use crate::core::mem::SPtr;
@@ -110,16 +110,10 @@ unsafe fn pair16(lo: *const f32, hi: Option<*const f32>, live: usize) -> __m512i
         return _mm512_setzero_si512();
     }
     let mask: __mmask16 = if live >= 16 { 0xFFFF } else { ((1u32 << live) - 1) as __mmask16 };
-    let l = to_bf16_lanes(_mm512_maskz_loadu_ps(mask, lo));
+    let l = bf16_lanes(_mm512_maskz_loadu_ps(mask, lo));
     match hi {
-        Some(h) => _mm512_or_si512(l, _mm512_slli_epi32::<16>(to_bf16_lanes(_mm512_maskz_loadu_ps(mask, h)))),
+        Some(h) => _mm512_or_si512(l, _mm512_slli_epi32::<16>(bf16_lanes(_mm512_maskz_loadu_ps(mask, h)))),
         None => l,
     }
 }
 
-/// Each float rounded to bfloat16, in the low half of its 32-bit lane (a function, not a
-/// closure: a closure would not take the caller's target features).
-#[inline(always)]
-pub(super) unsafe fn to_bf16_lanes(v: __m512) -> __m512i {
-    _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v)))
-}

@@ -19,7 +19,7 @@ use super::winograd::{chunk_rows, kcl_base, output_transform, transform_rows_uni
 use crate::core::element::f32_to_bf16;
 use crate::core::lanes::Z16;
 use crate::core::mem::{with_scratch, SPtr};
-use crate::kernels::gemm::bf16::x86::Pairs;
+use crate::kernels::gemm::bf16::x86::{bf16_lanes, Pairs};
 use crate::kernels::gemm::own::{drive_packed_ab, pack_a_slices_for, packed_layout, Isa};
 use crate::kernels::gemm::{Epi, Mat};
 use std::arch::x86_64::*;
@@ -119,7 +119,7 @@ impl Sink<Z16> for PairPanels {
         let live: u32 = if len >= 16 { u32::MAX } else { (1u32 << (2 * len)) - 1 };
         let mask = live & if self.high { 0xAAAA_AAAA } else { 0x5555_5555 };
         for (xi, x) in out.iter().enumerate() {
-            let h = super::gemm_pairs::to_bf16_lanes(x.0);
+            let h = bf16_lanes(x.0);
             let h = if self.high { _mm512_slli_epi32::<16>(h) } else { h };
             let dst = self.vp.add(xi * self.vlen + base);
             if off + len <= self.nr {

@@ -621,6 +621,14 @@ pub(crate) mod x86 {
     use crate::kernels::gemm::Mat;
     use std::arch::x86_64::*;
 
+    /// Each float of `v` rounded to bfloat16 (nearest even; subnormals flushed, NaN kept), in
+    /// the low half of its 32-bit lane: one half of a pair (shift it left 16 for the high half).
+    /// For the callers' `#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]` code.
+    #[inline(always)]
+    pub(crate) unsafe fn bf16_lanes(v: __m512) -> __m512i {
+        _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v)))
+    }
+
     /// No in-register epilogue (`kernel_dp`'s `E` false).
     const NO_EPI: (*const RegEpi, usize) = (std::ptr::null(), 0);
 
