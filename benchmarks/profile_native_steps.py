@@ -5,6 +5,7 @@ the whole call's eager and torchburn time (same run, interleaved medians).
     python -m benchmarks.profile_native_steps --only qwen2,llama [--threads 1] [--calls 20] [--steps]
     python -m benchmarks.profile_native_steps --train [--threads 1]   # the CNN training step
     python -m benchmarks.profile_native_steps --only resnet_block --bf16   # converted to bfloat16
+    python -m benchmarks.profile_native_steps --only transformer_layer --autocast   # autocast bfloat16
 
 ``--train``: the bench CNN's training step (``benchmarks.bench_cnn_training``: batch 32, SGD), its
 forward and backward programs step by step (training-mode batch norm, pool backward, conv backward).
@@ -16,6 +17,7 @@ path itself. Step times are medians over ``--calls`` profiled calls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 from collections import defaultdict
@@ -49,7 +51,7 @@ def _programs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple
     return compiled, seen
 
 
-def profile(key: str, threads: int, calls: int, steps: bool = False, bf16: bool = False) -> None:
+def profile(key: str, threads: int, calls: int, steps: bool = False, bf16: bool = False, autocast: bool = False) -> None:
     desc, build = MODELS[key]
     torch.manual_seed(0)
     model, inputs = build()
@@ -57,9 +59,12 @@ def profile(key: str, threads: int, calls: int, steps: bool = False, bf16: bool 
         model = model.to(torch.bfloat16)
         inputs = tuple(a.to(torch.bfloat16) if a.is_floating_point() else a for a in inputs)
         desc += " (bfloat16)"
+    if autocast:
+        desc += " (under autocast bfloat16)"
     torch._dynamo.reset()
     torch.set_num_threads(threads)
-    with torch.no_grad():
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
         compiled, programs = _programs(model, inputs)
         times = interleaved({"eager": lambda: model(*inputs), "torchburn": lambda: compiled(*inputs)}, repeats=7)
         by_kind: dict[str, list[float]] = defaultdict(list)
@@ -136,6 +141,7 @@ def main() -> None:
     ap.add_argument("--steps", action="store_true", help="also each step in program order")
     ap.add_argument("--train", action="store_true", help="the CNN training step instead of --only's models")
     ap.add_argument("--bf16", action="store_true", help="the models converted to bfloat16 (their widened plans)")
+    ap.add_argument("--autocast", action="store_true", help="the float32 models under autocast to bfloat16")
     args = ap.parse_args()
     os.environ["TORCHBURN_ROUTING"] = "off"
     import warnings
@@ -147,7 +153,7 @@ def main() -> None:
         profile_training(args.threads, args.calls)
         return
     for key in args.only.split(","):
-        profile(key, args.threads, args.calls, args.steps, args.bf16)
+        profile(key, args.threads, args.calls, args.steps, args.bf16, args.autocast)
 
 
 if __name__ == "__main__":

@@ -199,3 +199,27 @@ def test_empty_sum_after_a_full_one() -> None:
         got = empty(x0, w0)
     assert torch.equal(got, fn(x0, w0))
     assert torch.equal(got, bias.expand(32, 48))
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), [(256, 256, 768), (256, 1024, 256), (37, 96, 100), (3, 64, 40)])
+def test_conv1d_layout_on_bfloat16_pairs(rows: int, k: int, n: int) -> None:
+    """GPT-2's ``Conv1D``: ``addmm(bias, x, W)`` with ``W`` k×n row-major (not a Linear's
+    ``W.T``), then GELU (tanh). The weight's 32-column panels are packed in row pairs for the
+    pair kernel (several column tasks at 256 rows, a partial last panel at n = 100 and 40, a
+    k past one 256-pair slice at 1024); against eager bfloat16, and the float32 product of the
+    same bfloat16 values within one bfloat16 rounding."""
+    g = torch.Generator().manual_seed(rows + k + n)
+    x = torch.randn(rows, k, generator=g).to(BF16)
+    w = (torch.randn(k, n, generator=g) / k**0.5).to(BF16)
+    bias = torch.randn(n, generator=g).to(BF16)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(torch.addmm(bias, x, w), approximate="tanh")
+
+    with torch.no_grad():
+        got = compiled(fn)(x, w, bias)
+        close(got, fn(x, w, bias))
+        exact = torch.addmm(bias.double(), x.double(), w.double())
+        torch.testing.assert_close(
+            got.double(), torch.nn.functional.gelu(exact, approximate="tanh"), atol=2e-2, rtol=1e-2
+        )

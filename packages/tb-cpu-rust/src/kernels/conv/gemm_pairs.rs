@@ -70,7 +70,7 @@ pub(super) fn b_panels_len(k: usize, n: usize) -> usize {
 pub(super) unsafe fn gemm(m: usize, n: usize, k: usize, pa: *const f32, b: *const f32, rs: usize, panels: &mut [f32], c: Mat, epi: &Epi) {
     let k2 = pairs_of(k);
     pack_b(b, rs, k, n, panels.as_mut_ptr() as *mut u32);
-    drive_packed_ab::<Pairs>(m, n, k2, pa, panels.as_ptr(), c, epi);
+    drive_packed_ab::<Pairs>(m, n, k2, pa, panels.as_ptr(), c, 1.0, epi);
 }
 
 /// B's pair panels as `drive_packed_ab::<Pairs>` reads them: slices of kc pairs, each

@@ -70,7 +70,7 @@ pub(super) unsafe fn conv3x3(a: &Args, epi_at: &(dyn Fn(usize, usize) -> Epi + S
             input_transform(a, &geo, g0, g1, v.as_mut_ptr() as *mut u32, vlen);
             for xi in 0..16 {
                 let cm = Mat { p: SPtr(m.as_mut_ptr().add(xi * mlen)), rs: cols as isize, cs: 1 };
-                drive_packed_ab::<Pairs>(a.oc, cols, k2, pu.add(xi * pa_len), v.as_ptr().add(xi * vlen), cm, &Epi::default());
+                drive_packed_ab::<Pairs>(a.oc, cols, k2, pu.add(xi * pa_len), v.as_ptr().add(xi * vlen), cm, 1.0, &Epi::default());
             }
             output_transform(a, &geo, g0, g1, m, mlen, epi_at);
         })

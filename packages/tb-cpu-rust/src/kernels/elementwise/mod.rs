@@ -62,6 +62,9 @@ pub enum Compute {
 pub struct EwStep {
     pub compute: Compute,
     pub prog: Vec<Instr>,
+    /// registers holding one constant for the whole program (`simplify`): filled once per
+    /// run, not per block
+    pub consts: Vec<(usize, f64)>,
     pub nregs: usize,
     pub ins: Vec<View>,
     pub outs: Vec<View>,
@@ -273,7 +276,8 @@ impl EwStep {
             }
         }
         let (shape, strides) = coalesce(&shape, ins.iter().chain(&outs).map(|v| v.strides.clone()).collect());
-        Ok(EwStep { compute, prog, nregs, ins, outs, shape, strides })
+        let (prog, consts) = simplify(prog, nregs);
+        Ok(EwStep { compute, prog, consts, nregs, ins, outs, shape, strides })
     }
 
     /// `load; op; store` over contiguous float32: the op reads the input and writes the
@@ -475,6 +479,55 @@ fn with_pool<T: Copy + Default>(pool: &'static std::thread::LocalKey<std::cell::
         }
         Err(_) => f(&mut vec![[T::default(); BLK]; n]),
     })
+}
+
+/// The register each instruction writes (None: a store).
+fn written_by(i: &Instr) -> Option<usize> {
+    match *i {
+        Instr::Load { dst, .. } | Instr::Const { dst, .. } | Instr::Un { dst, .. } | Instr::Bin { dst, .. } | Instr::Where { dst, .. } | Instr::Narrow { dst, .. } => Some(dst),
+        Instr::Store { .. } => None,
+    }
+}
+
+/// A validated program with the work that is the same in every block taken out of it (the
+/// interpreter runs each instruction over a block of 256 elements in memory, so each one
+/// costs a pass over L1): a constant written to a register nothing else writes is filled once
+/// per run (returned apart), and a copy between two registers written once each is dropped,
+/// its readers reading the source instead (the low-precision pass leaves one after each
+/// rounding). The same values in every register that is read.
+fn simplify(prog: Vec<Instr>, nregs: usize) -> (Vec<Instr>, Vec<(usize, f64)>) {
+    let mut writes = vec![0usize; nregs];
+    for i in &prog {
+        if let Some(d) = written_by(i) {
+            writes[d] += 1;
+        }
+    }
+    let once = |r: usize| writes[r] == 1;
+    // the register each read is redirected to (copies of copies resolved in program order)
+    let mut alias: Vec<usize> = (0..nregs).collect();
+    let mut consts = Vec::new();
+    let mut out = Vec::with_capacity(prog.len());
+    for i in prog {
+        let r = |x: usize| alias[x];
+        let i = match i {
+            Instr::Const { dst, v } if once(dst) => {
+                consts.push((dst, v));
+                continue;
+            }
+            Instr::Un { op: Un::Copy, dst, a } if once(dst) && once(alias[a]) => {
+                alias[dst] = alias[a];
+                continue;
+            }
+            Instr::Un { op, dst, a } => Instr::Un { op, dst, a: r(a) },
+            Instr::Bin { op, dst, a, b } => Instr::Bin { op, dst, a: r(a), b: r(b) },
+            Instr::Where { dst, c, a, b } => Instr::Where { dst, c: r(c), a: r(a), b: r(b) },
+            Instr::Narrow { dst, a, to } => Instr::Narrow { dst, a: r(a), to },
+            Instr::Store { dst, src } => Instr::Store { dst, src: r(src) },
+            other => other,
+        };
+        out.push(i);
+    }
+    (out, consts)
 }
 
 /// float32 -> bfloat16 bits, round to nearest even, NaN -> the quiet NaN (as c10::BFloat16 and
@@ -880,6 +933,9 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
             }
         }
     };
+    for &(r, v) in &step.consts {
+        regs[r].fill(T::from_f64(v));
+    }
     for item in range {
         let (nrows, start) = if t.rpi > 1 { (t.rpi.min(t.outer - item * t.rpi), 0) } else { (1, (item % t.cpr) * BLK) };
         // elements per row in this item, and in all
@@ -1086,6 +1142,52 @@ mod tests {
             assert_eq!(yh[i].to_bits(), f16_to_f32(f32_to_f16(xs[i])).to_bits(), "float16 element {i}");
         }
         assert!(EwStep::new(Compute::I64, &prog, vec![view(0)], vec![view(1), view(2)]).is_err());
+    }
+
+    #[test]
+    fn constants_and_copies_leave_the_block_loop_with_the_same_results() {
+        // 3 rows of 700 (several 256-element blocks per row, a partial last one), rows of 40
+        // (several rows per block): x -> round(x * 1.5) copied, + 0.25 copied, a register
+        // redefined (written twice: neither hoisted nor aliased), a copy of a copy, a where
+        for (rows, cols) in [(3usize, 700usize), (50, 40)] {
+            let n = rows * cols;
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+            let mut y = vec![0f32; n];
+            let mut z = vec![0f32; n];
+            let v = |buf| View { buf, offset: 0, sizes: vec![rows, cols], strides: vec![cols, 1], dtype: DType::F32 };
+            let i = |op: &str, dst: usize, a: &[usize], f: &[f64]| InstrSpec { op: op.into(), dst, a: a.to_vec(), f: f.to_vec() };
+            let prog = vec![
+                i("load", 0, &[0], &[]),
+                i("const", 1, &[], &[1.5]),
+                i("mul", 2, &[0, 1], &[]),
+                i("round_bf16", 3, &[2], &[]),
+                i("copy", 4, &[3], &[]),
+                i("copy", 5, &[4], &[]),
+                i("const", 6, &[], &[0.25]),
+                i("add", 7, &[5, 6], &[1.0]),
+                i("const", 8, &[], &[2.0]),
+                i("mul", 9, &[7, 8], &[]),
+                i("const", 8, &[], &[-1.0]), // register 8 written twice
+                i("copy", 10, &[8], &[]),
+                i("gt", 11, &[0, 6], &[]),
+                i("where", 12, &[11, 9, 10], &[]),
+                i("store", 0, &[12], &[]),
+                i("store", 1, &[4], &[]),
+            ];
+            let step = EwStep::new(Compute::F32, &prog, vec![v(0)], vec![v(1), v(2)]).unwrap();
+            // consts 1 and 6 hoisted (8 is written twice), copies 4 and 5 dropped (10 copies 8)
+            assert_eq!(step.consts, vec![(1, 1.5), (6, 0.25)]);
+            assert_eq!(step.prog.iter().filter(|x| matches!(x, Instr::Un { op: Un::Copy, .. })).count(), 1);
+            assert_eq!(step.prog.len(), prog.len() - 4);
+            let mem = Mem { ptrs: vec![x.as_ptr() as *mut u8, y.as_mut_ptr() as *mut u8, z.as_mut_ptr() as *mut u8] };
+            step.run(&mem);
+            for k in 0..n {
+                let r = crate::core::element::bf16_to_f32(crate::core::element::f32_to_bf16(x[k] * 1.5));
+                let want = if x[k] > 0.25 { (r + 0.25) * 2.0 } else { -1.0 };
+                assert_eq!(y[k], want, "{rows}x{cols} element {k}");
+                assert_eq!(z[k], r, "{rows}x{cols} element {k}");
+            }
+        }
     }
 
     #[test]

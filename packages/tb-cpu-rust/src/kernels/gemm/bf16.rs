@@ -10,7 +10,10 @@
 //!   own kernel's driver, packing (register transposes included) and threading run on them
 //!   unchanged, and only the micro-kernel differs: `vdpbf16ps` multiplies 16 column pairs by a
 //!   broadcast row pair and adds both products into float32 accumulators. The weights are read
-//!   as they are stored (half the bytes of float32) and never widened.
+//!   as they are stored (half the bytes of float32) and never widened. A row-major B (`x @ W`
+//!   with W k×n, GPT-2's `Conv1D`) is packed in 32-column panels of row pairs (rows 2p and
+//!   2p + 1 interleaved, one pass over the weight per call) for the same micro-kernel, or for
+//!   the AMX tiles where the CPU has them.
 //! - **Widen**, everywhere else (AVX2-only CPUs, float16, other layouts, odd k, another
 //!   backend): each low-precision operand is widened into a float32 scratch copy (vectorised,
 //!   `cast::vector_cast`) and the float32 GEMM runs on those.
@@ -161,7 +164,7 @@ fn give_back_scratch(v: Vec<f32>) {
 /// Whether a and b suit the pair kernels: both bfloat16, A contiguous along k, k even, every
 /// row (and batch) of A starting on a 32-bit boundary, and B either contiguous along k too
 /// (`Some(false)`: the `Linear` layout; B's rows aligned likewise) or row-major
-/// (`Some(true)`: `x @ W` with `W` k×n, as GPT-2's Conv1D; AMX tiles only, k a multiple of 32).
+/// (`Some(true)`: `x @ W` with `W` k×n, as GPT-2's Conv1D).
 unsafe fn pair_layout(mem: &Mem, a: &View, b: &View, k: usize) -> Option<bool> {
     if a.dtype != DType::BF16 || b.dtype != DType::BF16 || k == 0 || !k.is_multiple_of(2) {
         return None;
@@ -177,8 +180,7 @@ unsafe fn pair_layout(mem: &Mem, a: &View, b: &View, k: usize) -> Option<bool> {
     if b.strides[r - 2] == 1 && even(b.strides[r - 1], n) && (r == 2 || even(b.strides[0], b.sizes[0])) && aligned(b) {
         return Some(false);
     }
-    #[cfg(target_arch = "x86_64")]
-    if (b.strides[r - 1] == 1 || n == 1) && k.is_multiple_of(32) && amx::available() {
+    if b.strides[r - 1] == 1 || n == 1 {
         return Some(true);
     }
     None
@@ -198,7 +200,11 @@ unsafe fn pair_gemm(a_raw: SPtr<u8>, b_raw: SPtr<u8>, a: &View, b: &View, row_ma
         let pa = Mat { p: base(a_raw, a), rs: half(a.strides[r - 2], m), cs: 1 };
         if row_major_b {
             let ldb = if k <= 1 { 0 } else { b.strides[r - 2] };
-            return amx::gemm_nn(m, n, k / 2, pa, base(b_raw, b).0 as *const u16, ldb, c, alpha, threads, epi);
+            let pb = base(b_raw, b).0 as *const u16;
+            if k.is_multiple_of(32) && amx::available() {
+                return amx::gemm_nn(m, n, k / 2, pa, pb, ldb, c, alpha, threads, epi);
+            }
+            return x86::gemm_nn(m, n, k / 2, pa, pb, ldb, c, alpha, threads, epi);
         }
         let pb = Mat { p: base(b_raw, b), rs: 1, cs: half(b.strides[r - 1], n) };
         if crate::kernels::gemm::gemv_pairs::gemv(m, n, k / 2, pa, pb, c, alpha, threads, epi) {
@@ -505,9 +511,9 @@ pub(crate) mod amx {
                 // SAFETY: rows 0..2 * k2, columns j..j+nv of B are valid; AMX implies AVX-512F
                 unsafe {
                     if nv == NR {
-                        pack_pairs_full(b0.get().add(j), ldb, k2, &mut panel)
+                        super::x86::pack_pairs_full(b0.get().add(j), ldb, k2, &mut panel)
                     } else {
-                        pack_pairs(b0.get().add(j), ldb, k2, nv, &mut panel)
+                        super::x86::pack_pairs(b0.get().add(j), ldb, k2, nv, &mut panel)
                     }
                 };
                 let mut i = 0;
@@ -526,35 +532,6 @@ pub(crate) mod amx {
             crate::core::par::for_each(tasks, task);
         } else {
             task(0);
-        }
-    }
-
-    /// panel[p * 32 + j] = B[2p, j] | B[2p + 1, j] << 16 for j < nv, zero for nv ≤ j < 32.
-    #[inline(always)]
-    unsafe fn pack_pairs(b: *const u16, ldb: usize, k2: usize, nv: usize, panel: &mut [u32]) {
-        for p in 0..k2 {
-            let (r0, r1) = (b.add(2 * p * ldb), b.add((2 * p + 1) * ldb));
-            let row = &mut panel[p * NR..p * NR + NR];
-            for (q, d) in row.iter_mut().enumerate() {
-                *d = if q < nv { *r0.add(q) as u32 | (*r1.add(q) as u32) << 16 } else { 0 };
-            }
-        }
-    }
-
-    /// `pack_pairs` of a whole panel (32 columns), 16 pairs per instruction: the weight is
-    /// re-packed on every call, so this runs once per weight element per call.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn pack_pairs_full(b: *const u16, ldb: usize, k2: usize, panel: &mut [u32]) {
-        use std::arch::x86_64::*;
-        debug_assert!(panel.len() >= k2 * NR);
-        let out = panel.as_mut_ptr();
-        for p in 0..k2 {
-            let (r0, r1) = (b.add(2 * p * ldb), b.add((2 * p + 1) * ldb));
-            for h in 0..2 {
-                let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(r0.add(16 * h) as *const __m256i));
-                let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(r1.add(16 * h) as *const __m256i));
-                _mm512_storeu_si512(out.add(p * NR + 16 * h) as *mut _, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-            }
         }
     }
 
@@ -615,10 +592,11 @@ pub(crate) mod amx {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use crate::core::lanes::Z16;
+    use crate::core::mem::SPtr;
     use crate::kernels::gemm::epilogue::RegEpi;
     use crate::kernels::gemm::own::x86::Avx512;
-    use crate::kernels::gemm::own::Isa;
-    use crate::kernels::gemm::Mat;
+    use crate::kernels::gemm::own::{drive_packed_ab, pack_a_slices_for, Isa};
+    use crate::kernels::gemm::{Epi, Mat};
     use std::arch::x86_64::*;
 
     /// Each float of `v` rounded to bfloat16 (nearest even; subnormals flushed, NaN kept), in
@@ -628,6 +606,9 @@ pub(crate) mod x86 {
     pub(crate) unsafe fn bf16_lanes(v: __m512) -> __m512i {
         _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v)))
     }
+
+    /// Columns of a pair panel (`Pairs::NR`).
+    const NR: usize = 32;
 
     /// No in-register epilogue (`kernel_dp`'s `E` false).
     const NO_EPI: (*const RegEpi, usize) = (std::ptr::null(), 0);
@@ -664,6 +645,87 @@ pub(crate) mod x86 {
             // the float32 kernel's 16×16 register transpose moves 32-bit words: pairs too
             <Avx512 as Isa>::pack_b_t(b, p0, kc, j0, nv, dst)
         }
+    }
+
+    /// panel[p * 32 + j] = B[2p, j] | B[2p + 1, j] << 16 for j < nv, zero for nv ≤ j < 32.
+    #[inline(always)]
+    pub(crate) unsafe fn pack_pairs(b: *const u16, ldb: usize, k2: usize, nv: usize, panel: &mut [u32]) {
+        for p in 0..k2 {
+            let (r0, r1) = (b.add(2 * p * ldb), b.add((2 * p + 1) * ldb));
+            let row = &mut panel[p * NR..p * NR + NR];
+            for (q, d) in row.iter_mut().enumerate() {
+                *d = if q < nv { *r0.add(q) as u32 | (*r1.add(q) as u32) << 16 } else { 0 };
+            }
+        }
+    }
+
+    /// `pack_pairs` of a whole panel (32 columns), 16 pairs per instruction: the weight is
+    /// re-packed on every call, so this runs once per weight element per call.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn pack_pairs_full(b: *const u16, ldb: usize, k2: usize, panel: &mut [u32]) {
+        use std::arch::x86_64::*;
+        debug_assert!(panel.len() >= k2 * NR);
+        let out = panel.as_mut_ptr();
+        for p in 0..k2 {
+            let (r0, r1) = (b.add(2 * p * ldb), b.add((2 * p + 1) * ldb));
+            for h in 0..2 {
+                let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(r0.add(16 * h) as *const __m256i));
+                let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(r1.add(16 * h) as *const __m256i));
+                _mm512_storeu_si512(out.add(p * NR + 16 * h) as *mut _, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        }
+    }
+
+    /// c = alpha * a @ b, then `epi`, on the pair micro-kernel: `a` an m×k2 pair matrix (unit
+    /// column stride), packed once in MR-row panels; `b` a row-major bfloat16 k×n matrix (rows
+    /// `ldb` elements apart, k = 2 * k2) whose 32-column panels are packed as pairs (rows 2p and
+    /// 2p + 1 interleaved), each once per call, by the task that computes those columns.
+    ///
+    /// # Safety
+    /// As `gemm`; AVX-512 BF16.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn gemm_nn(m: usize, n: usize, k2: usize, a: Mat, b: *const u16, ldb: usize, c: Mat, alpha: f32, threads: usize, epi: &Epi) {
+        let npan = n.div_ceil(NR);
+        // below ~1M multiply-adds per thread the fork/join costs more than it saves
+        let threads = threads.clamp(1, ((m * n * k2) >> 19).max(1));
+        let tasks = if threads > 1 { (threads * 3).min(npan) } else { 1 };
+        let m_pad = m.div_ceil(<Pairs as Isa>::MR) * <Pairs as Isa>::MR;
+        PACKED_A.with(|cell| {
+            let mut pa = cell.take();
+            pa.resize(m_pad * k2, 0.0);
+            pack_a_slices_for::<Pairs>(a, m, k2, pa.as_mut_ptr());
+            let (pap, b0) = (SPtr(pa.as_mut_ptr()), SPtr(b as *mut u16));
+            let task = |t: usize| {
+                let (j0, j1) = (npan * t / tasks, npan * (t + 1) / tasks);
+                let mut panel = vec![0u32; k2 * NR];
+                for jp in j0..j1 {
+                    let j = jp * NR;
+                    let nv = NR.min(n - j);
+                    // SAFETY: rows 0..2 * k2, columns j..j+nv of B are valid; the panel one
+                    // k2 × 32 slice stack (a single panel: each slice of it is its rows)
+                    unsafe {
+                        if nv == NR {
+                            pack_pairs_full(b0.get().add(j), ldb, k2, &mut panel)
+                        } else {
+                            pack_pairs(b0.get().add(j), ldb, k2, nv, &mut panel)
+                        }
+                        let cj = Mat { p: SPtr(c.p.get().offset(j as isize * c.cs)), ..c };
+                        drive_packed_ab::<Pairs>(m, nv, k2, pap.get(), panel.as_ptr() as *const f32, cj, alpha, &epi.at(0, j));
+                    }
+                }
+            };
+            if tasks > 1 {
+                crate::core::par::for_each(tasks, task);
+            } else {
+                task(0);
+            }
+            cell.set(pa);
+        });
+    }
+
+    thread_local! {
+        /// `gemm_nn`'s packed A, kept between calls (fresh pages per call cost more than the packing).
+        static PACKED_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }
 
     /// `kernel_dp` for 1 ≤ mv ≤ 8 rows; false (nothing run) for another count.
@@ -752,8 +814,9 @@ mod tests {
         }
         // k ≥ 32 runs on AMX tiles where the CPU has them (row tails of 16 and 32-row blocks,
         // column tails of the 32-column panels, k remainders past the tiles' 32: 514, 784, 40);
-        // 1-4 rows on the pair GEMV (gemv_pairs)
-        let shapes = [(1usize, 1usize, 2usize), (1, 40, 64), (3, 33, 30), (8, 32, 512), (9, 70, 100), (37, 65, 514), (300, 17, 2 * 256 + 6), (5, 7, 9), (16, 32, 32), (37, 65, 544), (50, 100, 64), (261, 33, 96), (8, 1000, 64), (64, 50, 784), (4, 70, 784), (2, 300, 512), (20, 33, 40), (17, 48, 46)];
+        // 1-4 rows on the pair GEMV (gemv_pairs); a row-major B without AMX on the pair kernel
+        // (x86::gemm_nn: column panels over tasks, partial panels, k past one 256-pair slice)
+        let shapes = [(64usize, 100usize, 784usize), (37, 200, 100), (1usize, 1usize, 2usize), (1, 40, 64), (3, 33, 30), (8, 32, 512), (9, 70, 100), (37, 65, 514), (300, 17, 2 * 256 + 6), (5, 7, 9), (16, 32, 32), (37, 65, 544), (50, 100, 64), (261, 33, 96), (8, 1000, 64), (64, 50, 784), (4, 70, 784), (2, 300, 512), (20, 33, 40), (17, 48, 46)];
         for be in backends {
             crate::kernels::gemm::set_backend(be).unwrap();
             for &(m, n, k) in &shapes {
@@ -825,8 +888,9 @@ mod tests {
             assert_eq!(pair_layout(&mem, &a, &b, 6), Some(false));
             let odd_k = View { sizes: vec![4, 5], strides: vec![5, 1], ..a.clone() };
             assert_eq!(pair_layout(&mem, &odd_k, &View { sizes: vec![5, 3], strides: vec![1, 5], ..b.clone() }, 5), None);
-            // row-major B: AMX tiles only, and only for k a multiple of 32
-            assert_eq!(pair_layout(&mem, &a, &View { strides: vec![3, 1], ..b.clone() }, 6), None);
+            // row-major B: packed in row pairs (any even k)
+            assert_eq!(pair_layout(&mem, &a, &View { strides: vec![3, 1], ..b.clone() }, 6), Some(true));
+            assert_eq!(pair_layout(&mem, &a, &View { strides: vec![6, 2], ..b.clone() }, 6), None);
             assert_eq!(pair_layout(&mem, &View { dtype: DType::F16, ..a.clone() }, &b, 6), None);
             assert_eq!(pair_layout(&mem, &View { offset: 1, ..a.clone() }, &b, 6), None);
         }

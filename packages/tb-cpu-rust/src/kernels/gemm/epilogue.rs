@@ -119,6 +119,24 @@ impl Epi {
         &self.ops[..self.n]
     }
 
+    /// This epilogue for the block of the output whose first element is (i, j): applied at
+    /// (r, q) of the block it reads what this one reads at (i + r, j + q). For a product
+    /// computed block by block into the matching block of C.
+    ///
+    /// # Safety
+    /// Only computes pointers; they are valid where the epilogue's matrices are.
+    pub unsafe fn at(&self, i: usize, j: usize) -> Epi {
+        let at = |m: Mat| Mat { p: crate::core::mem::SPtr(m.p.0.offset(i as isize * m.rs + j as isize * m.cs)), ..m };
+        let mut e = *self;
+        e.bias = self.bias.map(|(m, beta)| (at(m), beta));
+        for op in e.ops[..e.n].iter_mut() {
+            if let EpiOp::Add(m, alpha) = *op {
+                *op = EpiOp::Add(at(m), alpha);
+            }
+        }
+        e
+    }
+
     pub fn is_empty(&self) -> bool {
         self.bias.is_none() && self.n == 0
     }

@@ -381,10 +381,10 @@ pub unsafe fn sgemm_packed_ab(m: usize, n: usize, k: usize, pa: *const f32, pb: 
     #[cfg(target_arch = "x86_64")]
     {
         if crate::core::isa::has_avx512() {
-            return drive_packed_ab::<x86::Avx512>(m, n, k, pa, pb, c, epi);
+            return drive_packed_ab::<x86::Avx512>(m, n, k, pa, pb, c, 1.0, epi);
         }
         if crate::core::isa::has_avx2() {
-            return drive_packed_ab::<x86::Avx2>(m, n, k, pa, pb, c, epi);
+            return drive_packed_ab::<x86::Avx2>(m, n, k, pa, pb, c, 1.0, epi);
         }
     }
     let _ = (m, n, k, pa, pb, c, epi);
@@ -392,11 +392,11 @@ pub unsafe fn sgemm_packed_ab(m: usize, n: usize, k: usize, pa: *const f32, pb: 
 }
 
 /// `sgemm_packed_ab` on the micro-kernel `I`, both operands packed for it (`pack_a_slices_for`,
-/// B as `packed_layout::<I>(k)` says).
+/// B as `packed_layout::<I>(k)` says), the product scaled by `alpha` before the epilogue.
 ///
 /// # Safety
 /// As `sgemm_packed_ab`.
-pub(crate) unsafe fn drive_packed_ab<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, epi: &Epi) {
+pub(crate) unsafe fn drive_packed_ab<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, pb: *const f32, c: Mat, alpha: f32, epi: &Epi) {
     if m == 0 || n == 0 {
         return;
     }
@@ -408,7 +408,7 @@ pub(crate) unsafe fn drive_packed_ab<I: Isa>(m: usize, n: usize, k: usize, pa: *
         let kc = kc_.min(k - p0);
         let slice = pb.add(p0 * npan * I::NR);
         for jp in 0..npan {
-            tiles::<I>(0, m, jp, n, kc, pa.add(p0 * m_pad), slice.add(jp * kc * I::NR), c, 1.0, p0 > 0, p0 + kc >= k, epi);
+            tiles::<I>(0, m, jp, n, kc, pa.add(p0 * m_pad), slice.add(jp * kc * I::NR), c, alpha, p0 > 0, p0 + kc >= k, epi);
         }
         p0 += kc;
     }
@@ -1170,7 +1170,7 @@ mod tests {
             let mut c = vec![0f32; m * n];
             unsafe {
                 pack_a_slices_for::<I>(a, m, k, pa.as_mut_ptr());
-                drive_packed_ab::<I>(m, n, k, pa.as_ptr(), pb.as_ptr(), Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, &Epi::default())
+                drive_packed_ab::<I>(m, n, k, pa.as_ptr(), pb.as_ptr(), Mat { p: SPtr(c.as_mut_ptr()), rs: n as isize, cs: 1 }, 1.0, &Epi::default())
             };
             for (i, (x, y)) in c.iter().zip(&want).enumerate() {
                 assert!((x - y).abs() < 1e-3 * (1.0 + y.abs()), "{m}x{n}x{k} [{i}]: {x} vs {y}");
