@@ -415,3 +415,31 @@ def test_a_changed_rewrite_measures_again(monkeypatch: pytest.MonkeyPatch) -> No
     assert low_precision_route.decision_key(gm, ["tag"]) == key
     monkeypatch.setattr(low_precision_route, "REWRITE_VERSION", low_precision_route.REWRITE_VERSION + 1)
     assert low_precision_route.decision_key(gm, ["tag"]) != key
+
+
+@pytest.mark.parametrize("seconds", [2e-4, 1e-6, 3e-3])
+def test_a_short_graph_measures_for_min_seconds(seconds: float) -> None:
+    """Blocks of each path past BLOCKS while the timed calls add up to less than
+    ``routing.MIN_SECONDS`` (at most MAX_BLOCKS each), always as many of each path."""
+    from torchburn import low_precision_route as lpr
+    from torchburn import routing
+
+    run = lpr._Blocks()
+    while True:
+        path, timed = run.next_path()
+        if timed:
+            run.samples[path].append(seconds)
+            if run.done():
+                break
+        assert run.calls <= lpr.MEASURE_CALLS
+    total = sum(sum(v) for v in run.samples.values())
+    timed_per_block = lpr.BLOCK - 1
+    assert len(run.samples[routing.ENGINE]) == len(run.samples[routing.EAGER])
+    blocks = len(run.samples[routing.ENGINE]) // timed_per_block
+    if seconds == 3e-3:
+        assert blocks == lpr.BLOCKS
+    elif seconds == 1e-6:
+        assert blocks == lpr.MAX_BLOCKS and total < routing.MIN_SECONDS
+    else:
+        assert lpr.BLOCKS < blocks < lpr.MAX_BLOCKS and total >= routing.MIN_SECONDS
+        assert total - 2 * timed_per_block * seconds < routing.MIN_SECONDS  # one pair of blocks too many at most

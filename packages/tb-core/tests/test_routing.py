@@ -538,3 +538,30 @@ def test_training_graphs_are_not_replayed_by_explain(sleepy: type[Sleepy]) -> No
     report = torchburn.explain(f, torch.randn(8), options={**MEASURE, "cache": False})
     assert {g.kind for g in report.graphs} == {"forward"} and not report.graphs[0].repeatable
     assert sleepy.calls == 1
+
+
+@pytest.mark.parametrize("seconds", [1e-4, 1e-6, 3e-3])
+def test_a_measurement_spans_min_seconds_or_max_rounds(seconds: float) -> None:
+    """Calls of 100 µs measure past ROUNDS rounds until the timed calls add up to MIN_SECONDS
+    (one disturbance of a millisecond could otherwise fill a path's samples); calls of 1 µs stop
+    at MAX_ROUNDS; calls of 3 ms decide after ROUNDS rounds (after MIN_ROUNDS when decisive)."""
+    run = routing._Measurement()
+    calls = 0
+    while True:
+        path, timed = run.next_path()
+        calls += 1
+        if timed:
+            run.samples[path].append(seconds if path == "engine" else seconds * 1.1)
+            if run.done():
+                break
+        assert calls <= routing.MAX_CALLS
+    n = min(len(v) for v in run.samples.values())
+    total = sum(sum(v) for v in run.samples.values())
+    if seconds == 1e-6:
+        assert n == 2 * routing.MAX_ROUNDS and total < routing.MIN_SECONDS
+    elif seconds == 1e-4:
+        assert 2 * routing.ROUNDS < n < 2 * routing.MAX_ROUNDS
+        assert total >= routing.MIN_SECONDS and total - 4 * 1.1 * seconds < routing.MIN_SECONDS
+    else:
+        assert n == 2 * routing.ROUNDS
+    assert routing.decide(run.samples["engine"], run.samples["eager"]) == "engine"

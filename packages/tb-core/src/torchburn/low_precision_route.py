@@ -17,7 +17,8 @@ So an inference graph the pass changed keeps the graph as traced beside the wide
   graph's samples), so what is compared is the widened graph as it will run;
 * then it times the widened graph against the graph as traced, run by eager PyTorch in its own
   dtype, in blocks of ``BLOCK`` consecutive calls of one path (the first of each untimed: a switch
-  of paths costs the next call, which neither path pays once chosen), ``BLOCKS`` blocks each, and
+  of paths costs the next call, which neither path pays once chosen), ``BLOCKS`` blocks each or
+  more until the timed calls add up to ``routing.MIN_SECONDS`` (at most ``MAX_BLOCKS``), and
   pins the faster with the lower-quartile estimates and margin of a partition's routing
   (``routing.decide``).
 
@@ -56,11 +57,14 @@ from torchburn.plan import op_name
 
 #: The most calls the widened graph runs alone, waiting for its partitions' routing to decide.
 SETTLE_CALLS = routing.MAX_CALLS + 2
-#: Consecutive calls of one path while measuring (the first of them untimed), and blocks per path.
+#: Consecutive calls of one path while measuring (the first of them untimed), and blocks per path
+#: (at least BLOCKS; more, up to MAX_BLOCKS, until the timed calls add up to
+#: ``routing.MIN_SECONDS``: a short graph's measurement must outlast a disturbance too).
 BLOCK = 4
 BLOCKS = 3
+MAX_BLOCKS = 12
 #: Calls the comparison takes.
-MEASURE_CALLS = 2 * BLOCKS * BLOCK
+MEASURE_CALLS = 2 * MAX_BLOCKS * BLOCK
 #: Thread counts and shapes (a graph with symbolic sizes) measured at most; beyond them a new
 #: shape takes the choice most of the measured ones made.
 MAX_KEYS = 16
@@ -320,7 +324,10 @@ class _Blocks:
         return path, at > 0
 
     def done(self) -> bool:
-        return self.calls >= 2 * BLOCKS * BLOCK
+        if self.calls < 2 * BLOCKS * BLOCK or self.calls % (2 * BLOCK):
+            return False  # as many blocks of each path, at least BLOCKS
+        measured = sum(self.samples[routing.ENGINE]) + sum(self.samples[routing.EAGER])
+        return measured >= routing.MIN_SECONDS or self.calls >= MEASURE_CALLS
 
 
 __all__ = [

@@ -69,10 +69,19 @@ MIN_ROUNDS = 2
 DECISIVE = 1.25
 #: Eager is pinned only when the engine is slower than eager by more than this fraction.
 MARGIN = 0.03
-#: The most calls a measurement takes (warm-ups and full rounds).
-MAX_CALLS = 2 * WARMUP + 4 * ROUNDS
-#: Version of what a stored decision means; part of its key.
-FORMAT = 2
+#: Time the timed calls of both paths must add up to before a decision (after MIN_ROUNDS or
+#: ROUNDS rounds): the measurement then spans at least this much wall time, so that one
+#: disturbance (another process on a core for a millisecond, a burst of page faults) cannot fill
+#: every sample of one path. A partition of 100 µs a call measured 10 samples a path in 2 ms, and
+#: on a 2-core VM such a window pinned the slower path now and then (2026-12-07: the README
+#: model under autocast at 2 threads routed to eager, 0.91× where the engine measures 1.9×).
+MIN_SECONDS = 0.01
+#: Rounds a measurement runs at most, short partitions included (MIN_SECONDS not reached).
+MAX_ROUNDS = 25
+#: The most calls a measurement takes (warm-ups and rounds).
+MAX_CALLS = 2 * WARMUP + 4 * MAX_ROUNDS
+#: Version of what a stored decision means; part of its key (3: decisions span MIN_SECONDS).
+FORMAT = 3
 
 ENGINE = "engine"
 EAGER = "eager"
@@ -272,10 +281,15 @@ class _Measurement:
         return (ENGINE if (i - 2 * WARMUP) % 4 in (0, 3) else EAGER), True
 
     def done(self) -> bool:
-        n = min(len(self.samples[ENGINE]), len(self.samples[EAGER]))
+        engine, eager = self.samples[ENGINE], self.samples[EAGER]
+        n = min(len(engine), len(eager))
+        if n >= 2 * MAX_ROUNDS:
+            return True
+        if n % 2 or sum(engine) + sum(eager) < MIN_SECONDS:
+            return False  # whole rounds only; too short a window yet
         if n >= 2 * ROUNDS:
             return True
-        return n >= 2 * MIN_ROUNDS and _decisive(self.samples[ENGINE], self.samples[EAGER])
+        return n >= 2 * MIN_ROUNDS and _decisive(engine, eager)
 
 
 class _Always:
