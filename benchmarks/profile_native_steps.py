@@ -51,7 +51,9 @@ def _programs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple
     return compiled, seen
 
 
-def profile(key: str, threads: int, calls: int, steps: bool = False, bf16: bool = False, autocast: bool = False) -> None:
+def profile(
+    key: str, threads: int, calls: int, steps: bool = False, bf16: bool = False, autocast: bool = False
+) -> None:
     desc, build = MODELS[key]
     torch.manual_seed(0)
     model, inputs = build()
