@@ -8,7 +8,8 @@ eager sub-graph (the same FX sub-module the safe fallback runs), and during its 
 
 * calls 1 and 2 warm up the engine, then eager; then rounds of engine, eager, eager, engine
   (``ROUNDS`` of them, at least ``MIN_ROUNDS``; it stops early once one path is ``DECISIVE`` times
-  the other). Each call runs one path only and returns that path's result, so nothing is computed
+  the other; either way not before the timed calls add up to ``MIN_SECONDS``, at most
+  ``MAX_ROUNDS`` rounds). Each call runs one path only and returns that path's result, so nothing is computed
   twice and the extra cost of measuring is, per call, the difference between the two paths.
 * each path's lower quartile decides (``estimate``): noise on a shared machine only ever adds time
   (a call descheduled for a time slice takes 5-9 ms more at a load of 7 on 2 cores, one call in
