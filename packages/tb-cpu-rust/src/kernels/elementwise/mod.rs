@@ -65,6 +65,10 @@ pub struct EwStep {
     /// registers holding one constant for the whole program (`simplify`): filled once per
     /// run, not per block
     pub consts: Vec<(usize, f64)>,
+    /// per instruction: a `load` whose register may point at the input itself where a block is
+    /// one contiguous run of its elements in the compute dtype (the register is written by that
+    /// load alone and no output shares the input's buffer), so the block is not copied
+    in_place: Vec<bool>,
     pub nregs: usize,
     pub ins: Vec<View>,
     pub outs: Vec<View>,
@@ -277,7 +281,30 @@ impl EwStep {
         }
         let (shape, strides) = coalesce(&shape, ins.iter().chain(&outs).map(|v| v.strides.clone()).collect());
         let (prog, consts) = simplify(prog, nregs);
-        Ok(EwStep { compute, prog, consts, nregs, ins, outs, shape, strides })
+        let mut writes = vec![0usize; nregs];
+        for i in &prog {
+            if let Some(d) = written_by(i) {
+                writes[d] += 1;
+            }
+        }
+        let native = |d: DType| match compute {
+            Compute::F32 => d == DType::F32,
+            Compute::I64 => d == DType::I64,
+        };
+        let last = shape.len().saturating_sub(1);
+        let in_place = prog
+            .iter()
+            .map(|i| match *i {
+                Instr::Load { dst, src } => {
+                    writes[dst] == 1
+                        && native(ins[src].dtype)
+                        && strides[src].get(last) == Some(&1)
+                        && outs.iter().all(|o| o.buf != ins[src].buf)
+                }
+                _ => false,
+            })
+            .collect();
+        Ok(EwStep { compute, prog, consts, in_place, nregs, ins, outs, shape, strides })
     }
 
     /// `load; op; store` over contiguous float32: the op reads the input and writes the
@@ -936,6 +963,10 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
     for &(r, v) in &step.consts {
         regs[r].fill(T::from_f64(v));
     }
+    // where each register's block is read from: its own block, or (a load in place) the input
+    let own: Vec<*const T> = regs.iter().map(|r| r.as_ptr()).collect();
+    let mut at: Vec<*const T> = own.clone();
+    let single_row = t.rpi == 1;
     for item in range {
         let (nrows, start) = if t.rpi > 1 { (t.rpi.min(t.outer - item * t.rpi), 0) } else { (1, (item % t.cpr) * BLK) };
         // elements per row in this item, and in all
@@ -949,9 +980,15 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                 advance(&mut idx, &mut row_offs);
             }
         }
-        for ins in &step.prog {
+        for (k, ins) in step.prog.iter().enumerate() {
             match *ins {
+                Instr::Load { dst, src } if single_row && step.in_place[k] => {
+                    // SAFETY: the block's w elements of input src are contiguous from offset o
+                    // and of the compute dtype (`in_place`)
+                    at[dst] = unsafe { (bases[src].0 as *const T).add(offs[src]) };
+                }
                 Instr::Load { dst, src } => {
+                    at[dst] = own[dst];
                     let v = &step.ins[src];
                     let st = step.strides[src][nd - 1];
                     let base = bases[src].0 as *const u8;
@@ -982,17 +1019,17 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                 // instruction; `EwStep::new` checked that no instruction writes a register it reads
                 Instr::Un { op, dst, a } => {
                     let base = regs.as_mut_ptr();
-                    let src = unsafe { &(&(*base.add(a)))[..n] };
+                    let src = unsafe { std::slice::from_raw_parts(at[a], n) };
                     T::un(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, src);
                 }
                 Instr::Bin { op, dst, a, b } => {
                     let base = regs.as_mut_ptr();
-                    let (ra, rb) = unsafe { (&(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
+                    let (ra, rb) = unsafe { (std::slice::from_raw_parts(at[a], n), std::slice::from_raw_parts(at[b], n)) };
                     T::bin(op, unsafe { &mut (&mut (*base.add(dst)))[..n] }, ra, rb);
                 }
                 Instr::Narrow { dst, a, to } => {
                     let base = regs.as_mut_ptr();
-                    let (src, out) = unsafe { (&(&(*base.add(a)))[..n], &mut (&mut (*base.add(dst)))[..n]) };
+                    let (src, out) = unsafe { (std::slice::from_raw_parts(at[a], n), &mut (&mut (*base.add(dst)))[..n]) };
                     with_dtype!(to, dt => {
                         for (o, &x) in out.iter_mut().zip(src) {
                             *o = x.narrow(dt);
@@ -1001,7 +1038,7 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                 }
                 Instr::Where { dst, c, a, b } => {
                     let base = regs.as_mut_ptr();
-                    let (rc, ra, rb) = unsafe { (&(&(*base.add(c)))[..n], &(&(*base.add(a)))[..n], &(&(*base.add(b)))[..n]) };
+                    let (rc, ra, rb) = unsafe { (std::slice::from_raw_parts(at[c], n), std::slice::from_raw_parts(at[a], n), std::slice::from_raw_parts(at[b], n)) };
                     let out = unsafe { &mut (&mut (*base.add(dst)))[..n] };
                     for i in 0..n {
                         out[i] = if rc[i].truthy() { ra[i] } else { rb[i] };
@@ -1012,7 +1049,7 @@ fn run_items<T: Scalar>(step: &EwStep, bases: &[SPtr<u8>], range: std::ops::Rang
                     let v = &step.outs[dst];
                     let st = step.strides[k][nd - 1];
                     let base = bases[k].0;
-                    let reg = &regs[src];
+                    let reg = unsafe { std::slice::from_raw_parts(at[src], n) };
                     with_dtype!(v.dtype, dt => {
                         for j in 0..nrows {
                             let o = offs[j * nops + k];
@@ -1187,6 +1224,47 @@ mod tests {
                 assert_eq!(y[k], want, "{rows}x{cols} element {k}");
                 assert_eq!(z[k], r, "{rows}x{cols} element {k}");
             }
+        }
+    }
+
+    /// Loads read the input in place where a block is one contiguous float32 run (and nothing
+    /// else writes the register, and no output shares the buffer); elsewhere they copy. Either
+    /// way the same results: contiguous, strided rows (rows per block), a transposed input,
+    /// and an output written over its own input.
+    #[test]
+    fn loads_in_place_only_where_safe() {
+        let i = |op: &str, dst: usize, a: &[usize], f: &[f64]| InstrSpec { op: op.into(), dst, a: a.to_vec(), f: f.to_vec() };
+        let prog = vec![
+            i("load", 0, &[0], &[]),
+            i("load", 1, &[1], &[]),
+            i("mul", 2, &[0, 1], &[]),
+            i("add", 3, &[2, 0], &[0.5]),
+            i("store", 0, &[3], &[]),
+        ];
+        let (r, c) = (9usize, 300usize);
+        let x: Vec<f32> = (0..r * c).map(|k| (k as f32 * 0.11).cos()).collect();
+        let w: Vec<f32> = (0..r * c).map(|k| (k as f32 * 0.07).sin() + 2.0).collect();
+        let want = |xv: f32, wv: f32| xv * wv + 0.5 * xv;
+        let dense = |buf| View { buf, offset: 0, sizes: vec![r, c], strides: vec![c, 1], dtype: DType::F32 };
+        // (x view, w view, output buffer 2 or x's own 0, expect in place for x, for w)
+        let cases = [
+            (dense(0), dense(1), 2usize, true, true),
+            (View { sizes: vec![r, c / 2], ..dense(0) }, View { sizes: vec![r, c / 2], strides: vec![c, 2], ..dense(1) }, 2, true, false),
+            (View { sizes: vec![c, r], strides: vec![1, c], ..dense(0) }, View { sizes: vec![c, r], strides: vec![1, c], ..dense(1) }, 2, false, false),
+            (dense(0), dense(1), 0, false, true),
+        ];
+        for (case, (xv, wv, out_buf, x_in_place, w_in_place)) in cases.into_iter().enumerate() {
+            let mut xs = x.clone();
+            let mut y = vec![f32::NAN; r * c];
+            let out = View { buf: out_buf, offset: 0, sizes: xv.sizes.clone(), strides: if out_buf == 0 { xv.strides.clone() } else { crate::core::tensor::contiguous_strides(&xv.sizes) }, dtype: DType::F32 };
+            let step = EwStep::new(Compute::F32, &prog, vec![xv.clone(), wv.clone()], vec![out.clone()]).unwrap();
+            assert_eq!(step.in_place, vec![x_in_place, w_in_place, false, false, false], "case {case}");
+            let mem = Mem { ptrs: vec![xs.as_mut_ptr() as *mut u8, w.as_ptr() as *mut u8, y.as_mut_ptr() as *mut u8] };
+            step.run(&mem);
+            let res = if out_buf == 0 { &xs } else { &y };
+            crate::core::strided::for_each(&xv.sizes, [&xv.strides, &wv.strides, &out.strides], |[ox, ow, oo]| {
+                assert_eq!(res[oo], want(x[ox], w[ow]), "case {case}");
+            });
         }
     }
 
