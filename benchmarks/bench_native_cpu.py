@@ -95,6 +95,10 @@ def _chain20(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _chain6(x: torch.Tensor) -> torch.Tensor:
+    return ((((x * 0.5 + 1.0) * 0.7) + 0.3) * 1.1 + 2.0) * 0.9
+
+
 class _ReadmeLike(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -142,6 +146,9 @@ def _rows() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]
             2 * 4 * 1024**2,
         ),
         ("20-op chain 64x64", _chain20, lambda: (r(64, 64),), 0, 2 * 4 * 64 * 64),
+        # constants and a long contiguous input: the interpreter's per-block work (constants
+        # filled once per run, the input read in place) shows here
+        ("6-op chain with constants 4x64x1024", _chain6, lambda: (r(4, 64, 1024),), 0, 2 * 4 * 4 * 64 * 1024),
         (
             "README MLP batch 32",
             mlp,

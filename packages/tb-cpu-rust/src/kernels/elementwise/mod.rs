@@ -281,12 +281,7 @@ impl EwStep {
         }
         let (shape, strides) = coalesce(&shape, ins.iter().chain(&outs).map(|v| v.strides.clone()).collect());
         let (prog, consts) = simplify(prog, nregs);
-        let mut writes = vec![0usize; nregs];
-        for i in &prog {
-            if let Some(d) = written_by(i) {
-                writes[d] += 1;
-            }
-        }
+        let writes = write_counts(&prog, nregs);
         let native = |d: DType| match compute {
             Compute::F32 => d == DType::F32,
             Compute::I64 => d == DType::I64,
@@ -516,6 +511,15 @@ fn written_by(i: &Instr) -> Option<usize> {
     }
 }
 
+/// How many instructions of `prog` write each register.
+fn write_counts(prog: &[Instr], nregs: usize) -> Vec<usize> {
+    let mut writes = vec![0usize; nregs];
+    for d in prog.iter().filter_map(written_by) {
+        writes[d] += 1;
+    }
+    writes
+}
+
 /// A validated program with the work that is the same in every block taken out of it (the
 /// interpreter runs each instruction over a block of 256 elements in memory, so each one
 /// costs a pass over L1): a constant written to a register nothing else writes is filled once
@@ -523,12 +527,7 @@ fn written_by(i: &Instr) -> Option<usize> {
 /// its readers reading the source instead (the low-precision pass leaves one after each
 /// rounding). The same values in every register that is read.
 fn simplify(prog: Vec<Instr>, nregs: usize) -> (Vec<Instr>, Vec<(usize, f64)>) {
-    let mut writes = vec![0usize; nregs];
-    for i in &prog {
-        if let Some(d) = written_by(i) {
-            writes[d] += 1;
-        }
-    }
+    let writes = write_counts(&prog, nregs);
     let once = |r: usize| writes[r] == 1;
     // the register each read is redirected to (copies of copies resolved in program order)
     let mut alias: Vec<usize> = (0..nregs).collect();

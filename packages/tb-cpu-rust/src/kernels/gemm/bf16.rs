@@ -620,7 +620,7 @@ pub(crate) mod x86 {
 
     impl Isa for Pairs {
         const MR: usize = 8;
-        const NR: usize = 32;
+        const NR: usize = NR;
         /// 256 pairs: a 32 KiB B panel (L1)
         const KC: usize = 256;
         const MC: usize = 64;
@@ -663,7 +663,6 @@ pub(crate) mod x86 {
     /// re-packed on every call, so this runs once per weight element per call.
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn pack_pairs_full(b: *const u16, ldb: usize, k2: usize, panel: &mut [u32]) {
-        use std::arch::x86_64::*;
         debug_assert!(panel.len() >= k2 * NR);
         let out = panel.as_mut_ptr();
         for p in 0..k2 {
