@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn import direct_inference, low_precision_route
+from torchburn import autocast_state, direct_inference, low_precision_route
 from torchburn.cache import graph_cache, traced_graph_key
 from torchburn.catalog import kept_op_names
 from torchburn.low_precision import low_precision_ops, taken_as_is, widen_low_precision
@@ -43,9 +43,15 @@ def torchburn_backend(
     ``fallback`` ("eager" or "error"), ``warn``, ``routing`` ("measure" or "off"). See
     ``torchburn.options.Options``.
     """
+    # the autocast state Dynamo compiled this graph under (and guards on): decompositions of
+    # fused ops apply its casts, direct inference runs the traced graph with autocast off
+    with autocast_state.traced_under(autocast_state.current()):
+        return _compile(gm, example_inputs, Options.from_user({**(options or {}), **kwargs}))
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
     from torch._dynamo.backends.common import aot_autograd
 
-    opts = Options.from_user({**(options or {}), **kwargs})
     engines = select_engines(opts)
     opts.routing_mode()  # a bad TORCHBURN_ROUTING fails here, not as a partitioning fallback later
 
@@ -75,6 +81,11 @@ def torchburn_backend(
             opts.report_sink.append(report)
         record = make_record(report)
         forward = runnable.forward if isinstance(runnable, torch.nn.Module) else runnable
+        if source is not None and torch._C._is_any_autocast_enabled():
+            # the ATen graph holds autocast's casts already: run it with autocast off, as
+            # AOTAutograd's runtime wrapper does, so its eager ops are not cast a second time
+            # (the graph as traced, Dynamo's, stays autocast's input)
+            forward = _without_autocast(forward)
 
         def counted(*args: Any) -> Any:
             record.calls += 1
@@ -140,6 +151,14 @@ def torchburn_backend(
             stacklevel=2,
         )
         return gm.forward
+
+
+def _without_autocast(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        with torch._C._DisableAutocast():
+            return fn(*args)
+
+    return run
 
 
 def _stored_decisions(traced: torch.fx.GraphModule, engines: Sequence[Any], opts: Options) -> dict[str, Any]:

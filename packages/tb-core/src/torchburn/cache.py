@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
+from torchburn import autocast_state
 from torchburn.engine import Engine
 from torchburn.paths import user_cache_dir as user_cache_dir  # re-exported: engines import it from here
 from torchburn.plan import Plan
@@ -454,11 +455,7 @@ def traced_graph_key(
         torch.get_default_dtype().__repr__(),
         torch.are_deterministic_algorithms_enabled(),
     ]
-    for device in ("cpu", "cuda"):
-        try:
-            state += [torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device))]
-        except Exception:
-            state.append(None)
+    state += autocast_state.state()
     from torchburn._version import PLUGIN_API_VERSION, __version__
 
     material = {

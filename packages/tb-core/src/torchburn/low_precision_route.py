@@ -51,7 +51,7 @@ import blake3
 import torch
 import torch.fx
 
-from torchburn import routing, telemetry
+from torchburn import autocast_state, routing, telemetry
 from torchburn.low_precision import REWRITE_VERSION
 from torchburn.plan import op_name
 
@@ -145,8 +145,8 @@ def not_measured_reason(gm: torch.fx.GraphModule, kind: str, mode: str) -> str |
 
 def decision_key(traced: torch.fx.GraphModule, engine_tags: list[str]) -> str:
     """What a stored decision is about: the graph as traced (its nodes and its inputs' dtypes,
-    sizes and strides) and the engines in force (their cache tags: builds, ISA). ``routing.route_key``
-    adds the thread count and the machine."""
+    sizes and strides), the engines in force (their cache tags: builds, ISA) and the autocast state
+    it was compiled under. ``routing.route_key`` adds the thread count and the machine."""
     metas: list[Any] = []
     for node in traced.graph.nodes:
         if node.op == "placeholder":
@@ -155,9 +155,19 @@ def decision_key(traced: torch.fx.GraphModule, engine_tags: list[str]) -> str:
                 metas.append([str(val.dtype), list(val.shape), list(val.stride()), str(val.device)])
             else:
                 metas.append(repr(val))
-    # the pass's rewrite is part of what the widened graph was: a changed rewrite measures again
+    # the pass's rewrite is part of what the widened graph was: a changed rewrite measures again;
+    # the graph as traced is autocast's input, so the same graph under autocast is another route
     material = json.dumps(
-        ["low_precision_route", 1, REWRITE_VERSION, _canonical(traced), metas, engine_tags], default=str
+        [
+            "low_precision_route",
+            1,
+            REWRITE_VERSION,
+            _canonical(traced),
+            metas,
+            engine_tags,
+            autocast_state.state(),
+        ],
+        default=str,
     )
     return blake3.blake3(material.encode()).hexdigest()
 
