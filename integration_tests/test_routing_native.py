@@ -16,7 +16,7 @@ from conftest import ENGINES
 
 import torchburn
 from torchburn import routing
-from torchburn.low_precision_route import MEASURE_CALLS, SETTLE_CALLS
+from torchburn.low_precision_route import MAX_DECISION_CALLS, SETTLE_CALLS
 from torchburn.testing.models import MODELS
 
 
@@ -39,9 +39,9 @@ def test_every_call_matches_eager_and_each_partition_decides(engine: str, name: 
     with torch.no_grad():
         expected = model(*args)
         compiled, sink = _reports(model, engine)
-        # until every route decided: the partitions' (at most MAX_CALLS calls), then the whole
-        # graph's compiled-or-as-traced one (its settling and blocks)
-        bound = routing.MAX_CALLS + SETTLE_CALLS + MEASURE_CALLS + 3
+        # until every route decided: the partitions' (a window, or two for a close decision for
+        # eager), then the whole graph's compiled-or-as-traced one (its settling and blocks)
+        bound = routing.MAX_DECISION_CALLS + SETTLE_CALLS + MAX_DECISION_CALLS + 3
         for i in range(bound):
             torch.testing.assert_close(compiled(*args), expected, rtol=1e-4, atol=1e-4)
             if i >= 2 and not any(g.pending_routes() for g in sink):

@@ -443,3 +443,63 @@ def test_a_short_graph_measures_for_min_seconds(seconds: float) -> None:
     else:
         assert lpr.BLOCKS < blocks < lpr.MAX_BLOCKS and total >= routing.MIN_SECONDS
         assert total - 2 * timed_per_block * seconds < routing.MIN_SECONDS  # one pair of blocks too many at most
+
+
+class _Clock:
+    """low_precision_route's ``time`` module, replaced: a clock only the paths move."""
+
+    now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_close_choice_of_the_graph_as_traced_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The widened graph 15 % slower in the first window (a disturbance), faster afterwards: the
+    graph as traced runs for RECHECK_CALLS calls, then a second window, and the two windows'
+    samples together pin the widened graph; only that decision is stored."""
+    clock = _Clock()
+    monkeypatch.setattr(low_precision_route, "time", clock)
+    x = torch.randn(4, 4).to(BF16)
+    cost = {"wide": 0.0023, "traced": 0.002}
+    calls = {"wide": 0}
+
+    def wide(t: torch.Tensor) -> torch.Tensor:
+        calls["wide"] += 1
+        clock.now += cost["wide"]
+        return t * 2
+
+    def as_traced(t: torch.Tensor) -> torch.Tensor:
+        clock.now += cost["traced"]
+        return t * 2
+
+    stored: list[Any] = []
+    route = LowPrecisionRoute(
+        wide,
+        _traced(lambda t: t * 2, x),
+        pending=lambda: False,
+        engine="e",
+        fallback_ops=Counter(),
+        run_as_traced=as_traced,
+        lookup=lambda key: None,
+        store=lambda key, d: stored.append(d),
+    )
+    key = torch.get_num_threads()
+    for _ in range(MEASURE_CALLS + 1):
+        route(x)
+        if key in route.stats.decisions:
+            break
+    first = route.stats.decisions[key]
+    assert first.choice == routing.EAGER and first.provisional and route.stats.pending and stored == []
+    assert "provisional" in route.stats.describe()
+    cost["wide"] = 0.0012
+    before = calls["wide"]
+    for _ in range(routing.RECHECK_CALLS - 1):
+        torch.testing.assert_close(route(x), x * 2)
+    assert calls["wide"] == before  # the graph as traced alone meanwhile
+    for _ in range(MEASURE_CALLS):
+        route(x)
+        if not route.stats.pending:
+            break
+    final = route.stats.decisions[key]
+    assert final.choice == routing.ENGINE and not final.provisional and stored == [final]

@@ -565,3 +565,102 @@ def test_a_measurement_spans_min_seconds_or_max_rounds(seconds: float) -> None:
     else:
         assert n == 2 * routing.ROUNDS
     assert routing.decide(run.samples["engine"], run.samples["eager"]) == "engine"
+
+
+class _Clock:
+    """routing's ``time`` module, replaced: a clock only the paths below move (no real timing)."""
+
+    now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr(routing, "time", fake)
+    return fake
+
+
+class _Timed:
+    """A path that takes ``seconds`` a call on the fake clock (changeable), counting its calls."""
+
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock = clock
+        self.seconds = seconds
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.clock.now += self.seconds
+        return x + 1
+
+
+def _close_then(clock: _Clock, engine_after: float) -> tuple[routing.Route, _Timed, _Timed, list[Any]]:
+    """A route whose engine is slower than eager by less than DECISIVE during the first window
+    (4 ms against 3.4 ms), and takes ``engine_after`` seconds from the second window on."""
+    engine, eager = _Timed(clock, 0.004), _Timed(clock, 0.0034)
+    stored: list[Any] = []
+    route = routing.Route(
+        engine,
+        eager,
+        engine="fake",
+        ops=["aten.add.Tensor"],
+        lookup=lambda t: None,
+        store=lambda t, d: stored.append(d),
+    )
+    threads = torch.get_num_threads()
+    x = torch.ones(2)
+    while threads not in route.stats.decisions:  # the first window
+        route(x)
+    first = route.stats.decisions[threads]
+    assert first.choice == "eager" and first.provisional and route.stats.pending
+    assert stored == [] and "provisional: measured again" in route.stats.describe()
+    engine.seconds = engine_after
+    before = engine.calls
+    for _ in range(routing.RECHECK_CALLS - 1):  # eager alone meanwhile
+        torch.testing.assert_close(route(x), x + 1)
+    assert engine.calls == before
+    for _ in range(routing.MAX_CALLS + 1):  # the second window
+        torch.testing.assert_close(route(x), x + 1)
+        if not route.stats.pending:
+            break
+    assert not route.stats.pending
+    return route, engine, eager, stored
+
+
+def test_a_close_decision_for_eager_is_measured_again(clock: _Clock) -> None:
+    """A disturbance that outlasts the first window (the engine's samples all slowed) cannot pin
+    eager: the second window's samples, taken with the first's, find the engine faster."""
+    route, engine, _, stored = _close_then(clock, 0.0015)
+    final = route.stats.decisions[torch.get_num_threads()]
+    assert final.choice == "engine" and not final.provisional
+    assert stored == [final]  # only the final decision is kept
+    calls = engine.calls
+    route(torch.ones(2))
+    assert engine.calls == calls + 1
+
+
+def test_a_close_decision_for_eager_confirmed(clock: _Clock) -> None:
+    route, engine, _, stored = _close_then(clock, 0.004)
+    final = route.stats.decisions[torch.get_num_threads()]
+    assert final.choice == "eager" and not final.provisional and stored == [final]
+    calls = engine.calls
+    for _ in range(routing.RECHECK_CALLS + 1):  # no third window
+        route(torch.ones(2))
+    assert engine.calls == calls and not route.stats.pending
+
+
+def test_a_decisive_decision_for_eager_is_final_at_once(clock: _Clock) -> None:
+    engine, eager = _Timed(clock, 0.006), _Timed(clock, 0.002)
+    stored: list[Any] = []
+    route = routing.Route(
+        engine, eager, engine="fake", ops=[], lookup=lambda t: None, store=lambda t, d: stored.append(d)
+    )
+    for _ in range(routing.MAX_CALLS):
+        route(torch.ones(2))
+        if not route.stats.pending:
+            break
+    (decision,) = stored
+    assert decision.choice == "eager" and not decision.provisional and not route.stats.pending

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from torchburn.low_precision_route import MEASURE_CALLS, SETTLE_CALLS
+from torchburn import low_precision_route, routing
+from torchburn.low_precision_route import SETTLE_CALLS
 from torchburn.partition import GraphReport
-from torchburn.routing import MAX_CALLS
 
 
 @dataclass
@@ -116,7 +116,7 @@ def explain(
     report shows the partitions specialised per shape (``torchburn.specialise``).
 
     ``measure``: while a partition is still being timed against eager (``torchburn.routing``),
-    ``fn`` is called again with the same arguments (at most ``routing.MAX_CALLS`` calls in all), so
+    ``fn`` is called again with the same arguments (at most ``routing.MAX_DECISION_CALLS`` calls in all), so
     the report shows each partition's times and decision; never when a graph writes into its
     inputs or draws random numbers (a second call would not be the same call); a bfloat16 / float16
     graph may take up to ``low_precision_route.SETTLE_CALLS`` more (``torchburn.low_precision_route``). The output is the
@@ -132,7 +132,7 @@ def explain(
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
     output = compiled(*example_args, **example_kwargs)
     if measure and all(g.repeatable for g in sink):
-        for _ in range(SETTLE_CALLS + max(MAX_CALLS, MEASURE_CALLS) - 1):
+        for _ in range(SETTLE_CALLS + max(routing.MAX_DECISION_CALLS, low_precision_route.MAX_DECISION_CALLS) - 1):
             if not any(g.pending_routes() for g in sink):
                 break
             compiled(*example_args, **example_kwargs)

@@ -44,7 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import blake3
@@ -56,15 +56,17 @@ from torchburn.low_precision import REWRITE_VERSION
 from torchburn.plan import op_name
 
 #: The most calls the widened graph runs alone, waiting for its partitions' routing to decide.
-SETTLE_CALLS = routing.MAX_CALLS + 2
+SETTLE_CALLS = routing.MAX_DECISION_CALLS + 2
 #: Consecutive calls of one path while measuring (the first of them untimed), and blocks per path
 #: (at least BLOCKS; more, up to MAX_BLOCKS, until the timed calls add up to
 #: ``routing.MIN_SECONDS``: a short graph's measurement must outlast a disturbance too).
 BLOCK = 4
 BLOCKS = 3
 MAX_BLOCKS = 12
-#: Calls the comparison takes.
+#: Calls the comparison takes (one window).
 MEASURE_CALLS = 2 * MAX_BLOCKS * BLOCK
+#: The most calls until the final decision: two windows and the calls between them.
+MAX_DECISION_CALLS = 2 * MEASURE_CALLS + routing.RECHECK_CALLS
 #: Thread counts and shapes (a graph with symbolic sizes) measured at most; beyond them a new
 #: shape takes the choice most of the measured ones made.
 MAX_KEYS = 16
@@ -87,8 +89,9 @@ class LowPrecisionStats:
 
     @property
     def pending(self) -> bool:
-        """Still measuring somewhere, or not yet decided anywhere."""
-        return bool(self.measuring) or not self.decisions
+        """Still measuring somewhere (or to measure again: a provisional decision), or not yet
+        decided anywhere."""
+        return bool(self.measuring) or not self.decisions or any(d.provisional for d in self.decisions.values())
 
     @property
     def traced_only(self) -> bool:
@@ -101,6 +104,8 @@ class LowPrecisionStats:
         for key, d in self.decisions.items():
             chosen = "as traced (eager PyTorch)" if d.choice == routing.EAGER else f"{mine} (engines)"
             cached = ", from the compile cache" if d.source == "cache" else ""
+            if d.provisional:
+                cached += f"; provisional: measured again after {routing.RECHECK_CALLS} calls"
             parts.append(
                 f"{_where(key)}: {chosen}; {mine} {routing.format_seconds(d.engine_s)}, as traced {routing.format_seconds(d.eager_s)}{cached}"
             )
@@ -296,14 +301,34 @@ class LowPrecisionRoute:
                 if self._runs.get(key) is run:
                     run.samples[path].append(elapsed)
                     if run.done():
-                        wide, traced = run.samples[routing.ENGINE], run.samples[routing.EAGER]
+                        wide, traced = run.all_samples(routing.ENGINE), run.all_samples(routing.EAGER)
                         decision = routing.Decision(
                             routing.decide(wide, traced), routing.estimate(wide), routing.estimate(traced)
                         )
-                        self._pin(key, decision)
-                        if self._store is not None:
-                            self._store(key, decision)
+                        if run.first is None and routing.needs_second_window(wide, traced):
+                            self._pin_for_now(key, decision, run.samples)
+                        else:
+                            self._pin(key, decision)
+                            if self._store is not None:
+                                self._store(key, decision)
         return out
+
+    def _pin_for_now(self, key: Hashable, decision: routing.Decision, first: dict[str, list[float]]) -> None:
+        """The graph as traced for ``routing.RECHECK_CALLS`` calls, then a second measurement whose
+        samples and ``first``'s decide. Called with the lock held."""
+        self._runs.pop(key, None)
+        self.stats.measuring.pop(key, None)
+        self.stats.decisions[key] = replace(decision, provisional=True)
+
+        def measure_again() -> None:
+            with self._lock:
+                if self._pinned.get(key) is not entry:
+                    return
+                self._runs[key] = _Blocks(first)
+                self._pinned = {k: v for k, v in self._pinned.items() if k != key}
+
+        entry = routing.countdown(self.traced, routing.RECHECK_CALLS, measure_again)
+        self._pinned = {**self._pinned, key: entry}
 
     def _pin(self, key: Hashable, decision: routing.Decision) -> None:
         """Called with the lock held."""
@@ -321,11 +346,15 @@ class _Blocks:
     caches, OpenMP's threads asleep while the engine's pool ran), which neither path pays once
     chosen."""
 
-    __slots__ = ("calls", "samples")
+    __slots__ = ("calls", "first", "samples")
 
-    def __init__(self) -> None:
+    def __init__(self, first: dict[str, list[float]] | None = None) -> None:
         self.calls = 0
+        self.first = first  # the window before, when this is the second (routing.RECHECK_CALLS)
         self.samples: dict[str, list[float]] = {routing.ENGINE: [], routing.EAGER: []}
+
+    def all_samples(self, path: str) -> list[float]:
+        return (self.first[path] if self.first is not None else []) + self.samples[path]
 
     def next_path(self) -> tuple[str, bool]:
         block, at = divmod(self.calls, BLOCK)
@@ -341,6 +370,7 @@ class _Blocks:
 
 
 __all__ = [
+    "MAX_DECISION_CALLS",
     "MEASURE_CALLS",
     "SETTLE_CALLS",
     "LowPrecisionRoute",
