@@ -38,19 +38,19 @@ pub fn num_threads() -> usize {
 }
 
 /// Makes OpenMP the kernels' pool, on the runtime of `library`: the path of a libgomp this
-/// process has already loaded (PyTorch's). Its `GOMP_parallel`, `omp_get_max_threads` and
-/// `omp_in_parallel` are looked up here, so only a loaded library's own functions are ever called.
+/// process has already loaded (PyTorch's). Its `GOMP_parallel`, `omp_get_max_threads`,
+/// `omp_in_parallel` and `omp_get_thread_num` are looked up here, so only a loaded library's own functions are ever called.
 #[pyfunction]
 pub fn set_openmp(library: &str) -> PyResult<()> {
-    let [parallel, max_threads, in_parallel] = loaded_openmp(library).map_err(err)?;
-    // SAFETY: the three addresses are those functions of a library that is loaded and, with the
+    let [parallel, max_threads, in_parallel, thread_num] = loaded_openmp(library).map_err(err)?;
+    // SAFETY: the four addresses are those functions of a library that is loaded and, with the
     // reference `loaded_openmp` took and never returns, stays loaded.
-    unsafe { par::set_openmp(parallel, max_threads, in_parallel) }.map_err(err)
+    unsafe { par::set_openmp(parallel, max_threads, in_parallel, thread_num) }.map_err(err)
 }
 
 /// The OpenMP entry points of an already loaded `library` (which it keeps loaded).
 #[cfg(unix)]
-fn loaded_openmp(library: &str) -> Result<[usize; 3], String> {
+fn loaded_openmp(library: &str) -> Result<[usize; 4], String> {
     let path = std::ffi::CString::new(library).map_err(|_| format!("library path {library:?} has a NUL byte"))?;
     // SAFETY: RTLD_NOLOAD loads nothing: it returns a new reference to an already loaded library,
     // or NULL; no initialiser runs.
@@ -58,8 +58,9 @@ fn loaded_openmp(library: &str) -> Result<[usize; 3], String> {
     if handle.is_null() {
         return Err(format!("{library} is not a library this process has loaded"));
     }
-    let mut found = [0usize; 3];
-    for (slot, name) in found.iter_mut().zip([c"GOMP_parallel", c"omp_get_max_threads", c"omp_in_parallel"]) {
+    let mut found = [0usize; 4];
+    let names = [c"GOMP_parallel", c"omp_get_max_threads", c"omp_in_parallel", c"omp_get_thread_num"];
+    for (slot, name) in found.iter_mut().zip(names) {
         // SAFETY: a live handle and a NUL-terminated name.
         *slot = unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
         if *slot == 0 {
@@ -70,7 +71,7 @@ fn loaded_openmp(library: &str) -> Result<[usize; 3], String> {
 }
 
 #[cfg(not(unix))]
-fn loaded_openmp(library: &str) -> Result<[usize; 3], String> {
+fn loaded_openmp(library: &str) -> Result<[usize; 4], String> {
     Err(format!("sharing the OpenMP runtime of {library} is only supported on Unix"))
 }
 
