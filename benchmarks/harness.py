@@ -35,11 +35,12 @@ def round_order(names: list[str], r: int) -> list[str]:
     return order[::-1] if (r // n) % 2 else order
 
 
-def settle(fn: Callable[[], Any], most: int = 400) -> int:
+def settle(fn: Callable[[], Any], most: int = 1000) -> int:
     """Calls ``fn`` until a call runs no compiled partition whose route is still being measured
     (``torchburn.routing.measured_calls`` unchanged by it), at most ``most`` times; returns the
     calls made. A torchburn contender measures each partition against eager during its first
-    calls (half of them on the eager path; up to routing.MAX_CALLS, more for a widened bf16 graph):
+    calls (half of them on the eager path; up to routing.MAX_DECISION_CALLS when a close decision
+    for eager is measured twice, more for a widened bf16 graph):
     timing those would report the measurement's mix,
     not the path it settles on. Every contender is called at least twice."""
     fn()  # compiles: its partitions may start measuring only from the next call
