@@ -63,6 +63,21 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
         let pair_len = if pairs { super::attention_pairs::scratch_len(rows, nk, e, ev) } else { 0 };
         #[cfg(not(target_arch = "x86_64"))]
         let pair_len = 0;
+        // short sequences, narrow heads, rows contiguous along the head: without the packed GEMM
+        #[cfg(target_arch = "x86_64")]
+        let small = !pairs
+            && q.strides[3] == 1
+            && k.strides[3] == 1
+            && v.strides[3] == 1
+            && o.strides[3] == 1
+            && super::attention_small::available(e, ev, nk);
+        #[cfg(not(target_arch = "x86_64"))]
+        let small = false;
+        #[cfg(target_arch = "x86_64")]
+        let small_len = if small { super::attention_small::scratch_len(e, nk) } else { 0 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let small_len = 0;
+        let pair_len = pair_len.max(small_len);
         with_scratch(&TILE, rows * nk.max(1) + rows + pair_len, |tile| {
             let (sc, rest) = tile.split_at_mut(rows * nk.max(1));
             let (inv, pair_scratch) = rest.split_at_mut(rows);
@@ -74,7 +89,12 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
             if pairs {
                 super::attention_pairs::scores(qp, q.strides[2], q.strides[3], kp, k.strides[2], k.strides[3], rows, nk, e, scale, scp.get(), pair_scratch);
             }
-            if nk > 0 && !pairs {
+            #[cfg(target_arch = "x86_64")]
+            if small {
+                let kt = std::slice::from_raw_parts_mut(pair_scratch.as_mut_ptr() as *mut f32, pair_scratch.len());
+                super::attention_small::scores(qp, q.strides[2], kp, k.strides[2], rows, nk, e, scale, scp.get(), kt);
+            }
+            if nk > 0 && !pairs && !small {
                 sgemm(
                     rows,
                     nk,
@@ -111,7 +131,11 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
             if pairs {
                 super::attention_pairs::output(scp.get(), rows, nk, vp, v.strides[2], v.strides[3], ev, op, o.strides[2], o.strides[3], pair_scratch);
             }
-            if !pairs {
+            #[cfg(target_arch = "x86_64")]
+            if small {
+                super::attention_small::output(scp.get(), rows, nk, vp, v.strides[2], ev, op, o.strides[2]);
+            }
+            if !pairs && !small {
                 sgemm(
                     rows,
                     ev,

@@ -8,6 +8,8 @@
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_pairs;
+#[cfg(target_arch = "x86_64")]
+mod attention_small;
 pub mod cast;
 pub mod complex;
 pub mod conv;
