@@ -339,22 +339,14 @@ class LowPrecisionRoute:
         self._pinned = {**self._pinned, key: chosen}  # a new dict: read without the lock
 
 
-class _Blocks:
+class _Blocks(routing.Window):
     """The schedule and samples of one measurement: blocks of ``BLOCK`` consecutive calls of one
     path, widened and as traced in the order W T T W W T ...; the first call of a block is not
     timed. Consecutive calls because switching paths costs the next call (the other path's
     caches, OpenMP's threads asleep while the engine's pool ran), which neither path pays once
     chosen."""
 
-    __slots__ = ("calls", "first", "samples")
-
-    def __init__(self, first: dict[str, list[float]] | None = None) -> None:
-        self.calls = 0
-        self.first = first  # the window before, when this is the second (routing.RECHECK_CALLS)
-        self.samples: dict[str, list[float]] = {routing.ENGINE: [], routing.EAGER: []}
-
-    def all_samples(self, path: str) -> list[float]:
-        return (self.first[path] if self.first is not None else []) + self.samples[path]
+    __slots__ = ()
 
     def next_path(self) -> tuple[str, bool]:
         block, at = divmod(self.calls, BLOCK)

@@ -303,9 +303,9 @@ def countdown(fn: Callable[..., Any], calls: int, then: Callable[[], None]) -> C
     return run
 
 
-class _Measurement:
-    """The schedule and samples of one partition at one thread count; ``first``: the samples of
-    the window before, when this is the second (``RECHECK_CALLS``)."""
+class Window:
+    """One measurement window's calls and samples per path; ``first``: the samples of the window
+    before, when this is the second (``RECHECK_CALLS``). Schedules subclass it."""
 
     __slots__ = ("calls", "first", "samples")
 
@@ -315,7 +315,14 @@ class _Measurement:
         self.samples: dict[str, list[float]] = {ENGINE: [], EAGER: []}
 
     def all_samples(self, path: str) -> list[float]:
+        """This window's samples of ``path`` and the first window's."""
         return (self.first[path] if self.first is not None else []) + self.samples[path]
+
+
+class _Measurement(Window):
+    """The schedule of one partition's measurement at one thread count."""
+
+    __slots__ = ()
 
     def next_path(self) -> tuple[str, bool]:
         """The path of the next call and whether its time counts (False: a warm-up)."""

@@ -28,6 +28,21 @@ pub fn scratch_len(e: usize, nk: usize) -> usize {
     e * nk.next_multiple_of(16)
 }
 
+/// Calls `$f::<R, V>$args` for the block of `$rows` rows (1..=4) and `$vecs` 16-wide vectors
+/// (1..=4): the register blocks are const generics, so each shape keeps its accumulators in
+/// registers.
+macro_rules! block {
+    ($rows:expr, $vecs:expr, $f:ident $args:tt) => {
+        block!(@ $rows, $vecs, $f $args; 1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4)
+    };
+    (@ $rows:expr, $vecs:expr, $f:ident $args:tt; $($r:literal $v:literal),*) => {
+        match ($rows, $vecs) {
+            $(($r, $v) => $f::<$r, $v> $args,)*
+            _ => unreachable!("blocks are 1..=4 rows by 1..=4 vectors"),
+        }
+    };
+}
+
 fn tail_mask(n: usize) -> __mmask16 {
     if n >= 16 {
         0xFFFF
@@ -63,15 +78,7 @@ pub unsafe fn scores(q: *const f32, q_rs: usize, k: *const f32, k_rs: usize, row
         while r < rows {
             let rr = (rows - r).min(4);
             let (qr, o) = (q.add(r * q_rs), out.add(r * nk));
-            macro_rules! run {
-                ($($a:literal $b:literal),*) => {
-                    match (rr, nv) {
-                        $(($a, $b) => score_block::<$a, $b>(qr, q_rs, kt, nkp, e, o, nk, j0, scale),)*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            run!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
+            block!(rr, nv, score_block(qr, q_rs, kt, nkp, e, o, nk, j0, scale));
             r += rr;
         }
         j0 += 16 * nv;
@@ -116,15 +123,7 @@ pub unsafe fn output(p: *const f32, rows: usize, nk: usize, v: *const f32, v_rs:
     while r < rows {
         let rr = (rows - r).min(4);
         let (pr, or) = (p.add(r * nk), o.add(r * o_rs));
-        macro_rules! run {
-            ($($a:literal $b:literal),*) => {
-                match (rr, nv) {
-                    $(($a, $b) => output_block::<$a, $b>(pr, nk, v, v_rs, ev, or, o_rs),)*
-                    _ => unreachable!(),
-                }
-            };
-        }
-        run!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
+        block!(rr, nv, output_block(pr, nk, v, v_rs, ev, or, o_rs));
         r += rr;
     }
 }
