@@ -99,7 +99,9 @@ def _gemm_plan(ins: list[Any], out: Any, beta: float) -> str:
         bias = len(values)
         values.append({"buf": 2, "offset": 0, "sizes": list(out.shape), "strides": [0, 1]})
     step = {"op": "gemm", "ins": [0, 1, bias, None], "outs": [len(ins)], "alpha": 1.0, "beta": beta, "epilogue": []}
-    return json.dumps({"schema": 4, "buffers": buffers, "values": values, "steps": [step]})
+    from tb_cpu_rust import _native
+
+    return json.dumps({"schema": _native.STEP_SCHEMA_VERSION, "buffers": buffers, "values": values, "steps": [step]})
 
 
 def _kernel_row(shape: str, threads: int, rounds: int) -> list[str]:

@@ -45,35 +45,133 @@ fn takes(m: usize) -> bool {
     enabled() && m >= MIN_ROWS && crate::kernels::gemm::backend() == "own"
 }
 
-/// Rows `r0 .. r0 + nrows` of `job`'s output through the engine's GEMM; false (nothing touched)
-/// unless the weights are float32, there are at least `MIN_ROWS` activation rows, all `Dense` and
-/// equally spaced in memory (rows of one `[m, K]` matrix), and the own kernel is the GEMM backend.
-pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
-    let Packed::F32 { k, w, .. } = job.p else { return false };
+/// `job`'s activations as one `[m, K]` matrix when this path takes the job: float32 weights, at
+/// least `MIN_ROWS` activation rows, all `Dense` and equally spaced in memory (rows of one
+/// matrix), the own kernel as the GEMM backend; None otherwise.
+fn matrix(job: &Job) -> Option<Mat> {
+    let Packed::F32 { k, .. } = job.p else { return None };
     let m = job.acts.len();
-    if !takes(m) || nrows == 0 || *k == 0 {
-        return false;
+    if !takes(m) || *k == 0 || crate::kernels::gemm::own::packed_b_layout(*k).is_none() {
+        return None;
     }
     let mut xs = Vec::with_capacity(m);
     for a in job.acts {
         match a {
             Act::Dense(x) if x.len() == *k => xs.push(x.as_ptr()),
-            _ => return false,
+            _ => return None,
         }
     }
     // rows of one [m, K] matrix: ascending, equally spaced, at least K apart
     let lda = (xs[1] as usize).saturating_sub(xs[0] as usize) / 4;
     if lda < *k || xs.iter().enumerate().any(|(i, &x)| Some(x as usize) != (4 * i).checked_mul(lda).and_then(|d| d.checked_add(xs[0] as usize))) {
+        return None;
+    }
+    Some(Mat { p: SPtr(xs[0] as *mut f32), rs: lda as isize, cs: 1 })
+}
+
+/// The activation matrices of a set of jobs packed for the GEMM's micro-kernel
+/// (`own::pack_a_slices`), once each: jobs reading the same activations (q / k / v, gate / up)
+/// share one. A job's chunks all read its packed matrix instead of packing it again each (a
+/// 512-token prefill packed its activations ~5× over in chunks, 5 % of the prefill's time).
+pub struct PackedActs {
+    bufs: Vec<Vec<f32>>,
+    of_job: Vec<Option<usize>>,
+}
+
+thread_local! {
+    /// Packed-activation buffers `PackedActs` returns when dropped, for the next run.
+    static SPARE: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for PackedActs {
+    fn drop(&mut self) {
+        let bufs = std::mem::take(&mut self.bufs);
+        let _ = SPARE.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            for b in bufs {
+                if spare.len() < 2 {
+                    spare.push(b);
+                }
+            }
+        });
+    }
+}
+
+impl PackedActs {
+    /// Packs what this path takes of `jobs`; `run_all(items, f)` runs `f(0..items)`, on several
+    /// threads where the caller has them (the slices of each matrix are the items).
+    pub fn new(jobs: &[Job], run_all: impl FnOnce(usize, &(dyn Fn(usize) + Sync))) -> Self {
+        let mut mats: Vec<(Mat, usize, usize)> = Vec::new(); // (A, m, k) of each distinct matrix
+        let mut of_job = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            let Some(a) = matrix(j) else {
+                of_job.push(None);
+                continue;
+            };
+            let (m, k) = (j.acts.len(), j.p.shape().1);
+            let same = mats.iter().position(|(b, bm, bk)| b.p.0 == a.p.0 && b.rs == a.rs && *bm == m && *bk == k);
+            of_job.push(Some(same.unwrap_or_else(|| {
+                mats.push((a, m, k));
+                mats.len() - 1
+            })));
+        }
+        // buffers kept by the calling thread from run to run: a fresh multi-MiB allocation is
+        // mapped anew each time, and its first writes fault every page in
+        let mut bufs: Vec<Vec<f32>> = SPARE.with(|spare| {
+            let mut spare = spare.borrow_mut();
+            mats.iter()
+                .map(|&(_, m, k)| {
+                    let mut b = spare.pop().unwrap_or_default();
+                    b.resize(crate::kernels::gemm::own::packed_a_len(m, k), 0.0);
+                    b
+                })
+                .collect()
+        });
+        let items: Vec<(usize, usize)> =
+            mats.iter().enumerate().flat_map(|(i, &(_, _, k))| (0..crate::kernels::gemm::own::a_slices(k)).map(move |s| (i, s))).collect();
+        let dsts: Vec<SPtr<f32>> = bufs.iter_mut().map(|b| SPtr(b.as_mut_ptr())).collect();
+        if !items.is_empty() {
+            run_all(items.len(), &|t| {
+                let (i, s) = items[t];
+                let (a, m, k) = mats[i];
+                // SAFETY: the matrix was checked by `matrix`; each item writes its own slice
+                // of a buffer sized by `packed_a_len`
+                unsafe { crate::kernels::gemm::own::pack_a_slice(a, m, k, s, dsts[i].get()) };
+            });
+        }
+        PackedActs { bufs, of_job }
+    }
+
+    /// Job `ji`'s packed activations, if this path takes it.
+    pub fn of(&self, ji: usize) -> Option<&[f32]> {
+        self.of_job.get(ji).copied().flatten().map(|i| self.bufs[i].as_slice())
+    }
+}
+
+/// Rows `r0 .. r0 + nrows` of `job`'s output through the engine's GEMM; false (nothing touched)
+/// unless `matrix` takes the job. `packed`: the job's activations packed by `PackedActs` (None:
+/// the GEMM packs them itself).
+pub fn chunk(job: &Job, r0: usize, nrows: usize, packed: Option<&[f32]>) -> bool {
+    let Packed::F32 { k, w, .. } = job.p else { return false };
+    if nrows == 0 {
         return false;
     }
-    let a = Mat { p: SPtr(xs[0] as *mut f32), rs: lda as isize, cs: 1 };
+    let Some(a) = matrix(job) else { return false };
+    let m = job.acts.len();
     // SAFETY: rows r0..r0 + nrows of W exist (the caller's chunk); the output rows are this
-    // chunk's to write (the caller of `gemv::run` promised disjoint outputs)
+    // chunk's to write (the caller of `gemv::run` promised disjoint outputs); `packed` is this
+    // job's matrix packed by `PackedActs`
     unsafe {
         let b = Mat { p: SPtr(w.as_ptr().add(r0 * k) as *mut f32), rs: 1, cs: *k as isize };
         let c = Mat { p: SPtr(job.out.add(r0)), rs: job.ld as isize, cs: 1 };
         let bias = job.bias.map(|b| (Mat { p: SPtr(b.as_ptr().add(r0) as *mut f32), rs: 0, cs: 1 }, 1.0));
-        crate::kernels::gemm::sgemm_epi(m, nrows, *k, a, b, c, 1.0, false, 1, &Epi::new(bias, []));
+        let epi = Epi::new(bias, []);
+        match packed {
+            Some(pa) if pa.len() == crate::kernels::gemm::own::packed_a_len(m, *k) => {
+                crate::kernels::gemm::own::sgemm_packed_a(m, nrows, *k, pa.as_ptr(), b, c, &epi)
+            }
+            _ => crate::kernels::gemm::sgemm_epi(m, nrows, *k, a, b, c, 1.0, false, 1, &epi),
+        }
     }
     true
 }
@@ -139,15 +237,64 @@ mod tests {
         let out = y.as_mut_ptr();
         let dense: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
         let job = |p, acts| Job { p, acts, out, ld: n, bias: None };
-        assert!(!chunk(&job(&pb, &dense[..20]), 0, n));
-        assert!(!chunk(&job(&p, &dense[..MIN_ROWS - 1]), 0, n));
+        assert!(!chunk(&job(&pb, &dense[..20]), 0, n, None));
+        assert!(!chunk(&job(&p, &dense[..MIN_ROWS - 1]), 0, n, None));
         // rows 0, 1, 3, 4, ...: not rows of one [m, K] matrix
         let uneven: Vec<Act> = x.chunks(k).enumerate().filter(|(i, _)| *i != 2).map(|(_, r)| Act::Dense(r)).collect();
-        assert!(!chunk(&job(&p, &uneven[..20]), 0, n));
+        assert!(!chunk(&job(&p, &uneven[..20]), 0, n, None));
         // every other row: one matrix with a row stride of 2K, taken
         let strided: Vec<Act> = x.chunks(k).step_by(2).map(Act::Dense).collect();
-        assert!(chunk(&job(&p, &strided), 0, n));
+        assert!(chunk(&job(&p, &strided), 0, n, None));
         assert!(y[..20 * n].iter().all(|&v| v == 0.5 * k as f32), "sums of K products 0.5 * 1");
         assert!(chunk_rows(&pb, 20, 2).is_none() && chunk_rows(&p, MIN_ROWS - 1, 2).is_none());
+    }
+
+    /// Activations packed once (`PackedActs`) give the same bits as each chunk packing its own:
+    /// three jobs on one activation matrix (q / k / v) share one packed copy, a job on other
+    /// activations gets its own, jobs this path does not take get none; chunks at any offset.
+    #[test]
+    fn packed_once_matches_packed_per_chunk() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        if crate::kernels::gemm::own::packed_b_layout(8).is_none() {
+            return; // the own kernel is not the GEMM backend on this CPU
+        }
+        let mut s = 11u64;
+        let (m, k) = (37usize, 300usize);
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+        let x2: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+        let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+        let acts2: Vec<Act> = x2.chunks(k).map(Act::Dense).collect();
+        let few: Vec<Act> = x.chunks(k).take(MIN_ROWS - 1).map(Act::Dense).collect();
+        let ns = [64usize, 45, 45, 70, 64];
+        let ws: Vec<Packed> = ns.iter().map(|&n| Packed::f32(n, k, &(0..n * k).map(|_| lcg(&mut s)).collect::<Vec<_>>()).unwrap()).collect();
+        let bias: Vec<f32> = (0..70).map(|_| lcg(&mut s)).collect();
+        let mut outs: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; m * n]).collect();
+        let mut again = outs.clone();
+        let act_of = [&acts, &acts, &acts, &acts2, &few];
+        let jobs_for = |o: &mut Vec<Vec<f32>>| -> Vec<Job> {
+            o.iter_mut()
+                .enumerate()
+                .map(|(i, y)| Job { p: &ws[i], acts: act_of[i], out: y.as_mut_ptr(), ld: ns[i], bias: (i == 3).then_some(&bias[..ns[i]]) })
+                .collect()
+        };
+        let jobs = jobs_for(&mut outs);
+        let packed = PackedActs::new(&jobs, |items, f| (0..items).for_each(f));
+        let (a, b, c, d) = (packed.of(0).unwrap(), packed.of(1).unwrap(), packed.of(2).unwrap(), packed.of(3).unwrap());
+        assert!(std::ptr::eq(a, b) && std::ptr::eq(a, c), "q / k / v share one packed matrix");
+        assert!(!std::ptr::eq(a, d), "other activations, another packed matrix");
+        assert!(packed.of(4).is_none(), "too few rows: not this path");
+        for (i, j) in jobs.iter().enumerate().take(4) {
+            // two chunks at an offset that is not a multiple of the panel width
+            let cut = 13.min(ns[i]);
+            assert!(chunk(j, 0, cut, packed.of(i)) && chunk(j, cut, ns[i] - cut, packed.of(i)));
+        }
+        let jobs2 = jobs_for(&mut again);
+        for (i, j) in jobs2.iter().enumerate().take(4) {
+            assert!(chunk(j, 0, ns[i], None));
+        }
+        for i in 0..4 {
+            assert!(outs[i].iter().zip(&again[i]).all(|(p, q)| p.to_bits() == q.to_bits()), "job {i}: packed once != packed per chunk");
+            assert!(outs[i].iter().any(|&v| v != 0.0));
+        }
     }
 }

@@ -112,9 +112,23 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     let on_omp = rayon::current_thread_index().is_none() && crate::core::par::pool() == "openmp";
     let threads = if on_omp { crate::core::par::threads() } else { rayon::current_num_threads() };
     let weights: usize = jobs.iter().map(|j| j.p.shape().0 * j.p.shape().1).sum();
-    if weights < PAR_MIN || threads == 1 {
-        for j in jobs {
-            chunk(j, 0, j.p.shape().0, isa);
+    let parallel = !(weights < PAR_MIN || threads == 1);
+    // float32 prefill on the engine's GEMM: each activation matrix packed once for every chunk
+    let packed = (jobs.iter().any(|j| matches!(j.p, Packed::F32 { .. }) && j.acts.len() >= super::dense_gemm::MIN_ROWS)).then(|| {
+        super::dense_gemm::PackedActs::new(jobs, |items, f| {
+            if !parallel || items == 1 {
+                (0..items).for_each(f);
+            } else if on_omp {
+                crate::core::par::for_each(items, f);
+            } else {
+                (0..items).into_par_iter().for_each(f);
+            }
+        })
+    });
+    let packed_of = |ji: usize| packed.as_ref().and_then(|p| p.of(ji));
+    if !parallel {
+        for (ji, j) in jobs.iter().enumerate() {
+            chunk(j, 0, j.p.shape().0, isa, packed_of(ji));
         }
         return;
     }
@@ -138,10 +152,10 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     if on_omp {
         crate::core::par::for_each(chunks.len(), |c| {
             let (ji, r0, nr) = chunks[c];
-            chunk(&jobs[ji], r0, nr, isa)
+            chunk(&jobs[ji], r0, nr, isa, packed_of(ji))
         });
     } else {
-        chunks.par_iter().for_each(|&(ji, r0, nr)| chunk(&jobs[ji], r0, nr, isa));
+        chunks.par_iter().for_each(|&(ji, r0, nr)| chunk(&jobs[ji], r0, nr, isa, packed_of(ji)));
     }
 }
 
@@ -156,9 +170,10 @@ const _: () = assert!(CHUNK_ROWS.is_multiple_of(INT4_ROWS) && CHUNK_ROWS.is_mult
 /// K = 896) stay in L1 while the chunk's weight tiles stream past them.
 const ACT_BLOCK: usize = 16;
 
-/// Weight rows `r0 .. r0 + nrows` of one job for every activation row.
-fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
-    if super::tiles::chunk(job, r0, nrows) || super::dense_gemm::chunk(job, r0, nrows) || super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
+/// Weight rows `r0 .. r0 + nrows` of one job for every activation row (`packed`: its
+/// activations packed for the float32 GEMM, `dense_gemm::PackedActs`).
+fn chunk(job: &Job, r0: usize, nrows: usize, isa: Isa, packed: Option<&[f32]>) {
+    if super::tiles::chunk(job, r0, nrows) || super::dense_gemm::chunk(job, r0, nrows, packed) || super::panel::chunk(job, r0, nrows, isa) || super::qgemm::chunk(job, r0, nrows, isa) {
         return;
     }
     if let Packed::Int4 { .. } = job.p {

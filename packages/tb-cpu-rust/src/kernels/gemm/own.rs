@@ -368,6 +368,82 @@ pub(crate) unsafe fn pack_a_slices_for<I: Isa>(a: Mat, m: usize, k: usize, dst: 
     }
 }
 
+/// How many KC-deep slices `pack_a_slices` writes for depth k (`pack_a_slice` packs one).
+pub fn a_slices(k: usize) -> usize {
+    packed_b_layout(k).map_or(0, |(_, kc)| k.div_ceil(kc))
+}
+
+/// Slice `s` (< `a_slices(k)`) of `pack_a_slices(a, m, k, dst)`, written where that call writes
+/// it: callers pack the slices of one A on several threads.
+///
+/// # Safety
+/// As `pack_a_slices`.
+pub unsafe fn pack_a_slice(a: Mat, m: usize, k: usize, s: usize, dst: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return pack_a_slice_for::<x86::Avx512>(a, m, k, s, dst);
+        }
+        if crate::core::isa::has_avx2() {
+            return pack_a_slice_for::<x86::Avx2>(a, m, k, s, dst);
+        }
+    }
+    let _ = (a, m, k, s, dst);
+    unreachable!("pack_a_slice without packed_b_layout()")
+}
+
+unsafe fn pack_a_slice_for<I: Isa>(a: Mat, m: usize, k: usize, s: usize, dst: *mut f32) {
+    let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
+    let m_pad = m.div_ceil(I::MR) * I::MR;
+    let p0 = s * kc_;
+    if p0 < k {
+        pack_a::<I>(a, 0, m, p0, kc_.min(k - p0), dst.add(p0 * m_pad));
+    }
+}
+
+/// c = A @ B, then the epilogue, single-threaded, A packed by the caller (`pack_a_slices` /
+/// `pack_a_slice`) and B (k × n, any strides) packed here one NR-column panel at a time, just
+/// before that panel's tiles read it from L1. For callers that split one product's columns into
+/// chunks on several threads: A is packed once for all of them instead of once per chunk.
+///
+/// # Safety
+/// As `sgemm`; `pa` holds A packed by `pack_a_slices(a, m, k, ..)`; `packed_b_layout(k)` is Some.
+pub unsafe fn sgemm_packed_a(m: usize, n: usize, k: usize, pa: *const f32, b: Mat, c: Mat, epi: &Epi) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::core::isa::has_avx512() {
+            return drive_packed_a::<x86::Avx512>(m, n, k, pa, b, c, epi);
+        }
+        if crate::core::isa::has_avx2() {
+            return drive_packed_a::<x86::Avx2>(m, n, k, pa, b, c, epi);
+        }
+    }
+    let _ = (m, n, k, pa, b, c, epi);
+    unreachable!("sgemm_packed_a without packed_b_layout()")
+}
+
+unsafe fn drive_packed_a<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, b: Mat, c: Mat, epi: &Epi) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
+    let npan = n.div_ceil(I::NR);
+    let m_pad = m.div_ceil(I::MR) * I::MR;
+    with_scratch(&PANEL_B, kc_.min(k) * I::NR, |panel| {
+        let panel = panel.as_mut_ptr();
+        // slices outer: A's slice stays in L2 for every panel; C is read back once per slice
+        let mut p0 = 0;
+        while p0 < k {
+            let kc = kc_.min(k - p0);
+            for jp in 0..npan {
+                pack_b::<I>(b, p0, kc, jp * I::NR, n, panel);
+                tiles::<I>(0, m, jp, n, kc, pa.add(p0 * m_pad), panel, c, 1.0, p0 > 0, p0 + kc >= k, epi);
+            }
+            p0 += kc;
+        }
+    });
+}
+
 /// c = A @ B, then the epilogue, single-threaded, with both operands packed by the caller: A by
 /// `pack_a_slices`, B (k × n) as `packed_b_layout(k)` says: slices of kc rows of k one after
 /// another, each slice NR-column panels of kc × NR floats (columns past n zero), so slice p0
