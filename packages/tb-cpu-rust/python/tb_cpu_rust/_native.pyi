@@ -30,6 +30,7 @@ __all__ = [
     "llm_pack_int4",
     "llm_pack_int8",
     "llm_prefill_engine_gemm",
+    "llm_prefill_bf16_pairs",
     "llm_prefill_tiles",
     "llm_quantize",
     "llm_quantize_layout",
@@ -203,6 +204,10 @@ def llm_isa() -> str:
 def llm_prefill_engine_gemm(on: bool | None = None) -> bool:
     """Whether fp32 prefill runs on the engine's own float32 GEMM (else the panel GEMM all
     formats share); `on` changes it. Returns the setting before the call."""
+
+def llm_prefill_bf16_pairs(on: bool | None = None) -> bool:
+    """Whether bf16 prefill runs on the bfloat16 pair kernel (AVX-512 BF16 without AMX tiles;
+    activations rounded to bf16); `on` changes it. Returns whether it did before the call."""
 
 def llm_prefill_tiles(on: bool | None = None) -> bool:
     """Whether bf16 prefill runs on AMX tiles (activations rounded to bf16); `on` changes it.

@@ -1,4 +1,4 @@
-//! Prefill of float32 weights on the engine's own float32 GEMM (`kernels::gemm`, the kernel the
+//! Prefill of dense weights on the engine's own GEMM kernels (`kernels::gemm`, the kernels the
 //! compile path's `mm` runs): `Y = X @ W^T` for a chunk of weight rows, single-threaded (the
 //! chunks are the parallel tasks, as for every prefill path).
 //!
@@ -6,9 +6,20 @@
 //! rows × 16 weight rows, each FMA with a broadcast load): 13 loads per 12 FMAs keeps it near the
 //! load ports' limit, about half the FMA peak. The engine's kernel packs both operands into cache
 //! blocks and runs a tile with two vector loads and eight broadcasts per sixteen FMAs, near the
-//! peak (see `benchmarks/bench_gemm.py`). Float32 weights need no dequantization, so the
-//! weight chunk is simply B = W[r0..r0+n]ᵀ (k contiguous per column, the `Linear` layout).
-//! Exact float32 products and sums like the panel path (another summation order).
+//! peak (see `benchmarks/bench_gemm.py`).
+//!
+//! - **float32 weights**: the weight chunk is simply B = W[r0..r0+n]ᵀ (k contiguous per column,
+//!   the `Linear` layout). Exact float32 products and sums like the panel path (another
+//!   summation order).
+//! - **bfloat16 weights on AVX-512 BF16 without AMX tiles** (`tiles` takes them where AMX is):
+//!   the engine's pair kernel (`kernels::gemm::bf16`, `vdpbf16ps`: two bf16 products per float32
+//!   lane and instruction, twice the float32 FMA rate), the weights read as stored. The
+//!   activation rows are rounded once to bf16 (nearest even, as the tiles path and an eager
+//!   bfloat16 model round them); products of two bf16 values are exact in float32 and the sums
+//!   are float32, so the only difference from the panel path is that rounding (the LLM
+//!   conformance suite's `bf16_rounding`). `llm_prefill_bf16_pairs(False)` keeps the panel path.
+//!
+//! The activations are packed once per `gemv::run` for every chunk (`PackedActs`).
 
 use super::gemv::{Act, Job};
 use super::packed::Packed;
@@ -30,13 +41,43 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
+/// bf16 weights on the pair kernel: on unless a benchmark or a user turns it off.
+static PAIRS: AtomicBool = AtomicBool::new(true);
+
+pub fn pairs_enabled() -> bool {
+    PAIRS.load(Ordering::Relaxed)
+}
+
+pub fn set_pairs_enabled(on: bool) {
+    PAIRS.store(on, Ordering::Relaxed);
+}
+
+/// Whether bf16 weights with `k` values a row take the pair kernel here (on, the CPU has
+/// AVX-512 BF16 with the own GEMM backend, k even: whole pairs).
+fn pairs_take(k: usize) -> bool {
+    pairs_enabled() && k.is_multiple_of(2) && crate::kernels::gemm::bf16::pairs_available()
+}
+
+/// What a packed activation matrix is packed for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// float32 values for the float32 kernel
+    F32,
+    /// bf16-rounded values, two per 32-bit word, for the pair kernel (k counted in pairs)
+    Pairs,
+}
+
 /// Weight rows per parallel chunk for `job` when this path takes it: each chunk packs the whole
 /// activation block again (the engine's kernel packs A per call), so chunks are few and large,
 /// two per thread (balance against a thread that loses its core); None when it does not take it.
 /// At 512 rows, K = 896, N = 4864 and 2 threads the runtime's 144-row chunks (sized for streaming
 /// weights) spent 22% of the prefill packing activations.
 pub fn chunk_rows(p: &Packed, m: usize, threads: usize) -> Option<usize> {
-    let Packed::F32 { n, .. } = p else { return None };
+    let n = match p {
+        Packed::F32 { n, .. } => *n,
+        Packed::Bf16 { n, k, .. } if pairs_take(*k) => *n,
+        _ => return None,
+    };
     takes(m).then(|| n.div_ceil(2 * threads.max(1)))
 }
 
@@ -48,8 +89,12 @@ fn takes(m: usize) -> bool {
 /// `job`'s activations as one `[m, K]` matrix when this path takes the job: float32 weights, at
 /// least `MIN_ROWS` activation rows, all `Dense` and equally spaced in memory (rows of one
 /// matrix), the own kernel as the GEMM backend; None otherwise.
-fn matrix(job: &Job) -> Option<Mat> {
-    let Packed::F32 { k, .. } = job.p else { return None };
+fn matrix(job: &Job) -> Option<(Mat, Kind)> {
+    let (k, kind) = match job.p {
+        Packed::F32 { k, .. } => (k, Kind::F32),
+        Packed::Bf16 { k, .. } if pairs_take(*k) => (k, Kind::Pairs),
+        _ => return None,
+    };
     let m = job.acts.len();
     if !takes(m) || *k == 0 || crate::kernels::gemm::own::packed_b_layout(*k).is_none() {
         return None;
@@ -66,7 +111,29 @@ fn matrix(job: &Job) -> Option<Mat> {
     if lda < *k || xs.iter().enumerate().any(|(i, &x)| Some(x as usize) != (4 * i).checked_mul(lda).and_then(|d| d.checked_add(xs[0] as usize))) {
         return None;
     }
-    Some(Mat { p: SPtr(xs[0] as *mut f32), rs: lda as isize, cs: 1 })
+    Some((Mat { p: SPtr(xs[0] as *mut f32), rs: lda as isize, cs: 1 }, kind))
+}
+
+/// Floats of the packed matrix for `m` rows of `k` values packed as `kind`.
+fn packed_len(kind: Kind, m: usize, k: usize) -> usize {
+    match kind {
+        Kind::F32 => crate::kernels::gemm::own::packed_a_len(m, k),
+        #[cfg(target_arch = "x86_64")]
+        Kind::Pairs => crate::kernels::gemm::own::packed_a_len_for::<crate::kernels::gemm::bf16::x86::Pairs>(m, k / 2),
+        #[cfg(not(target_arch = "x86_64"))]
+        Kind::Pairs => 0,
+    }
+}
+
+/// KC-deep slices of the packed matrix (the items `PackedActs` packs in parallel).
+fn slices(kind: Kind, k: usize) -> usize {
+    match kind {
+        Kind::F32 => crate::kernels::gemm::own::a_slices(k),
+        #[cfg(target_arch = "x86_64")]
+        Kind::Pairs => crate::kernels::gemm::own::a_slices_for::<crate::kernels::gemm::bf16::x86::Pairs>(k / 2),
+        #[cfg(not(target_arch = "x86_64"))]
+        Kind::Pairs => 0,
+    }
 }
 
 /// The activation matrices of a set of jobs packed for the GEMM's micro-kernel
@@ -101,17 +168,17 @@ impl PackedActs {
     /// Packs what this path takes of `jobs`; `run_all(items, f)` runs `f(0..items)`, on several
     /// threads where the caller has them (the slices of each matrix are the items).
     pub fn new(jobs: &[Job], run_all: impl FnOnce(usize, &(dyn Fn(usize) + Sync))) -> Self {
-        let mut mats: Vec<(Mat, usize, usize)> = Vec::new(); // (A, m, k) of each distinct matrix
+        let mut mats: Vec<(Mat, Kind, usize, usize)> = Vec::new(); // (A, kind, m, k) of each distinct matrix
         let mut of_job = Vec::with_capacity(jobs.len());
         for j in jobs {
-            let Some(a) = matrix(j) else {
+            let Some((a, kind)) = matrix(j) else {
                 of_job.push(None);
                 continue;
             };
             let (m, k) = (j.acts.len(), j.p.shape().1);
-            let same = mats.iter().position(|(b, bm, bk)| b.p.0 == a.p.0 && b.rs == a.rs && *bm == m && *bk == k);
+            let same = mats.iter().position(|(b, bk, bm, bkk)| b.p.0 == a.p.0 && b.rs == a.rs && *bk == kind && *bm == m && *bkk == k);
             of_job.push(Some(same.unwrap_or_else(|| {
-                mats.push((a, m, k));
+                mats.push((a, kind, m, k));
                 mats.len() - 1
             })));
         }
@@ -120,23 +187,55 @@ impl PackedActs {
         let mut bufs: Vec<Vec<f32>> = SPARE.with(|spare| {
             let mut spare = spare.borrow_mut();
             mats.iter()
-                .map(|&(_, m, k)| {
+                .map(|&(_, kind, m, k)| {
                     let mut b = spare.pop().unwrap_or_default();
-                    b.resize(crate::kernels::gemm::own::packed_a_len(m, k), 0.0);
+                    b.resize(packed_len(kind, m, k), 0.0);
                     b
                 })
                 .collect()
         });
-        let items: Vec<(usize, usize)> =
-            mats.iter().enumerate().flat_map(|(i, &(_, _, k))| (0..crate::kernels::gemm::own::a_slices(k)).map(move |s| (i, s))).collect();
+        // the pair kernel's matrices: rounded to bf16 first (one pass, on the calling thread)
+        let rounded: Vec<Vec<u16>> = mats
+            .iter()
+            .map(|&(a, kind, m, k)| {
+                if kind != Kind::Pairs {
+                    return Vec::new();
+                }
+                let round = crate::kernels::cast::vector_cast(crate::core::tensor::DType::F32, crate::core::tensor::DType::BF16).expect("f32 -> bf16 cast");
+                let mut r = vec![0u16; m * k];
+                for i in 0..m {
+                    // SAFETY: row i of A holds k floats (`matrix` checked the rows); r holds m * k
+                    unsafe { round(a.p.0.offset(i as isize * a.rs) as *const u8, r.as_mut_ptr().add(i * k) as *mut u8, k) };
+                }
+                r
+            })
+            .collect();
+        let items: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(i, &(_, kind, _, k))| (0..slices(kind, k)).map(move |s| (i, s))).collect();
         let dsts: Vec<SPtr<f32>> = bufs.iter_mut().map(|b| SPtr(b.as_mut_ptr())).collect();
+        let srcs: Vec<Mat> = mats
+            .iter()
+            .zip(&rounded)
+            .map(|(&(a, kind, _, k), r)| match kind {
+                Kind::F32 => a,
+                // bf16 pairs as 32-bit words: an m × k/2 matrix
+                Kind::Pairs => Mat { p: SPtr(r.as_ptr() as *mut f32), rs: (k / 2) as isize, cs: 1 },
+            })
+            .collect();
         if !items.is_empty() {
             run_all(items.len(), &|t| {
                 let (i, s) = items[t];
-                let (a, m, k) = mats[i];
-                // SAFETY: the matrix was checked by `matrix`; each item writes its own slice
-                // of a buffer sized by `packed_a_len`
-                unsafe { crate::kernels::gemm::own::pack_a_slice(a, m, k, s, dsts[i].get()) };
+                let (_, kind, m, k) = mats[i];
+                // SAFETY: the matrix was checked by `matrix` (or is its rounded copy); each item
+                // writes its own slice of a buffer sized by `packed_len`
+                unsafe {
+                    match kind {
+                        Kind::F32 => crate::kernels::gemm::own::pack_a_slice(srcs[i], m, k, s, dsts[i].get()),
+                        #[cfg(target_arch = "x86_64")]
+                        Kind::Pairs => crate::kernels::gemm::own::pack_a_slice_for::<crate::kernels::gemm::bf16::x86::Pairs>(srcs[i], m, k / 2, s, dsts[i].get()),
+                        #[cfg(not(target_arch = "x86_64"))]
+                        Kind::Pairs => {}
+                    }
+                }
             });
         }
         PackedActs { bufs, of_job }
@@ -152,28 +251,43 @@ impl PackedActs {
 /// unless `matrix` takes the job. `packed`: the job's activations packed by `PackedActs` (None:
 /// the GEMM packs them itself).
 pub fn chunk(job: &Job, r0: usize, nrows: usize, packed: Option<&[f32]>) -> bool {
-    let Packed::F32 { k, w, .. } = job.p else { return false };
     if nrows == 0 {
         return false;
     }
-    let Some(a) = matrix(job) else { return false };
+    let Some((a, kind)) = matrix(job) else { return false };
     let m = job.acts.len();
-    // SAFETY: rows r0..r0 + nrows of W exist (the caller's chunk); the output rows are this
-    // chunk's to write (the caller of `gemv::run` promised disjoint outputs); `packed` is this
-    // job's matrix packed by `PackedActs`
-    unsafe {
-        let b = Mat { p: SPtr(w.as_ptr().add(r0 * k) as *mut f32), rs: 1, cs: *k as isize };
-        let c = Mat { p: SPtr(job.out.add(r0)), rs: job.ld as isize, cs: 1 };
-        let bias = job.bias.map(|b| (Mat { p: SPtr(b.as_ptr().add(r0) as *mut f32), rs: 0, cs: 1 }, 1.0));
-        let epi = Epi::new(bias, []);
-        match packed {
-            Some(pa) if pa.len() == crate::kernels::gemm::own::packed_a_len(m, *k) => {
-                crate::kernels::gemm::own::sgemm_packed_a(m, nrows, *k, pa.as_ptr(), b, c, &epi)
+    let k = job.p.shape().1;
+    let c = Mat { p: SPtr(job.out.wrapping_add(r0)), rs: job.ld as isize, cs: 1 };
+    let bias = job.bias.map(|b| (Mat { p: SPtr(b[r0..].as_ptr() as *mut f32), rs: 0, cs: 1 }, 1.0));
+    let epi = Epi::new(bias, []);
+    match (job.p, kind) {
+        (Packed::F32 { w, .. }, Kind::F32) => {
+            // SAFETY: rows r0..r0 + nrows of W exist (the caller's chunk); the output rows are
+            // this chunk's to write (the caller of `gemv::run` promised disjoint outputs);
+            // `packed` is this job's matrix packed by `PackedActs`
+            unsafe {
+                let b = Mat { p: SPtr(w.as_ptr().add(r0 * k) as *mut f32), rs: 1, cs: k as isize };
+                match packed {
+                    Some(pa) if pa.len() == packed_len(kind, m, k) => crate::kernels::gemm::own::sgemm_packed_a(m, nrows, k, pa.as_ptr(), b, c, &epi),
+                    _ => crate::kernels::gemm::sgemm_epi(m, nrows, k, a, b, c, 1.0, false, 1, &epi),
+                }
             }
-            _ => crate::kernels::gemm::sgemm_epi(m, nrows, *k, a, b, c, 1.0, false, 1, &epi),
+            true
         }
+        #[cfg(target_arch = "x86_64")]
+        (Packed::Bf16 { w, .. }, Kind::Pairs) => {
+            // only with the activations rounded and packed by `PackedActs` (else the panel path)
+            let Some(pa) = packed.filter(|pa| pa.len() == packed_len(kind, m, k)) else { return false };
+            // SAFETY: as above; W's rows are k bf16 values = k/2 words, so B = W[r0..]^T is a
+            // k/2 × nrows matrix of words with columns k/2 apart; `pairs_take` held (AVX-512 BF16)
+            unsafe {
+                let b = Mat { p: SPtr(w.as_ptr().add(r0 * k) as *mut f32), rs: 1, cs: (k / 2) as isize };
+                crate::kernels::gemm::own::drive_packed_a::<crate::kernels::gemm::bf16::x86::Pairs>(m, nrows, k / 2, pa.as_ptr(), b, c, &epi);
+            }
+            true
+        }
+        _ => false,
     }
-    true
 }
 
 #[cfg(test)]
@@ -246,7 +360,8 @@ mod tests {
         let strided: Vec<Act> = x.chunks(k).step_by(2).map(Act::Dense).collect();
         assert!(chunk(&job(&p, &strided), 0, n, None));
         assert!(y[..20 * n].iter().all(|&v| v == 0.5 * k as f32), "sums of K products 0.5 * 1");
-        assert!(chunk_rows(&pb, 20, 2).is_none() && chunk_rows(&p, MIN_ROWS - 1, 2).is_none());
+        assert!(chunk_rows(&p, MIN_ROWS - 1, 2).is_none());
+        assert_eq!(chunk_rows(&pb, 20, 2).is_some(), crate::kernels::gemm::bf16::pairs_available() && pairs_enabled(), "bf16: the pair kernel's");
     }
 
     /// Activations packed once (`PackedActs`) give the same bits as each chunk packing its own:
@@ -295,6 +410,93 @@ mod tests {
         for i in 0..4 {
             assert!(outs[i].iter().zip(&again[i]).all(|(p, q)| p.to_bits() == q.to_bits()), "job {i}: packed once != packed per chunk");
             assert!(outs[i].iter().any(|&v| v != 0.0));
+        }
+    }
+
+    fn bf16_bits(v: f32) -> u16 {
+        // round to nearest even (finite values; NaN kept quiet)
+        let b = v.to_bits();
+        if v.is_nan() {
+            return ((b >> 16) | 0x40) as u16;
+        }
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    }
+
+    fn from_bf16(h: u16) -> f32 {
+        f32::from_bits((h as u32) << 16)
+    }
+
+    /// bf16 weights on the pair kernel, through `gemv::run` (chunks, packed activations): the
+    /// products of the bf16-rounded activations and the weights summed in float64 is what it
+    /// computes (products exact in float32, float32 sums), over row counts, K even and not a
+    /// multiple of the vector widths, N not a multiple of a panel; NaN and infinity reach
+    /// exactly their rows. Where the CPU has no pair kernel (or AMX tiles take bf16), the job
+    /// is declined and the panel path's exact-f32 result is checked instead.
+    #[test]
+    fn bf16_pairs_match_rounded_activations() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let on = pairs_enabled() && crate::kernels::gemm::bf16::pairs_available() && !super::super::tiles::available();
+        let mut s = 23u64;
+        for &(n, k) in &[(1usize, 2usize), (37, 96), (130, 258), (70, 896)] {
+            let wf: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            let wb: Vec<u16> = wf.iter().map(|&v| bf16_bits(v)).collect();
+            let p = Packed::bf16(n, k, &wb).unwrap();
+            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            for m in [16usize, 17, 64, 131] {
+                let mut x: Vec<f32> = (0..m * k).map(|_| 3.0 * lcg(&mut s)).collect();
+                x[3 * k + k / 2] = f32::NAN;
+                x[5 * k] = f32::INFINITY;
+                let mut y = vec![f32::NAN; m * n];
+                let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+                // SAFETY: one job over all of `y` (m rows of n)
+                unsafe { run(&[Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
+                for i in 0..m {
+                    for r in 0..n {
+                        let got = y[i * n + r];
+                        if i == 3 {
+                            assert!(got.is_nan(), "row 3 holds a NaN");
+                            continue;
+                        }
+                        if i == 5 {
+                            assert!(got.is_infinite() || got.is_nan(), "row 5 holds an infinity: {got}");
+                            continue;
+                        }
+                        let xr = |c: usize| if on { from_bf16(bf16_bits(x[i * k + c])) as f64 } else { x[i * k + c] as f64 };
+                        let wv = |c: usize| from_bf16(wb[r * k + c]) as f64;
+                        let exact: f64 = (0..k).map(|c| wv(c) * xr(c)).sum::<f64>() + bias[r] as f64;
+                        let mag: f64 = (0..k).map(|c| (wv(c) * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
+                        assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-7, "on={on} n={n} k={k} m={m} [{i},{r}]: {got} vs {exact}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pair kernel declines odd K (a last value without its pair), too few rows and the
+    /// switch turned off; `chunk` without packed activations declines bf16 (the panel path runs).
+    #[test]
+    fn bf16_pairs_decline() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (n, k) = (8usize, 33usize);
+        let p = Packed::bf16(n, k, &vec![0x3f00u16; n * k]).unwrap();
+        let x = vec![1f32; 40 * k];
+        let mut y = vec![0f32; 40 * n];
+        let dense: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+        let job = Job { p: &p, acts: &dense, out: y.as_mut_ptr(), ld: n, bias: None };
+        assert!(matrix(&job).is_none(), "odd K");
+        let p2 = Packed::bf16(n, 32, &vec![0x3f00u16; n * 32]).unwrap();
+        let x2 = vec![1f32; 40 * 32];
+        let dense2: Vec<Act> = x2.chunks(32).map(Act::Dense).collect();
+        let job2 = Job { p: &p2, acts: &dense2, out: y.as_mut_ptr(), ld: n, bias: None };
+        assert!(!chunk(&job2, 0, n, None), "bf16 needs its packed activations");
+        let few = Job { p: &p2, acts: &dense2[..MIN_ROWS - 1], out: y.as_mut_ptr(), ld: n, bias: None };
+        assert!(matrix(&few).is_none());
+        let was = pairs_enabled();
+        set_pairs_enabled(false);
+        assert!(matrix(&job2).is_none() && chunk_rows(&p2, 40, 2).is_none(), "switched off");
+        set_pairs_enabled(was);
+        if crate::kernels::gemm::bf16::pairs_available() {
+            assert!(matrix(&job2).is_some() && chunk_rows(&p2, 40, 2).is_some());
         }
     }
 }

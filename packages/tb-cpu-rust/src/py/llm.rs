@@ -615,6 +615,20 @@ fn llm_prefill_engine_gemm(on: Option<bool>) -> bool {
     was
 }
 
+/// Whether bf16 prefill runs on the engine's bfloat16 pair kernel (`llm::dense_gemm`:
+/// `vdpbf16ps`, activations rounded to bf16) where the CPU has AVX-512 BF16 and no AMX tiles:
+/// returns whether it did before the call (False where the CPU has no pair kernel); `on`
+/// changes the setting (a benchmark interleaves both paths, a user may want f32 activations).
+#[pyfunction]
+#[pyo3(signature = (on=None))]
+fn llm_prefill_bf16_pairs(on: Option<bool>) -> bool {
+    let was = crate::llm::dense_gemm::pairs_enabled() && crate::kernels::gemm::bf16::pairs_available() && !crate::llm::tiles::available();
+    if let Some(on) = on {
+        crate::llm::dense_gemm::set_pairs_enabled(on);
+    }
+    was
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LLMWeight>()?;
     m.add_class::<LLMModel>()?;
@@ -622,6 +636,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(llm_pack_int8, m)?)?;
     m.add_function(wrap_pyfunction!(llm_prefill_tiles, m)?)?;
     m.add_function(wrap_pyfunction!(llm_prefill_engine_gemm, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_prefill_bf16_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_int4, m)?)?;
     m.add_function(wrap_pyfunction!(llm_pack_dense, m)?)?;
     m.add_function(wrap_pyfunction!(llm_quantize, m)?)?;

@@ -392,7 +392,11 @@ pub unsafe fn pack_a_slice(a: Mat, m: usize, k: usize, s: usize, dst: *mut f32) 
     unreachable!("pack_a_slice without packed_b_layout()")
 }
 
-unsafe fn pack_a_slice_for<I: Isa>(a: Mat, m: usize, k: usize, s: usize, dst: *mut f32) {
+/// `pack_a_slice` for the micro-kernel `I` (the bfloat16 pair kernel's, say: k counted in pairs).
+///
+/// # Safety
+/// As `pack_a_slice`; `dst` holds `packed_a_len_for::<I>(m, k)` elements.
+pub(crate) unsafe fn pack_a_slice_for<I: Isa>(a: Mat, m: usize, k: usize, s: usize, dst: *mut f32) {
     let kc_ = k.div_ceil(k.div_ceil(blocking::<I>().0));
     let m_pad = m.div_ceil(I::MR) * I::MR;
     let p0 = s * kc_;
@@ -422,7 +426,24 @@ pub unsafe fn sgemm_packed_a(m: usize, n: usize, k: usize, pa: *const f32, b: Ma
     unreachable!("sgemm_packed_a without packed_b_layout()")
 }
 
-unsafe fn drive_packed_a<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, b: Mat, c: Mat, epi: &Epi) {
+/// `a_slices` for the micro-kernel `I`.
+pub(crate) fn a_slices_for<I: Isa>(k: usize) -> usize {
+    if k == 0 {
+        return 0;
+    }
+    k.div_ceil(k.div_ceil(k.div_ceil(blocking::<I>().0)))
+}
+
+/// `packed_a_len` for the micro-kernel `I`.
+pub(crate) fn packed_a_len_for<I: Isa>(m: usize, k: usize) -> usize {
+    m.div_ceil(I::MR) * I::MR * k
+}
+
+/// `sgemm_packed_a` on the micro-kernel `I`, A packed by `pack_a_slice_for::<I>`.
+///
+/// # Safety
+/// As `sgemm_packed_a`.
+pub(crate) unsafe fn drive_packed_a<I: Isa>(m: usize, n: usize, k: usize, pa: *const f32, b: Mat, c: Mat, epi: &Epi) {
     if m == 0 || n == 0 {
         return;
     }
