@@ -58,6 +58,29 @@ fn pairs_take(k: usize) -> bool {
     pairs_enabled() && k.is_multiple_of(2) && crate::kernels::gemm::bf16::pairs_available()
 }
 
+/// Whether weights `p` take the pair kernel: bf16 as stored, int8 widened to bf16 in blocks of
+/// `WIDE_ROWS` rows. (int4 prefill meets int8-quantized activations on the integer kernel,
+/// `qgemm`: its activations never reach here.)
+fn pairs_take_weights(p: &Packed) -> bool {
+    match p {
+        Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } => pairs_take(*k),
+        _ => false,
+    }
+}
+
+/// Weight rows widened to bf16 at a time for the pair kernel: one 32-column panel.
+const WIDE_ROWS: usize = 32;
+
+thread_local! {
+    /// A block of int8 weight rows widened to bf16 (one per thread, reused per block).
+    static WIDE: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether this path may take weights `p` for `m` activation rows (`matrix` decides per job).
+pub fn may_take(p: &Packed, m: usize) -> bool {
+    (matches!(p, Packed::F32 { .. }) || pairs_take_weights(p)) && takes(m)
+}
+
 /// What a packed activation matrix is packed for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
@@ -75,7 +98,7 @@ enum Kind {
 pub fn chunk_rows(p: &Packed, m: usize, threads: usize) -> Option<usize> {
     let n = match p {
         Packed::F32 { n, .. } => *n,
-        Packed::Bf16 { n, k, .. } if pairs_take(*k) => *n,
+        _ if pairs_take_weights(p) => p.shape().0,
         _ => return None,
     };
     takes(m).then(|| n.div_ceil(2 * threads.max(1)))
@@ -92,7 +115,7 @@ fn takes(m: usize) -> bool {
 fn matrix(job: &Job) -> Option<(Mat, Kind)> {
     let (k, kind) = match job.p {
         Packed::F32 { k, .. } => (k, Kind::F32),
-        Packed::Bf16 { k, .. } if pairs_take(*k) => (k, Kind::Pairs),
+        Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } if pairs_take_weights(job.p) => (k, Kind::Pairs),
         _ => return None,
     };
     let m = job.acts.len();
@@ -284,6 +307,43 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize, packed: Option<&[f32]>) -> bool
                 let b = Mat { p: SPtr(w.as_ptr().add(r0 * k) as *mut f32), rs: 1, cs: (k / 2) as isize };
                 crate::kernels::gemm::own::drive_packed_a::<crate::kernels::gemm::bf16::x86::Pairs>(m, nrows, k / 2, pa.as_ptr(), b, c, &epi);
             }
+            true
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Packed::Int8 { kp, w, scale, .. }, Kind::Pairs) => {
+            let Some(pa) = packed.filter(|pa| pa.len() == packed_len(kind, m, k)) else { return false };
+            WIDE.with(|cell| {
+                let mut wide = cell.borrow_mut();
+                if wide.len() < WIDE_ROWS * k {
+                    wide.resize(WIDE_ROWS * k, 0);
+                }
+                let mut j = r0;
+                while j < r0 + nrows {
+                    let nv = WIDE_ROWS.min(r0 + nrows - j);
+                    // the block's rows as bf16 values `q - 128` (exact: at most 8 significant
+                    // bits); each row's scale and bias are applied to the float32 sums below
+                    for r in 0..nv {
+                        super::tiles::int8_row_bf16(&w[(j + r) * kp..(j + r) * kp + k], &mut wide[r * k..(r + 1) * k]);
+                    }
+                    let sc = &scale[j..j + nv];
+                    let cj = Mat { p: SPtr(job.out.wrapping_add(j)), rs: job.ld as isize, cs: 1 };
+                    let bias = job.bias.map(|b| &b[j..j + nv]);
+                    let epi = Epi::new(None, []);
+                    // SAFETY: `wide` holds nv rows of k bf16 values = k/2 words each; the
+                    // output columns j..j + nv of every row are this chunk's (see above)
+                    unsafe {
+                        let b = Mat { p: SPtr(wide.as_ptr() as *mut f32), rs: 1, cs: (k / 2) as isize };
+                        crate::kernels::gemm::own::drive_packed_a::<crate::kernels::gemm::bf16::x86::Pairs>(m, nv, k / 2, pa.as_ptr(), b, cj, &epi);
+                        for i in 0..m {
+                            let row = std::slice::from_raw_parts_mut(job.out.add(i * job.ld + j), nv);
+                            for (c, y) in row.iter_mut().enumerate() {
+                                *y = *y * sc[c] + bias.map_or(0.0, |b| b[c]);
+                            }
+                        }
+                    }
+                    j += nv;
+                }
+            });
             true
         }
         _ => false,
@@ -497,6 +557,51 @@ mod tests {
         set_pairs_enabled(was);
         if crate::kernels::gemm::bf16::pairs_available() {
             assert!(matrix(&job2).is_some() && chunk_rows(&p2, 40, 2).is_some());
+        }
+    }
+
+    /// int8 weights on the pair kernel (widened to bf16 `q`, exact), through `gemv::run`: each
+    /// output is the row's scale times the float64 sum of `q` by the bf16-rounded activations,
+    /// plus the bias; NaN and infinity reach their rows. Without the pair kernel the panel
+    /// path's exact-f32 result is checked instead.
+    #[test]
+    fn int8_pairs_match_rounded_activations() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let on = pairs_enabled() && crate::kernels::gemm::bf16::pairs_available() && !super::super::tiles::available();
+        let mut s = 31u64;
+        for &(n, k) in &[(5usize, 2usize), (37, 96), (70, 258), (33, 896)] {
+            let q: Vec<i8> = (0..n * k).map(|_| (lcg(&mut s) * 254.0) as i8).collect();
+            let scale: Vec<f32> = (0..n).map(|_| 0.01 + lcg(&mut s).abs() * 0.02).collect();
+            let p = Packed::int8(n, k, &q, &scale).unwrap();
+            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            for m in [16usize, 45, 131] {
+                let mut x: Vec<f32> = (0..m * k).map(|_| 3.0 * lcg(&mut s)).collect();
+                x[2 * k + k / 2] = f32::NAN;
+                x[7 * k] = f32::NEG_INFINITY;
+                let mut y = vec![f32::NAN; m * n];
+                let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+                // SAFETY: one job over all of `y` (m rows of n)
+                unsafe { run(&[Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
+                for i in 0..m {
+                    for r in 0..n {
+                        let got = y[i * n + r];
+                        if i == 2 {
+                            assert!(got.is_nan(), "row 2 holds a NaN");
+                            continue;
+                        }
+                        if i == 7 {
+                            // -inf times q: -inf, +inf, or NaN where q is 0
+                            assert!(!got.is_finite() || q[r * k] == 0, "row 7 holds an infinity: {got}");
+                            continue;
+                        }
+                        let xr = |c: usize| if on { from_bf16(bf16_bits(x[i * k + c])) as f64 } else { x[i * k + c] as f64 };
+                        let dot: f64 = (0..k).map(|c| q[r * k + c] as f64 * xr(c)).sum();
+                        let exact = scale[r] as f64 * dot + bias[r] as f64;
+                        let mag: f64 = scale[r] as f64 * (0..k).map(|c| (q[r * k + c] as f64 * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
+                        assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "on={on} n={n} k={k} m={m} [{i},{r}]: {got} vs {exact}");
+                    }
+                }
+            }
         }
     }
 }

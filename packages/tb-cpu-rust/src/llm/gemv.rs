@@ -113,8 +113,8 @@ pub unsafe fn run(jobs: &[Job], isa: Isa) {
     let threads = if on_omp { crate::core::par::threads() } else { rayon::current_num_threads() };
     let weights: usize = jobs.iter().map(|j| j.p.shape().0 * j.p.shape().1).sum();
     let parallel = !(weights < PAR_MIN || threads == 1);
-    // float32 / bfloat16 prefill on the engine's GEMM: each activation matrix packed once for every chunk
-    let packed = (jobs.iter().any(|j| matches!(j.p, Packed::F32 { .. } | Packed::Bf16 { .. }) && j.acts.len() >= super::dense_gemm::MIN_ROWS)).then(|| {
+    // prefill on the engine's GEMM kernels: each activation matrix packed once for every chunk
+    let packed = jobs.iter().any(|j| super::dense_gemm::may_take(j.p, j.acts.len())).then(|| {
         super::dense_gemm::PackedActs::new(jobs, |items, f| {
             if !parallel || items == 1 {
                 (0..items).for_each(f);

@@ -200,7 +200,7 @@ thread_local! {
 
 /// An int8 weight row (`+128`-biased bytes) as bf16 values `q - 128`: integers of at most 8
 /// significant bits, so exact; the row's scale is applied to the tile's output.
-fn int8_row_bf16(w: &[u8], out: &mut [u16]) {
+pub(super) fn int8_row_bf16(w: &[u8], out: &mut [u16]) {
     assert_eq!(w.len(), out.len());
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
