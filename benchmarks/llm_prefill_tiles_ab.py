@@ -2,8 +2,9 @@
 shares, in one process: a switch flipped between the two, order alternating per round (A B, B A,
 ...), medians, on the Qwen2.5-0.5B-shaped random-weight model of ``bench_llm.py``.
 
-- bf16 / int8 / int4: the AMX tiles (``tb_cpu_rust._native.llm_prefill_tiles``); needs a CPU
-  with AMX-BF16 (and Linux granting the tile state), elsewhere it says so and skips them.
+- bf16 / int8 / int4: the AMX tiles (``tb_cpu_rust._native.llm_prefill_tiles``) where the CPU
+  has AMX-BF16 (and Linux grants the tile state); else bf16 / int8 on the bfloat16 pair kernel
+  (``tb_cpu_rust._native.llm_prefill_bf16_pairs``, AVX-512 BF16); else it says so and skips them.
 - fp32: the engine's own float32 GEMM (``tb_cpu_rust._native.llm_prefill_engine_gemm``).
 
     python benchmarks/llm_prefill_tiles_ab.py [--threads 2] [--rounds 4] [--prompt-tokens 512]
@@ -34,14 +35,24 @@ def run(threads: int, rounds: int, prompt_tokens: int, quants: list[str]) -> lis
     from tb_cpu_rust import _native
     from tb_llm import LLM
 
-    if not _native.llm_prefill_tiles():
-        print("no AMX tiles on this CPU (or switched off): bf16 / int8 / int4 not compared")
-        quants = [q for q in quants if q == "fp32"]
+    has_tiles = _native.llm_prefill_tiles()
+    pairs = not has_tiles and _native.llm_prefill_bf16_pairs()
+    if not has_tiles:
+        keep = ("fp32", "bf16", "int8") if pairs else ("fp32",)
+        print(
+            f"no AMX tiles on this CPU (or switched off): {', '.join(q for q in quants if q not in keep) or 'nothing'} not compared"
+        )
+        quants = [q for q in quants if q in keep]
     torch.set_num_threads(threads)
     folder = make_model(cache_root() / "qwen2.5-0.5b-shape")
     rows = []
     for quant in quants:
-        switch = _native.llm_prefill_engine_gemm if quant == "fp32" else _native.llm_prefill_tiles
+        if quant == "fp32":
+            switch, path = _native.llm_prefill_engine_gemm, "engine float32 GEMM"
+        elif has_tiles:
+            switch, path = _native.llm_prefill_tiles, "AMX tiles"
+        else:
+            switch, path = _native.llm_prefill_bf16_pairs, "bfloat16 pair kernel"
         was = switch()
         try:
             llm = LLM.from_pretrained(folder, quant=quant, device="cpu")
@@ -60,7 +71,7 @@ def run(threads: int, rounds: int, prompt_tokens: int, quants: list[str]) -> lis
                 {
                     **machine(),
                     "quant": quant,
-                    "path": "engine float32 GEMM" if quant == "fp32" else "AMX tiles",
+                    "path": path,
                     "threads": threads,
                     "rounds": rounds,
                     "prompt_tokens": prompt_tokens,
