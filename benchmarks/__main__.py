@@ -190,6 +190,11 @@ def main() -> int:
     parser.add_argument("--only", help="comma list of suites")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if "TORCHBURN_BENCH_LLM_DIR" not in os.environ:
+        # llama.cpp's build and the LLM checkpoints outlive the run (minutes to make again)
+        from benchmarks.bench_llama_cpp import cache_root
+
+        os.environ["TORCHBURN_BENCH_LLM_DIR"] = str(cache_root())
     if "TORCHBURN_CACHE_DIR" not in os.environ:
         # routing decisions persist in the compile cache: a run measures its own
         os.environ["TORCHBURN_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchburn-bench-cache-")

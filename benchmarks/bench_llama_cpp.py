@@ -48,6 +48,13 @@ FORMATS: list[tuple[str, str, list[str]]] = [
 
 
 def cache_root() -> Path:
+    """Where the llama.cpp build, the checkpoint and its GGUF files live: ``TORCHBURN_BENCH_LLM_DIR``
+    (``python -m benchmarks`` sets it to the user's cache before pointing ``TORCHBURN_CACHE_DIR``
+    at a fresh compile cache, so a suite run does not build llama.cpp again), else under the
+    torchburn cache."""
+    given = os.environ.get("TORCHBURN_BENCH_LLM_DIR")
+    if given:
+        return Path(given)
     return Path(os.environ.get("TORCHBURN_CACHE_DIR", Path.home() / ".cache" / "torchburn")) / "bench-llm"
 
 
