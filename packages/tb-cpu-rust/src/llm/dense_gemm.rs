@@ -58,13 +58,14 @@ fn pairs_take(k: usize) -> bool {
     pairs_enabled() && k.is_multiple_of(2) && crate::kernels::gemm::bf16::pairs_available()
 }
 
-/// Whether weights `p` take the pair kernel: bf16 as stored, int8 widened to bf16 in blocks of
-/// `WIDE_ROWS` rows. (int4 prefill meets int8-quantized activations on the integer kernel,
-/// `qgemm`: its activations never reach here.)
-fn pairs_take_weights(p: &Packed) -> bool {
+/// Whether weights `p` take the pair kernel: bf16 as stored; int8 and int4 widened to bf16 in
+/// blocks of `WIDE_ROWS` rows (int4: K a multiple of 32, whole blocks; `gemv::prepare_rows`
+/// then hands its activations over unquantized).
+pub fn pairs_take_weights(p: &Packed) -> bool {
     match p {
         Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } => pairs_take(*k),
-        _ => false,
+        Packed::Int4 { k, .. } => pairs_take(*k) && k.is_multiple_of(32),
+        Packed::F32 { .. } => false,
     }
 }
 
@@ -115,7 +116,7 @@ fn takes(m: usize) -> bool {
 fn matrix(job: &Job) -> Option<(Mat, Kind)> {
     let (k, kind) = match job.p {
         Packed::F32 { k, .. } => (k, Kind::F32),
-        Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } if pairs_take_weights(job.p) => (k, Kind::Pairs),
+        Packed::Bf16 { k, .. } | Packed::Int8 { k, .. } | Packed::Int4 { k, .. } if pairs_take_weights(job.p) => (k, Kind::Pairs),
         _ => return None,
     };
     let m = job.acts.len();
@@ -310,7 +311,7 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize, packed: Option<&[f32]>) -> bool
             true
         }
         #[cfg(target_arch = "x86_64")]
-        (Packed::Int8 { kp, w, scale, .. }, Kind::Pairs) => {
+        (Packed::Int8 { .. } | Packed::Int4 { .. }, Kind::Pairs) => {
             let Some(pa) = packed.filter(|pa| pa.len() == packed_len(kind, m, k)) else { return false };
             WIDE.with(|cell| {
                 let mut wide = cell.borrow_mut();
@@ -320,24 +321,35 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize, packed: Option<&[f32]>) -> bool
                 let mut j = r0;
                 while j < r0 + nrows {
                     let nv = WIDE_ROWS.min(r0 + nrows - j);
-                    // the block's rows as bf16 values `q - 128` (exact: at most 8 significant
-                    // bits); each row's scale and bias are applied to the float32 sums below
-                    for r in 0..nv {
-                        super::tiles::int8_row_bf16(&w[(j + r) * kp..(j + r) * kp + k], &mut wide[r * k..(r + 1) * k]);
-                    }
-                    let sc = &scale[j..j + nv];
+                    // the block's rows as bf16: int8 as `q - 128` (exact: at most 8 significant
+                    // bits; each row's scale and bias applied to the float32 sums below), int4
+                    // dequantized as `Packed::rows` does and rounded (its bias in the epilogue)
+                    let scale = match job.p {
+                        Packed::Int8 { kp, w, scale, .. } => {
+                            for r in 0..nv {
+                                super::tiles::int8_row_bf16(&w[(j + r) * kp..(j + r) * kp + k], &mut wide[r * k..(r + 1) * k]);
+                            }
+                            Some(&scale[j..j + nv])
+                        }
+                        _ => {
+                            super::tiles::int4_rows_bf16(job.p, j, nv, &mut wide[..nv * k]);
+                            None
+                        }
+                    };
                     let cj = Mat { p: SPtr(job.out.wrapping_add(j)), rs: job.ld as isize, cs: 1 };
                     let bias = job.bias.map(|b| &b[j..j + nv]);
-                    let epi = Epi::new(None, []);
+                    let epi = Epi::new(if scale.is_none() { bias.map(|b| (Mat { p: SPtr(b.as_ptr() as *mut f32), rs: 0, cs: 1 }, 1.0)) } else { None }, []);
                     // SAFETY: `wide` holds nv rows of k bf16 values = k/2 words each; the
                     // output columns j..j + nv of every row are this chunk's (see above)
                     unsafe {
                         let b = Mat { p: SPtr(wide.as_ptr() as *mut f32), rs: 1, cs: (k / 2) as isize };
                         crate::kernels::gemm::own::drive_packed_a::<crate::kernels::gemm::bf16::x86::Pairs>(m, nv, k / 2, pa.as_ptr(), b, cj, &epi);
-                        for i in 0..m {
-                            let row = std::slice::from_raw_parts_mut(job.out.add(i * job.ld + j), nv);
-                            for (c, y) in row.iter_mut().enumerate() {
-                                *y = *y * sc[c] + bias.map_or(0.0, |b| b[c]);
+                        if let Some(sc) = scale {
+                            for i in 0..m {
+                                let row = std::slice::from_raw_parts_mut(job.out.add(i * job.ld + j), nv);
+                                for (c, y) in row.iter_mut().enumerate() {
+                                    *y = *y * sc[c] + bias.map_or(0.0, |b| b[c]);
+                                }
                             }
                         }
                     }

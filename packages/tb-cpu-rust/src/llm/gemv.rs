@@ -81,7 +81,7 @@ pub fn prepare_rows<'a>(p: &Packed, x: &'a [f32], m: usize, isa: Isa) -> Vec<Act
         let t = std::sync::Arc::new(super::tiles::XTiles::pack(x, m, k));
         return (0..m).map(|_| Act::Tiles(std::sync::Arc::clone(&t))).collect();
     }
-    if super::panel::takes(p, m, isa) {
+    if super::panel::takes(p, m, isa) || (matches!(p, Packed::Int4 { .. }) && super::dense_gemm::may_take(p, m)) {
         return (0..m).map(|i| Act::Dense(&x[i * k..(i + 1) * k])).collect();
     }
     (0..m).map(|i| prepare(p, &x[i * k..(i + 1) * k], isa)).collect()

@@ -163,7 +163,7 @@ pub fn chunk(job: &Job, r0: usize, nrows: usize) -> bool {
 /// Rows `r0 .. r0 + nv` (`r0` a multiple of `INT4_ROWS`) of int4 weights dequantized as
 /// `Packed::rows` does (`(q - 8) * s + z` in f32) and rounded to bf16 (nearest even) into
 /// `out` (`nv` rows of K).
-fn int4_rows_bf16(p: &Packed, r0: usize, nv: usize, out: &mut [u16]) {
+pub(super) fn int4_rows_bf16(p: &Packed, r0: usize, nv: usize, out: &mut [u16]) {
     let Packed::Int4 { n, k, group, w, scale, zero, .. } = p else { unreachable!("int4 weights") };
     let (n, k, group) = (*n, *k, *group);
     assert!(r0.is_multiple_of(INT4_ROWS) && r0 + nv <= n && out.len() >= nv * k && k.is_multiple_of(NB));
