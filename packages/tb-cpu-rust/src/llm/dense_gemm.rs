@@ -498,48 +498,54 @@ mod tests {
         f32::from_bits((h as u32) << 16)
     }
 
-    /// bf16 weights on the pair kernel, through `gemv::run` (chunks, packed activations): the
-    /// products of the bf16-rounded activations and the weights summed in float64 is what it
-    /// computes (products exact in float32, float32 sums), over row counts, K even and not a
-    /// multiple of the vector widths, N not a multiple of a panel; NaN and infinity reach
-    /// exactly their rows. Where the CPU has no pair kernel (or AMX tiles take bf16), the job
-    /// is declined and the panel path's exact-f32 result is checked instead.
+    /// Runs one job of weights `p` (n × k, with a random bias) over m rows of random
+    /// activations through `gemv::run` (its chunks and packed activations) and checks each
+    /// output against `factor(r) · Σ_c weight(r, c) · x̂[i, c] + bias[r]` in float64, x̂ the
+    /// activation rounded to bf16 where `rounded`, within float32 summation error; row 3 holds a
+    /// NaN and row 5 an infinity, and their outputs are not finite.
+    fn check_through_run(p: &Packed, m: usize, s: &mut u64, rounded: bool, weight: &dyn Fn(usize, usize) -> f64, factor: &dyn Fn(usize) -> f64) {
+        let (n, k) = p.shape();
+        let bias: Vec<f32> = (0..n).map(|_| lcg(s)).collect();
+        let mut x: Vec<f32> = (0..m * k).map(|_| 3.0 * lcg(s)).collect();
+        x[3 * k + k / 2] = f32::NAN;
+        x[5 * k] = f32::INFINITY;
+        let mut y = vec![f32::NAN; m * n];
+        let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
+        // SAFETY: one job over all of `y` (m rows of n)
+        unsafe { run(&[Job { p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
+        for i in 0..m {
+            for r in 0..n {
+                let got = y[i * n + r];
+                if i == 3 || i == 5 {
+                    assert!(!got.is_finite(), "row {i} holds a NaN or an infinity: {got}");
+                    continue;
+                }
+                let xr = |c: usize| if rounded { from_bf16(bf16_bits(x[i * k + c])) as f64 } else { x[i * k + c] as f64 };
+                let exact = factor(r) * (0..k).map(|c| weight(r, c) * xr(c)).sum::<f64>() + bias[r] as f64;
+                let mag = factor(r) * (0..k).map(|c| (weight(r, c) * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
+                assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "rounded={rounded} n={n} k={k} m={m} [{i},{r}]: {got} vs {exact}");
+            }
+        }
+    }
+
+    /// Whether bf16 / int8 / int4 weights meet bf16-rounded activations here (the pair kernel).
+    fn pairs_on() -> bool {
+        pairs_enabled() && crate::kernels::gemm::bf16::pairs_available() && !super::super::tiles::available()
+    }
+
+    /// bf16 weights on the pair kernel (`check_through_run`: products of the bf16-rounded
+    /// activations and the weights, over row counts, K even and not a multiple of the vector
+    /// widths, N not a multiple of a panel). Where the CPU has no pair kernel (or AMX tiles take
+    /// bf16), the job is declined and the panel path's exact-f32 result is checked instead.
     #[test]
     fn bf16_pairs_match_rounded_activations() {
         let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let on = pairs_enabled() && crate::kernels::gemm::bf16::pairs_available() && !super::super::tiles::available();
         let mut s = 23u64;
         for &(n, k) in &[(1usize, 2usize), (37, 96), (130, 258), (70, 896)] {
-            let wf: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
-            let wb: Vec<u16> = wf.iter().map(|&v| bf16_bits(v)).collect();
+            let wb: Vec<u16> = (0..n * k).map(|_| bf16_bits(lcg(&mut s))).collect();
             let p = Packed::bf16(n, k, &wb).unwrap();
-            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
             for m in [16usize, 17, 64, 131] {
-                let mut x: Vec<f32> = (0..m * k).map(|_| 3.0 * lcg(&mut s)).collect();
-                x[3 * k + k / 2] = f32::NAN;
-                x[5 * k] = f32::INFINITY;
-                let mut y = vec![f32::NAN; m * n];
-                let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
-                // SAFETY: one job over all of `y` (m rows of n)
-                unsafe { run(&[Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
-                for i in 0..m {
-                    for r in 0..n {
-                        let got = y[i * n + r];
-                        if i == 3 {
-                            assert!(got.is_nan(), "row 3 holds a NaN");
-                            continue;
-                        }
-                        if i == 5 {
-                            assert!(got.is_infinite() || got.is_nan(), "row 5 holds an infinity: {got}");
-                            continue;
-                        }
-                        let xr = |c: usize| if on { from_bf16(bf16_bits(x[i * k + c])) as f64 } else { x[i * k + c] as f64 };
-                        let wv = |c: usize| from_bf16(wb[r * k + c]) as f64;
-                        let exact: f64 = (0..k).map(|c| wv(c) * xr(c)).sum::<f64>() + bias[r] as f64;
-                        let mag: f64 = (0..k).map(|c| (wv(c) * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
-                        assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-7, "on={on} n={n} k={k} m={m} [{i},{r}]: {got} vs {exact}");
-                    }
-                }
+                check_through_run(&p, m, &mut s, pairs_on(), &|r, c| from_bf16(wb[r * k + c]) as f64, &|_| 1.0);
             }
         }
     }
@@ -572,47 +578,42 @@ mod tests {
         }
     }
 
-    /// int8 weights on the pair kernel (widened to bf16 `q`, exact), through `gemv::run`: each
-    /// output is the row's scale times the float64 sum of `q` by the bf16-rounded activations,
-    /// plus the bias; NaN and infinity reach their rows. Without the pair kernel the panel
-    /// path's exact-f32 result is checked instead.
+    /// int8 weights on the pair kernel (widened to bf16 `q`, exact): the row's scale times the
+    /// sum of `q` by the bf16-rounded activations, plus the bias (`check_through_run`).
     #[test]
     fn int8_pairs_match_rounded_activations() {
         let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let on = pairs_enabled() && crate::kernels::gemm::bf16::pairs_available() && !super::super::tiles::available();
         let mut s = 31u64;
         for &(n, k) in &[(5usize, 2usize), (37, 96), (70, 258), (33, 896)] {
             let q: Vec<i8> = (0..n * k).map(|_| (lcg(&mut s) * 254.0) as i8).collect();
             let scale: Vec<f32> = (0..n).map(|_| 0.01 + lcg(&mut s).abs() * 0.02).collect();
             let p = Packed::int8(n, k, &q, &scale).unwrap();
-            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
             for m in [16usize, 45, 131] {
-                let mut x: Vec<f32> = (0..m * k).map(|_| 3.0 * lcg(&mut s)).collect();
-                x[2 * k + k / 2] = f32::NAN;
-                x[7 * k] = f32::NEG_INFINITY;
-                let mut y = vec![f32::NAN; m * n];
-                let acts: Vec<Act> = x.chunks(k).map(Act::Dense).collect();
-                // SAFETY: one job over all of `y` (m rows of n)
-                unsafe { run(&[Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: Some(&bias) }], detect()) };
-                for i in 0..m {
-                    for r in 0..n {
-                        let got = y[i * n + r];
-                        if i == 2 {
-                            assert!(got.is_nan(), "row 2 holds a NaN");
-                            continue;
-                        }
-                        if i == 7 {
-                            // -inf times q: -inf, +inf, or NaN where q is 0
-                            assert!(!got.is_finite() || q[r * k] == 0, "row 7 holds an infinity: {got}");
-                            continue;
-                        }
-                        let xr = |c: usize| if on { from_bf16(bf16_bits(x[i * k + c])) as f64 } else { x[i * k + c] as f64 };
-                        let dot: f64 = (0..k).map(|c| q[r * k + c] as f64 * xr(c)).sum();
-                        let exact = scale[r] as f64 * dot + bias[r] as f64;
-                        let mag: f64 = scale[r] as f64 * (0..k).map(|c| (q[r * k + c] as f64 * xr(c)).abs()).sum::<f64>() + bias[r].abs() as f64;
-                        assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "on={on} n={n} k={k} m={m} [{i},{r}]: {got} vs {exact}");
-                    }
-                }
+                check_through_run(&p, m, &mut s, pairs_on(), &|r, c| q[r * k + c] as f64, &|r| scale[r] as f64);
+            }
+        }
+    }
+
+    /// int4 weights on the pair kernel: each value dequantized as `Packed::rows` does, rounded
+    /// to bf16, against the bf16-rounded activations (`check_through_run`). Elsewhere int4
+    /// meets int8-quantized activations on the integer kernel (`qgemm`'s tests).
+    #[test]
+    fn int4_pairs_match_rounded_weights_and_activations() {
+        let _g = crate::kernels::gemm::tests::LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        if !pairs_on() {
+            return;
+        }
+        let mut s = 41u64;
+        for &(n, k, group) in &[(8usize, 32usize, 32usize), (40, 96, 32), (64, 256, 64)] {
+            let nibbles: Vec<u8> = (0..n * k / 2).map(|_| ((lcg(&mut s) + 0.5) * 255.0) as u8).collect();
+            // float16-valued scales and zeros (what the layout requires)
+            let scale: Vec<f32> = (0..n * (k / group)).map(|i| (1.0 + (i % 16) as f32 / 16.0) / 64.0).collect();
+            let zero: Vec<f32> = (0..n * (k / group)).map(|i| (i % 8) as f32 / 32.0 - 0.125).collect();
+            let p = Packed::int4(n, k, group, &nibbles, &scale, &zero).unwrap();
+            let mut rows = vec![0f32; n * k];
+            p.rows(&(0..n).collect::<Vec<_>>(), &mut rows).unwrap();
+            for m in [16usize, 33] {
+                check_through_run(&p, m, &mut s, true, &|r, c| from_bf16(bf16_bits(rows[r * k + c])) as f64, &|_| 1.0);
             }
         }
     }
