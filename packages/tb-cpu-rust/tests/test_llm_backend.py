@@ -97,9 +97,11 @@ def test_prefill_row_counts_against_dequantized(kind: str, m: int, n: int, k: in
     activations on the exactly dequantized weight), so only f32 rounding of K-long sums
     separates it from the float64 product: |error| <= ~K * 2^-24 * sum|x w| worst case,
     ~sqrt(K) * 2^-24 typical (the 1e-5 relative bound covers K = 4864 with margin). Where the
-    CPU has AMX tiles (`llm_prefill_tiles()`), bf16 / int8 / int4 take them from 16 rows on:
-    the same bound against the product of the bf16-rounded activations (and, int4, the
-    bf16-rounded dequantized weight). int4 below 16 rows (any row count without tiles), and
+    CPU has AMX tiles (`llm_prefill_tiles()`), bf16 / int8 / int4 take them from 16 rows on,
+    and without tiles where it has AVX-512 BF16, the pair kernel (`llm_prefill_bf16_pairs()`;
+    K even, int4 K a multiple of 32): the same bound against the product of the bf16-rounded
+    activations (and, int4, the bf16-rounded dequantized weight). int4 below 16 rows (any row
+    count without tiles or pairs), and
     int8 below 16 rows, meet int8 activations (as llama.cpp's Q4_0 x Q8_0): the bound of
     `_check_quant`. Exact agreement of the batched int4 / int8 loops with the per-row GEMV is
     checked bit for bit in Rust (`qgemm::tests`)."""
@@ -108,7 +110,8 @@ def test_prefill_row_counts_against_dequantized(kind: str, m: int, n: int, k: in
     x, bias = torch.randn(m, k), torch.randn(n)
     got = BE.linear(x, BE.prepare_linear(w), bias)
     tiles = _native.llm_prefill_tiles() and m >= 16 and kind != "fp32" and k % 32 == 0
-    if tiles:
+    pairs = _native.llm_prefill_bf16_pairs() and m >= 16 and kind != "fp32" and k % (32 if kind == "int4" else 2) == 0
+    if tiles or pairs:
         xr = x.to(torch.bfloat16).double()
         wd = w.dequantize(torch.float64)
         if kind == "int4":
@@ -125,19 +128,24 @@ def test_prefill_row_counts_against_dequantized(kind: str, m: int, n: int, k: in
         _check_quant(got, want, x, w)
 
 
-def test_prefill_tiles_switch_gives_f32_activations_back() -> None:
-    """`llm_prefill_tiles(False)` puts bf16 prefill back on f32 activations (the exact bound),
-    and the switch reports the previous setting."""
-    w = quantize(torch.randn(40, 256) * 0.05, "bf16")
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_prefill_switches_give_f32_activations_back(kind: str) -> None:
+    """`llm_prefill_tiles(False)` and `llm_prefill_bf16_pairs(False)` put bf16 / int8 prefill
+    back on f32 activations (the exact bound), and each switch reports the previous setting."""
+    w = quantize(torch.randn(40, 256) * 0.05, kind)
     x = torch.randn(32, 256)
     handle = BE.prepare_linear(w)
-    was = _native.llm_prefill_tiles(False)
+    was_tiles = _native.llm_prefill_tiles(False)
+    was_pairs = _native.llm_prefill_bf16_pairs(False)
     try:
         assert _native.llm_prefill_tiles() is False
+        assert _native.llm_prefill_bf16_pairs() is False
         got = BE.linear(x, handle, None)
     finally:
-        _native.llm_prefill_tiles(was)
-    assert _native.llm_prefill_tiles() is was
+        _native.llm_prefill_tiles(was_tiles)
+        _native.llm_prefill_bf16_pairs(was_pairs)
+    assert _native.llm_prefill_tiles() is was_tiles
+    assert _native.llm_prefill_bf16_pairs() is was_pairs
     want = _linear_ref(x, w)
     mag = (x.abs().double() @ w.dequantize(torch.float64).abs().T).float()
     assert ((got - want).abs() <= 1e-5 * mag + 1e-6).all()

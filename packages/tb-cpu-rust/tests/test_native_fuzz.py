@@ -293,6 +293,7 @@ CASES: dict[str, Callable[[], Call]] = {
     "llm_isa": lambda: Call(_native.llm_isa, []),
     "llm_prefill_tiles": lambda: Call(_native.llm_prefill_tiles, []),
     "llm_prefill_engine_gemm": lambda: Call(_native.llm_prefill_engine_gemm, []),
+    "llm_prefill_bf16_pairs": lambda: Call(_native.llm_prefill_bf16_pairs, []),
     "llm_release_free_memory": lambda: Call(_native.llm_release_free_memory, []),
     "llm_pack_dense": lambda: Call(
         _native.llm_pack_dense, [torch.randn(3, 4)], [Slot((0,), dtypes=(F32, torch.bfloat16), rank=2)]
