@@ -91,11 +91,10 @@ enum Kind {
     Pairs,
 }
 
-/// Weight rows per parallel chunk for `job` when this path takes it: each chunk packs the whole
-/// activation block again (the engine's kernel packs A per call), so chunks are few and large,
-/// two per thread (balance against a thread that loses its core); None when it does not take it.
-/// At 512 rows, K = 896, N = 4864 and 2 threads the runtime's 144-row chunks (sized for streaming
-/// weights) spent 22% of the prefill packing activations.
+/// Weight rows per parallel chunk for `job` when this path takes it: two chunks per thread
+/// (balance against a thread that loses its core; the activations are packed once for all of
+/// them by `PackedActs`, each chunk packs only its own weight panels); None when it does not
+/// take it.
 pub fn chunk_rows(p: &Packed, m: usize, threads: usize) -> Option<usize> {
     let n = match p {
         Packed::F32 { n, .. } => *n,
