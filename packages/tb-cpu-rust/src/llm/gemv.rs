@@ -303,51 +303,40 @@ fn int4_chunk(job: &Job, r0: usize, nrows: usize, isa: Isa) {
         for t in r0 / INT4_ROWS..(r0 + nrows).div_ceil(INT4_ROWS) {
             let wt = &w[t * tile_bytes..(t + 1) * tile_bytes];
             let (sc, ze) = (&scale[t * tile_groups..(t + 1) * tile_groups], &zero[t * tile_groups..(t + 1) * tile_groups]);
-            let rows = INT4_ROWS.min(n - t * INT4_ROWS).min(r0 + nrows - t * INT4_ROWS);
-            for (ai, acts) in block.chunks(INT4_ACTS).enumerate() {
-                let mut res = [[0f32; INT4_ROWS]; INT4_ACTS];
-                int4_tile(wt, sc, ze, *k, *group, acts, &mut res, isa);
-                for (ii, r) in res.iter().enumerate().take(acts.len()) {
-                    let i = bi * ACT_BLOCK + ai * INT4_ACTS + ii;
-                    for (l, v) in r.iter().enumerate().take(rows) {
-                        let row = t * INT4_ROWS + l;
-                        let b = job.bias.map_or(0.0, |b| b[row]);
-                        // SAFETY: the caller of `run` promised this element is ours to write.
-                        unsafe { *job.out.add(i * job.ld + row) = v + b };
-                    }
-                }
-            }
+            let row0 = t * INT4_ROWS;
+            let rows = INT4_ROWS.min(n - row0).min(r0 + nrows - row0);
+            let bias = job.bias.map(|b| &b[row0..row0 + rows]);
+            // SAFETY: the caller of `run` promised columns row0 .. row0 + rows of every activation
+            // row (this block's: rows bi * ACT_BLOCK ..) as ours to write
+            unsafe { int4_tile(wt, sc, ze, *k, *group, block, job.out.add(bi * ACT_BLOCK * job.ld + row0), job.ld, bias, rows, isa) };
         }
     }
 }
 
-/// `res[i][l]` = weight row `l` of tile `wt` (scales `sc`, zeros `ze`: `[groups][8]` binary16) times
-/// activation row `i`, for every `i < acts.len()` (at most `INT4_ACTS`).
+/// `out[i * ld + l]` = weight row `l` (< `rows`) of tile `wt` (scales `sc`, zeros `ze`:
+/// `[groups][8]` binary16) times activation row `i` (+ `bias[l]`), for every row `i` of `acts`.
+///
+/// # Safety
+/// `out` valid for writes at `i * ld + l` for every `i < acts.len()`, `l < rows` (<= 8);
+/// `bias`, when given, holds `rows` values.
 #[allow(clippy::too_many_arguments)]
-fn int4_tile(wt: &[u8], sc: &[u16], ze: &[u16], k: usize, group: usize, acts: &[(&QuantRow, &[f32], &[f32])], res: &mut [[f32; INT4_ROWS]; INT4_ACTS], isa: Isa) {
+unsafe fn int4_tile(wt: &[u8], sc: &[u16], ze: &[u16], k: usize, group: usize, acts: &[(&QuantRow, &[f32], &[f32])], out: *mut f32, ld: usize, bias: Option<&[f32]>, rows: usize, isa: Isa) {
+    assert!(rows <= INT4_ROWS && bias.is_none_or(|b| b.len() == rows));
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
         assert!(wt.len() == (k / 32) * INT4_BLOCK_BYTES && sc.len() == (k / group) * INT4_ROWS && ze.len() == sc.len());
         // SAFETY: every non-scalar `Isa` has AVX2, FMA and F16C (`detect`); lengths asserted,
-        // and `int4_chunk` checked each activation row's lengths.
-        unsafe {
-            let a = x86::Int4Tile { w: wt.as_ptr(), sc: sc.as_ptr(), ze: ze.as_ptr(), k, group };
-            match acts.len() {
-                4 => x86::int4_avx2::<4>(&a, acts, res),
-                3 => x86::int4_avx2::<3>(&a, acts, res),
-                2 => x86::int4_avx2::<2>(&a, acts, res),
-                _ => x86::int4_avx2::<1>(&a, acts, res),
-            }
-        }
-        return;
+        // `int4_chunk` checked each activation row's lengths, the caller vouches for `out`.
+        let a = x86::Int4Tile { w: wt.as_ptr(), sc: sc.as_ptr(), ze: ze.as_ptr(), k, group };
+        return x86::int4_avx2_into(&a, acts, out, ld, bias, rows);
     }
     let _ = isa;
     let ng = k / group;
     for (i, (q, c, xs)) in acts.iter().enumerate() {
-        for l in 0..INT4_ROWS {
+        for l in 0..rows {
             let mut acc = 0f32;
             for g in 0..ng {
-                let mut gsum = 0f32;
+                let mut gsum = c[g];
                 for b in g * group / 32..(g + 1) * group / 32 {
                     let block = &wt[b * INT4_BLOCK_BYTES..(b + 1) * INT4_BLOCK_BYTES];
                     let d: i32 = (0..32)
@@ -359,9 +348,9 @@ fn int4_tile(wt: &[u8], sc: &[u16], ze: &[u16], k: usize, group: usize, acts: &[
                         .sum();
                     gsum += d as f32 * q.scale[b];
                 }
-                acc += f16_to_f32(sc[g * INT4_ROWS + l]) * (gsum + c[g]) + f16_to_f32(ze[g * INT4_ROWS + l]) * xs[g];
+                acc += f16_to_f32(sc[g * INT4_ROWS + l]) * gsum + f16_to_f32(ze[g * INT4_ROWS + l]) * xs[g];
             }
-            res[i][l] = acc;
+            *out.add(i * ld + l) = acc + bias.map_or(0.0, |b| b[l]);
         }
     }
 }
@@ -522,7 +511,11 @@ mod x86 {
         let per = t.group / 32;
         let mut acc = [_mm256_setzero_ps(); R];
         for g in 0..t.k / t.group {
+            // the group's offset term C_g starts the sum (one add fewer per group and row)
             let mut gacc = [_mm256_setzero_ps(); R];
+            for i in 0..R {
+                gacc[i] = _mm256_set1_ps(*acts[i].1.get_unchecked(g));
+            }
             for b in g * per..(g + 1) * per {
                 let wb = t.w.add(b * 128);
                 let mut s16 = [_mm256_setzero_si256(); R];
@@ -546,13 +539,44 @@ mod x86 {
             let s = _mm256_cvtph_ps(_mm_loadu_si128(t.sc.add(g * 8) as *const __m128i));
             let z = _mm256_cvtph_ps(_mm_loadu_si128(t.ze.add(g * 8) as *const __m128i));
             for i in 0..R {
-                let (_, c, xs) = acts[i];
-                acc[i] = _mm256_fmadd_ps(s, _mm256_add_ps(gacc[i], _mm256_set1_ps(*c.get_unchecked(g))), acc[i]);
-                acc[i] = _mm256_fmadd_ps(z, _mm256_set1_ps(*xs.get_unchecked(g)), acc[i]);
+                acc[i] = _mm256_fmadd_ps(s, gacc[i], acc[i]);
+                acc[i] = _mm256_fmadd_ps(z, _mm256_set1_ps(*acts[i].2.get_unchecked(g)), acc[i]);
             }
         }
         for i in 0..R {
             _mm256_storeu_ps(res[i].as_mut_ptr(), acc[i]);
+        }
+    }
+
+    /// `int4_avx2` over every activation row of `acts`, `INT4_ACTS` at a time, each row's
+    /// results (+ `bias`) stored straight into `out[i * ld ..]` (a whole tile: one vector store).
+    ///
+    /// # Safety
+    /// As `gemv::int4_tile`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn int4_avx2_into(t: &Int4Tile, acts: &[(&QuantRow, &[f32], &[f32])], out: *mut f32, ld: usize, bias: Option<&[f32]>, rows: usize) {
+        let mut res = [[0f32; 8]; 4];
+        for (gi, group) in acts.chunks(super::INT4_ACTS).enumerate() {
+            match group.len() {
+                4 => int4_avx2::<4>(t, group, &mut res),
+                3 => int4_avx2::<3>(t, group, &mut res),
+                2 => int4_avx2::<2>(t, group, &mut res),
+                _ => int4_avx2::<1>(t, group, &mut res),
+            }
+            for (ii, r) in res.iter().enumerate().take(group.len()) {
+                let dst = out.add((gi * super::INT4_ACTS + ii) * ld);
+                if rows == 8 {
+                    let mut v = _mm256_loadu_ps(r.as_ptr());
+                    if let Some(b) = bias {
+                        v = _mm256_add_ps(v, _mm256_loadu_ps(b.as_ptr()));
+                    }
+                    _mm256_storeu_ps(dst, v);
+                } else {
+                    for (l, v) in r.iter().enumerate().take(rows) {
+                        *dst.add(l) = v + bias.map_or(0.0, |b| b[l]);
+                    }
+                }
+            }
         }
     }
 
@@ -771,6 +795,36 @@ mod tests {
         }
     }
 
+    /// int4 with a bias: whole and partial tiles (n = 13), activation rows past one
+    /// `ACT_BLOCK` in groups of `INT4_ACTS` and a remainder (m = 37), every ISA, the output
+    /// written through a row stride wider than n; the columns between stay untouched.
+    #[test]
+    fn int4_bias_partial_tiles_and_row_blocks() {
+        let mut s = 11u64;
+        let (n, k, m, g, ld) = (13usize, 96usize, 37usize, 32usize, 16usize);
+        let nib: Vec<u8> = (0..n * k).map(|_| ((lcg(&mut s) + 0.5) * 15.99) as u8).collect();
+        let packed: Vec<u8> = (0..n * k / 2).map(|j| nib[2 * j] | (nib[2 * j + 1] << 4)).collect();
+        let sc: Vec<f32> = (0..n * k / g).map(|_| round_f16(0.01 + lcg(&mut s).abs() * 0.01)).collect();
+        let ze: Vec<f32> = (0..n * k / g).map(|_| round_f16(lcg(&mut s) * 0.01)).collect();
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 - 6.0).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (nib[i] as f32 - 8.0) * sc[i / g] + ze[i / g]).collect();
+        let want = reference(&w, n, k, &x, m);
+        let p = Packed::int4(n, k, g, &packed, &sc, &ze).unwrap();
+        for isa in Isa::supported() {
+            let acts: Vec<Act> = (0..m).map(|i| prepare(&p, &x[i * k..(i + 1) * k], isa)).collect();
+            let mut y = vec![f32::NAN; m * ld];
+            let job = Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld, bias: Some(&bias) };
+            int4_chunk(&job, 0, n, isa);
+            for i in 0..m {
+                let got: Vec<f32> = y[i * ld..i * ld + n].to_vec();
+                let exp: Vec<f32> = (0..n).map(|r| want[i * n + r] + bias[r]).collect();
+                close(&got, &exp, 2e-2);
+                assert!(y[i * ld + n..(i + 1) * ld].iter().all(|v| v.is_nan()), "wrote past column n ({isa:?})");
+            }
+        }
+    }
+
     #[test]
     fn dense_match_reference() {
         let mut s = 3u64;
@@ -980,6 +1034,28 @@ mod bench {
                 let nb = ps[0].nbytes() as f64;
                 println!("{kind} {what:18} {:8.1} us  {:6.1} GB/s  {:6.2} Gweights/s", s * 1e6, nb / s / 1e9, (n * k) as f64 / s / 1e9);
             }
+        }
+    }
+
+    /// int4 prefill on one thread: `m` activation rows through `chunk` (the integer kernel),
+    /// GMAC/s. `cargo test --release --lib int4_prefill_throughput -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn int4_prefill_throughput() {
+        let isa = detect();
+        for &(n, k, m) in &[(1152usize, 896usize, 64usize), (4864, 896, 64), (896, 4864, 64)] {
+            let p = weights("int4", n, k, 7);
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+            let acts: Vec<Act> = (0..m).map(|i| prepare(&p, &x[i * k..(i + 1) * k], isa)).collect();
+            let mut y = vec![0f32; m * n];
+            let job = Job { p: &p, acts: &acts, out: y.as_mut_ptr(), ld: n, bias: None };
+            let mut best = f64::MAX;
+            for _ in 0..7 {
+                let t0 = Instant::now();
+                int4_chunk(&job, 0, n, isa);
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+            println!("int4 prefill {n}x{k} m={m}: {:6.1} GMAC/s", (n * k * m) as f64 / best / 1e9);
         }
     }
 
