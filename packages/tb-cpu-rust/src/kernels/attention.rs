@@ -117,7 +117,13 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
                 let valid = if causal { nk.min(qi + 1) } else { nk };
                 let (seen, hidden) = row.split_at_mut(valid);
                 hidden.fill(0.0);
-                let mx = row_max(seen);
+                let mut mx = row_max(seen);
+                // every score NaN (a NaN in the query row): `row_max` skips NaN and says -inf,
+                // which is not a fully masked row; NaN as the shift makes every weight NaN, as
+                // in eager
+                if mx == f32::NEG_INFINITY && seen.iter().any(|v| v.is_nan()) {
+                    mx = f32::NAN;
+                }
                 if mx == f32::NEG_INFINITY {
                     seen.fill(0.0);
                     *lp.add(r * lse.strides[2]) = f32::NEG_INFINITY;

@@ -705,15 +705,23 @@ mod imp2 {
         hmax(_mm256_max_ps(m0, m1))
     }
 
-    /// y[i] = exp(x[i] - shift) (x may be y); returns the sum of the new values.
+    /// `exp_nonpos` that keeps NaN (NaN in, NaN out, as the AVX-512 `exp_shift_sum` does): a
+    /// NaN score must make its softmax row NaN, not drop out of it.
+    #[inline(always)]
+    unsafe fn exp_nonpos_nan(d: __m256) -> __m256 {
+        _mm256_blendv_ps(exp_nonpos(d), d, _mm256_cmp_ps::<_CMP_UNORD_Q>(d, d))
+    }
+
+    /// y[i] = exp(x[i] - shift) (x may be y); returns the sum of the new values (NaN where an
+    /// x[i] or the shift is NaN).
     #[inline(always)]
     unsafe fn exp_shift_store_sum(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
         let sh = set(shift);
         let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
         while i + 16 <= n {
-            let a = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), sh));
-            let b = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), sh));
+            let a = exp_nonpos_nan(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), sh));
+            let b = exp_nonpos_nan(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), sh));
             _mm256_storeu_ps(y.add(i), a);
             _mm256_storeu_ps(y.add(i + 8), b);
             s0 = _mm256_add_ps(s0, a);
@@ -722,7 +730,7 @@ mod imp2 {
         }
         while i < n {
             let k = tail_mask((n - i).min(8));
-            let v = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), k), sh));
+            let v = exp_nonpos_nan(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), k), sh));
             let v = _mm256_and_ps(v, _mm256_castsi256_ps(k));
             _mm256_maskstore_ps(y.add(i), k, v);
             s0 = _mm256_add_ps(s0, v);
@@ -1098,6 +1106,47 @@ mod tests {
                 let mut o = vec![7f32; len];
                 assert!(unsafe { run(op, &mut o, &xs[3..3 + len]) });
                 check_close(op, &xs[3..3 + len], &o);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod exp_shift_tests {
+    /// exp(x - shift) per element and its sum on AVX2 (and AVX-512 where the CPU has it), against
+    /// the scalar exp: NaN in, NaN out (element and sum), -inf to 0, every tail length.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp_shift_sum_keeps_nan_and_matches_scalar() {
+        for n in [1usize, 7, 8, 9, 16, 17, 33] {
+            for nan_at in [None, Some(0), Some(n - 1), Some(n / 2)] {
+                let mut row: Vec<f32> = (0..n).map(|i| -(i as f32) * 0.37).collect();
+                if n > 2 {
+                    row[1] = f32::NEG_INFINITY;
+                }
+                if let Some(j) = nan_at {
+                    row[j] = f32::NAN;
+                }
+                let want: Vec<f32> = row.iter().map(|&x| super::super::scalar::exp(x - 0.25)).collect();
+                let mut runs: Vec<(&str, Vec<f32>, f32)> = Vec::new();
+                if crate::core::isa::has_avx2() {
+                    let mut r = row.clone();
+                    // SAFETY: the CPU has AVX2 and FMA
+                    let s = unsafe { super::exp_shift_sum_avx2(&mut r, 0.25) };
+                    runs.push(("avx2", r, s));
+                }
+                if crate::core::isa::has_avx512() {
+                    let mut r = row.clone();
+                    // SAFETY: the CPU has AVX-512F
+                    let s = unsafe { super::exp_shift_sum_avx512(&mut r, 0.25) };
+                    runs.push(("avx512", r, s));
+                }
+                for (isa, got, sum) in runs {
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!((g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-6 * w.abs().max(1e-30), "{isa} n {n}: {g} vs {w}");
+                    }
+                    assert_eq!(sum.is_nan(), nan_at.is_some(), "{isa} n {n}: sum {sum}");
+                }
             }
         }
     }
