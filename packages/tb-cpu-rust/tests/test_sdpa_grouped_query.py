@@ -127,6 +127,41 @@ def test_nan_and_infinite_inputs_propagate_as_in_eager() -> None:
     torch.testing.assert_close(fn(q, k, v), f(q, k, v), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+_NAN_ROW_SCRIPT = """
+import torch, torch.nn.functional as F
+from torchburn.testing import compile_with
+g = torch.Generator().manual_seed(9)
+q, k, v = (torch.randn(1, h, 10, 8, generator=g) for h in (4, 2, 2))
+q[0, 1, 3, 2] = float("nan")  # every score of that query row NaN
+v[0, 0, 4, 1] = float("inf")
+for causal in (True, False):
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    fn, _ = compile_with("native_cpu", f)
+    want = f(q, k, v)
+    torch.testing.assert_close(fn(q, k, v), want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    print(torch.backends.cpu.get_cpu_capability(), causal, int(want[0, 1, 3].isnan().sum()))
+"""
+
+
+@pytest.mark.parametrize("capability", ["avx512", "avx2", "default"])
+def test_a_nan_query_row_matches_eager_of_each_cpu_capability(capability: str) -> None:
+    """Eager's own answer for a query row whose every score is NaN depends on the kernels torch
+    runs: its AVX-512 ones read the row as fully masked (0, NaN where a value is infinite), its
+    AVX2 and baseline ones give NaN. Each capability in a fresh process (``ATEN_CPU_CAPABILITY``
+    is read once); a CPU without AVX-512 runs its best one under "avx512", still against eager."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "TORCHBURN_CACHE_DIR": "0"}
+    out = subprocess.run([sys.executable, "-c", _NAN_ROW_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split()
+    assert len(lines) == 6, out.stdout
+    # the NaN row: all 8 outputs NaN (AVX2 / baseline) or only the infinite value's column (AVX-512)
+    assert lines[2] == lines[5] == ("1" if lines[0].upper().startswith("AVX512") else "8"), out.stdout
+
+
 def test_empty_batch_or_sequence() -> None:
     for b, lq in [(0, 5), (2, 0)]:
         q, k, v = _qkv(b, 4, 2, lq, 6, 8, seed=1)

@@ -99,12 +99,16 @@ class NativeCpuEngine(torchburn.Engine):
         return unary_kernel(op)
 
     def cache_tag(self) -> str:
-        # the ISA the kernels were chosen for is part of what a cached spec was lowered for
+        # the ISA the kernels were chosen for is part of what a cached spec was lowered for, and
+        # so is torch's CPU capability (the lowering matches eager's kernels of that capability:
+        # `lowering.attention.eager_nan_row_masked`)
+        import torch
+
         try:
             from tb_cpu_rust import _native
         except ImportError:
             return self.version()
-        return f"{self.version()}+{_native.isa()}"
+        return f"{self.version()}+{_native.isa()}+{torch.backends.cpu.get_cpu_capability()}"
 
     def serialize(self, compiled: Callable[..., Any], plan: Plan) -> bytes | None:
         """The lowered executor spec (JSON text) and what the program binds from it (buffers,

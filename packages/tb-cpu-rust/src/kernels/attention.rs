@@ -29,8 +29,12 @@ thread_local! {
 /// bfloat16 model's attention): both products may take bfloat16 operands, the probabilities
 /// rounded to bfloat16 as eager's bfloat16 flash attention rounds them (`attention_pairs`,
 /// where the CPU has AVX-512 BF16).
+///
+/// `nan_row_masked`: a query row whose every score is NaN is taken as fully masked (weights 0),
+/// as eager's kernels of torch's AVX-512 capability do; otherwise its weights are NaN, as the
+/// AVX2 and baseline ones give (`lowering/attention.py` `eager_nan_row_masked`).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32, bf16: bool) {
+pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>, o: &View, lse: &View, causal: bool, scale: f32, bf16: bool, nan_row_masked: bool) {
     let (b, h, l, e) = (q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
     let (s, ev) = (k.sizes[2], v.sizes[3]);
     if b * h * l == 0 {
@@ -118,10 +122,10 @@ pub unsafe fn sdpa(mem: &Mem, q: &View, k: &View, v: &View, mask: Option<&View>,
                 let (seen, hidden) = row.split_at_mut(valid);
                 hidden.fill(0.0);
                 let mut mx = row_max(seen);
-                // every score NaN (a NaN in the query row): `row_max` skips NaN and says -inf,
-                // which is not a fully masked row; NaN as the shift makes every weight NaN, as
-                // in eager
-                if mx == f32::NEG_INFINITY && seen.iter().any(|v| v.is_nan()) {
+                // every score NaN (a NaN in the query row): `row_max` skips NaN and says -inf.
+                // Eager's AVX2 / baseline kernels give a row of NaN (NaN as the shift makes every
+                // weight NaN); its AVX-512 ones a fully masked row, as -inf reads here.
+                if mx == f32::NEG_INFINITY && !nan_row_masked && seen.iter().any(|v| v.is_nan()) {
                     mx = f32::NAN;
                 }
                 if mx == f32::NEG_INFINITY {
@@ -251,7 +255,7 @@ mod steps {
 
     pub const STEPS: &[StepDef] = &[StepDef::core("sdpa", sdpa_step)];
 
-    crate::step_params!(struct SdpaParams { causal: bool, scale: f64, bf16: Option<bool> });
+    crate::step_params!(struct SdpaParams { causal: bool, scale: f64, bf16: Option<bool>, nan_row_masked: Option<bool> });
 
     /// q, k, v, mask? -> out, lse (the logsumexp of each query row); `bf16`: q, k and v are
     /// bfloat16 values widened (a bfloat16 model's attention)
@@ -273,7 +277,8 @@ mod steps {
         let (causal, scale) = (p.causal, p.scale as f32);
         // the model computes it in bfloat16: bfloat16 products allowed (`attention_pairs`)
         let bf16 = p.bf16.unwrap_or(false);
-        infallible(move |mem| unsafe { sdpa(mem, &q, &k, &v, mask.as_ref(), &o, &lse, causal, scale, bf16) })
+        let nan_row_masked = p.nan_row_masked.unwrap_or(false);
+        infallible(move |mem| unsafe { sdpa(mem, &q, &k, &v, mask.as_ref(), &o, &lse, causal, scale, bf16, nan_row_masked) })
     }
 }
 
@@ -334,7 +339,7 @@ mod tests {
             let pairs = crate::kernels::gemm::bf16::pairs_available();
             for bf16 in [false, true] {
                 o.fill(f32::NAN);
-                unsafe { sdpa(&mem, &qv, &kv, &vv, None, &ov, &lv, causal, scale, bf16) };
+                unsafe { sdpa(&mem, &qv, &kv, &vv, None, &ov, &lv, causal, scale, bf16, false) };
                 for (i, (&got, &w)) in o.iter().zip(&want).enumerate() {
                     let tol = if bf16 && pairs { 2f64.powi(-7) * magnitude[i] + 1e-6 } else { 1e-5 * (1.0 + w.abs()) };
                     assert!((got as f64 - w).abs() <= tol, "case l{l} s{s} e{e} ev{ev} causal {causal} bf16 {bf16} [{i}]: {got} vs {w}");

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from tb_cpu_rust.lowering import steps as S
 from tb_cpu_rust.lowering.checks import kernel_check
 from tb_cpu_rust.lowering.lowerer import Lowerer
@@ -25,6 +27,16 @@ def _sdpa_check(info: Any) -> str | None:
     return None
 
 
+def eager_nan_row_masked() -> bool:
+    """Whether eager's CPU attention turns a query row whose every score is NaN into a fully masked
+    row (weights 0: the output row 0, NaN only where a value is infinite) rather than a row of NaN.
+    Its kernels compiled for AVX-512 do (their row maximum passes over NaN and finds none, a row
+    treated as masked); the AVX2 and baseline ones propagate NaN. Which of them runs is torch's CPU
+    capability (the CPU's, or ``ATEN_CPU_CAPABILITY``): measured with torch 2.15 on a Zen 4 under
+    ``ATEN_CPU_CAPABILITY=avx512 / avx2 / default``."""
+    return str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512")
+
+
 @register_lowering(
     "aten._scaled_dot_product_flash_attention_for_cpu.default", check=kernel_check(float_only=True, extra=_sdpa_check)
 )
@@ -42,5 +54,9 @@ def _sdpa(lw: Lowerer, node: Any) -> tuple[int, ...]:
         b_, h_, l_ = qs[0], qs[1], qs[2]
         s_ = lw.values[k]["sizes"][2]
         mv = lw.broadcast(lw.value(mask), (b_, h_, l_, s_))
-    lw.steps.append(S.Sdpa(q=q, k=k, v=v, mask=mv, out=out, lse=lse, causal=causal, scale=scale))
+    lw.steps.append(
+        S.Sdpa(
+            q=q, k=k, v=v, mask=mv, out=out, lse=lse, causal=causal, scale=scale, nan_row_masked=eager_nan_row_masked()
+        )
+    )
     return out, lse
