@@ -72,6 +72,9 @@ pub unsafe fn sgemm_epi(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, al
     if be == 2 && m <= crate::kernels::gemm::gemv::MAX_ROWS && crate::kernels::gemm::gemv::sgemv(m, n, k, a, b, c, alpha, accumulate, threads, epi) {
         return;
     }
+    if be == 2 && few_columns(m, n, k, a, b, c, alpha, accumulate, threads, epi) {
+        return;
+    }
     if k == 0 || be != 2 {
         if k == 0 {
             if !accumulate {
@@ -90,6 +93,46 @@ pub unsafe fn sgemm_epi(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, al
         return;
     }
     crate::kernels::gemm::own::sgemm(m, n, k, a, b, c, alpha, accumulate, threads, epi)
+}
+
+/// At most this many columns of C, from rows of B contiguous along k (`b` the transposed view
+/// of a row-major n × k weight), go to `dot_rows` instead of the packing GEMM.
+const FEW_COLUMNS: usize = 12;
+
+/// `c = [c +] a @ b` then `epi`, one dot product per output (`dot_rows::gemm_abt_add`) when C has
+/// at most FEW_COLUMNS columns, B's columns and A's rows are contiguous along k and k fills a
+/// vector: a linear layer with few outputs. Rows split between `threads` above ~1M multiply-adds.
+/// False (nothing written) for any other product.
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_columns(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize, epi: &Epi) -> bool {
+    if n > FEW_COLUMNS || k < 16 || alpha != 1.0 || a.cs != 1 || a.rs <= 0 || b.rs != 1 || b.cs <= 0 || c.cs != 1 || c.rs <= 0 {
+        return false;
+    }
+    let (lda, ldb, ldc) = (a.rs as usize, b.cs as usize, c.rs as usize);
+    let rows = |i0: usize, i1: usize| {
+        let cp = c.p.get().add(i0 * ldc);
+        if !accumulate {
+            for i in 0..i1 - i0 {
+                std::slice::from_raw_parts_mut(cp.add(i * ldc), n).fill(0.0);
+            }
+        }
+        dot_rows::gemm_abt_add(i1 - i0, n, k, a.p.get().add(i0 * lda), lda, b.p.get(), ldb, cp, ldc);
+        if !epi.is_empty() {
+            epilogue_pass(i1 - i0, n, Mat { p: crate::core::mem::SPtr(cp), rs: c.rs, cs: 1 }, &epi.at(i0, 0));
+        }
+    };
+    let parts = if threads > 1 && m * n * k >= 1 << 20 { threads.min(m.div_ceil(4)) } else { 1 };
+    if parts > 1 {
+        crate::core::par::for_each(parts, |t| {
+            let (i0, i1) = (m * t / parts / 4 * 4, if t + 1 == parts { m } else { m * (t + 1) / parts / 4 * 4 });
+            if i0 < i1 {
+                rows(i0, i1);
+            }
+        });
+    } else {
+        rows(0, m);
+    }
+    true
 }
 
 unsafe fn crate_sgemm(be: u8, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Mat, alpha: f32, accumulate: bool, threads: usize) {
@@ -388,5 +431,64 @@ pub(crate) mod tests {
             }
         }
         set_backend("auto").unwrap();
+    }
+
+    /// A linear layer with few outputs (`x · Wᵀ`, W row-major, n ≤ FEW_COLUMNS) takes the
+    /// dot-product path: every n up to 12 (tiles of 3 columns and their edges), rows past whole
+    /// blocks of 4, k tails of each vector width, padded row strides, two threads over many rows,
+    /// accumulate, and the epilogue (bias, relu, residual) on the right rows; NaN stays in its row.
+    #[test]
+    fn few_columns_match_naive_with_epilogue() {
+        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        for &(m, k) in &[(1usize, 16usize), (5, 17), (64, 512), (9, 40), (300, 129), (2048, 100)] {
+            for n in 1..=FEW_COLUMNS {
+                let (lda, ldw, ldc) = (k + 3, k + 1, n + 2);
+                let mut a = data(m * lda, 7, 13);
+                if m > 2 {
+                    a[2 * lda + k / 2] = f32::NAN;
+                }
+                let w = data(n * ldw, 5, 11);
+                let bias = data(n, 3, 7);
+                let res = data(m * n, 11, 17);
+                for (accumulate, threads) in [(false, 1), (true, 2)] {
+                    let mut c = vec![0.5f32; m * ldc];
+                    let epi = Epi::new(
+                        Some((Mat { p: SPtr(bias.as_ptr() as *mut f32), rs: 0, cs: 1 }, 1.0)),
+                        [EpiOp::Un(Un::Relu), EpiOp::Add(Mat { p: SPtr(res.as_ptr() as *mut f32), rs: n as isize, cs: 1 }, 1.0)],
+                    );
+                    let (am, bm, cm) = (
+                        Mat { p: SPtr(a.as_ptr() as *mut f32), rs: lda as isize, cs: 1 },
+                        Mat { p: SPtr(w.as_ptr() as *mut f32), rs: 1, cs: ldw as isize },
+                        Mat { p: SPtr(c.as_mut_ptr()), rs: ldc as isize, cs: 1 },
+                    );
+                    assert!(unsafe { few_columns(m, n, k, am, bm, cm, 1.0, accumulate, threads, &epi) });
+                    for i in 0..m {
+                        for j in 0..n {
+                            let dot: f64 = (0..k).map(|p| a[i * lda + p] as f64 * w[j * ldw + p] as f64).sum();
+                            let start = if accumulate { 0.5 } else { 0.0 };
+                            let want = (start + dot + bias[j] as f64).max(0.0) + res[i * n + j] as f64;
+                            let got = c[i * ldc + j] as f64;
+                            if i == 2 && m > 2 {
+                                assert!(got.is_nan(), "{m}x{n}x{k} ({i},{j}): {got}");
+                            } else {
+                                assert!((got - want).abs() <= 1e-4 * (1.0 + dot.abs() + k as f64 * 0.01), "{m}x{n}x{k} acc {accumulate} ({i},{j}): {got} vs {want}");
+                            }
+                        }
+                        for j in n..ldc {
+                            assert_eq!(c[i * ldc + j], 0.5, "the padding of row {i} is not written");
+                        }
+                    }
+                }
+            }
+        }
+        // not its form: B not transposed, too many columns, alpha, a short k
+        let z = [0f32; 64];
+        let mat = |rs: isize, cs: isize| Mat { p: SPtr(z.as_ptr() as *mut f32), rs, cs };
+        unsafe {
+            assert!(!few_columns(2, 4, 16, mat(16, 1), mat(4, 1), mat(4, 1), 1.0, false, 1, &Epi::default()));
+            assert!(!few_columns(2, 13, 16, mat(16, 1), mat(1, 16), mat(13, 1), 1.0, false, 1, &Epi::default()));
+            assert!(!few_columns(2, 4, 16, mat(16, 1), mat(1, 16), mat(4, 1), 2.0, false, 1, &Epi::default()));
+            assert!(!few_columns(2, 4, 8, mat(8, 1), mat(1, 8), mat(4, 1), 1.0, false, 1, &Epi::default()));
+        }
     }
 }
