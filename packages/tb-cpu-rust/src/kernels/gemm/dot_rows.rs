@@ -28,7 +28,7 @@ pub unsafe fn gemm_abt_add(m: usize, n: usize, k: usize, a: *const f32, lda: usi
             return avx2::run(m, n, k, a, lda, b, ldb, c, ldc);
         }
     }
-    portable(m, n, k, a, lda, b, ldb, c, ldc, 0, 0)
+    portable(m, n, k, a, lda, b, ldb, c, ldc)
 }
 
 /// The dot product of two equally long slices in 8 independent lanes (vectorisable).
@@ -44,14 +44,13 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum::<f32>()
 }
 
-/// The outputs from row `i0` and column `j0` on, one dot product each.
+/// Every output, one dot product each (CPUs without AVX2).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn portable(m: usize, n: usize, k: usize, a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize, i0: usize, j0: usize) {
+unsafe fn portable(m: usize, n: usize, k: usize, a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize) {
     for i in 0..m {
         let ra = std::slice::from_raw_parts(a.add(i * lda), k);
-        let from = if i < i0 { j0 } else { 0 };
-        for j in from..n {
+        for j in 0..n {
             *c.add(i * ldc + j) += dot(ra, std::slice::from_raw_parts(b.add(j * ldb), k));
         }
     }
@@ -155,39 +154,12 @@ unsafe fn mask8(live: usize) -> std::arch::x86_64::__m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(live as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn loadu512(p: *const f32) -> std::arch::x86_64::__m512 {
-    std::arch::x86_64::_mm512_loadu_ps(p)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn masked512(m: std::arch::x86_64::__mmask16, p: *const f32) -> std::arch::x86_64::__m512 {
-    std::arch::x86_64::_mm512_maskz_loadu_ps(m, p)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx")]
-unsafe fn loadu256(p: *const f32) -> std::arch::x86_64::__m256 {
-    std::arch::x86_64::_mm256_loadu_ps(p)
-}
-
+/// `_mm256_maskload_ps` with the mask first, as `_mm512_maskz_loadu_ps` takes it.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx")]
 unsafe fn masked256(m: std::arch::x86_64::__m256i, p: *const f32) -> std::arch::x86_64::__m256 {
     std::arch::x86_64::_mm256_maskload_ps(p, m)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum512(v: std::arch::x86_64::__m512) -> f32 {
-    std::arch::x86_64::_mm512_reduce_add_ps(v)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -201,9 +173,9 @@ unsafe fn sum256(v: std::arch::x86_64::__m256) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-dot_tiles!(avx512, "avx512f", 16, _mm512_setzero_ps, super::loadu512, super::masked512, _mm512_fmadd_ps, super::sum512, __mmask16, super::mask16);
+dot_tiles!(avx512, "avx512f", 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_maskz_loadu_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, __mmask16, super::mask16);
 #[cfg(target_arch = "x86_64")]
-dot_tiles!(avx2, "avx2,fma", 8, _mm256_setzero_ps, super::loadu256, super::masked256, _mm256_fmadd_ps, super::sum256, __m256i, super::mask8);
+dot_tiles!(avx2, "avx2,fma", 8, _mm256_setzero_ps, _mm256_loadu_ps, super::masked256, _mm256_fmadd_ps, super::sum256, __m256i, super::mask8);
 
 #[cfg(test)]
 mod tests {
@@ -223,7 +195,7 @@ mod tests {
 
     /// Every kernel this CPU can run: the dispatching entry and each ISA's tiles.
     fn kernels() -> Vec<(&'static str, Kernel)> {
-        let mut v: Vec<(&'static str, Kernel)> = vec![("dispatch", gemm_abt_add)];
+        let mut v: Vec<(&'static str, Kernel)> = vec![("dispatch", gemm_abt_add), ("portable", portable)];
         #[cfg(target_arch = "x86_64")]
         {
             if crate::core::isa::has_avx512() {
