@@ -160,21 +160,19 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=False)
 def rust(session: nox.Session) -> None:
     """cargo test + clippy for tb-cpu-rust."""
-    manifest = RUST_MANIFEST
-    if not manifest.exists():
+    if not RUST_MANIFEST.exists():
         session.skip("packages/tb-cpu-rust does not exist yet")
-    # ci-test: the release profile without fat LTO (Cargo.toml): optimised kernels, a fraction of the link time.
     # Under `ci`, `build` compiled both already (RUST_CHECKS): these runs find them done.
-    env = _rust_check_env()
-    for command in RUST_CHECKS:
-        session.run(*command, "--manifest-path", str(manifest), *RUST_CHECK_TAIL[command[1]], env=env, external=True)
+    for args, tail in RUST_CHECKS:
+        session.run("cargo", *args, "--manifest-path", str(RUST_MANIFEST), *tail, env=_rust_check_env(), external=True)
 
 
 # The Rust checks of `rust` (their own target folder, so they never wait on another cargo's lock).
 RUST_MANIFEST = ROOT / "packages/tb-cpu-rust/Cargo.toml"
 RUST_CHECK_TARGET = ROOT / "target" / "ci-checks"
-RUST_CHECKS = [("cargo", "test", "--profile", "ci-test"), ("cargo", "clippy", "--release")]
-RUST_CHECK_TAIL = {"test": [], "clippy": ["--", "-D", "warnings"]}
+# (cargo arguments, arguments after the manifest); ci-test: the release profile without fat LTO
+# (Cargo.toml): optimised kernels, a fraction of the link time.
+RUST_CHECKS = [(["test", "--profile", "ci-test"], []), (["clippy", "--release"], ["--", "-D", "warnings"])]
 
 
 def _rust_check_env() -> dict[str, str]:
@@ -198,10 +196,10 @@ def _compile_rust_checks_meanwhile() -> threading.Thread | None:
     def compile_all() -> None:
         env = {**os.environ, **_rust_check_env()}
         with open(log, "w") as out:
-            for command in RUST_CHECKS:
-                extra = ["--no-run"] if command[1] == "test" else RUST_CHECK_TAIL[command[1]]
-                args = [cargo, *command[1:], "--manifest-path", str(RUST_MANIFEST), *extra]
-                subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+            for args, tail in RUST_CHECKS:
+                extra = ["--no-run"] if args[0] == "test" else tail
+                command = [cargo, *args, "--manifest-path", str(RUST_MANIFEST), *extra]
+                subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
 
     thread = threading.Thread(target=compile_all, name="rust-checks", daemon=True)
     thread.start()

@@ -157,3 +157,28 @@ def test_few_rows_products_read_b_in_either_layout(backend: str, rows: int, weig
     ex = _native.Executor(_gemm_spec(a, b, bias, out, 1.5, 1.0, ["relu"]))
     ex.run([a, b, bias], [out])
     torch.testing.assert_close(out, torch.relu(torch.addmm(bias, a, b, alpha=1.5)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 10, 12, 13])
+@pytest.mark.parametrize("m,k", [(5, 16), (64, 512), (9, 23), (2048, 100)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_with_few_outputs_matches_torch_addmm(backend: str, n: int, m: int, k: int, threads: int) -> None:
+    """``F.linear`` with at most 12 outputs (a classifier head: the dot-product path of the own
+    backend; 13 takes the packing GEMM) against ``torch.addmm``: x rows padded (a window of a wider
+    tensor), a bias and relu, a NaN and an inf in two rows of x, rows split over the threads."""
+    g = torch.Generator().manual_seed(m * 31 + n * 7 + k)
+    a = torch.randn(m, k + 5, generator=g)[:, 2 : 2 + k]
+    a[1, k // 2] = math.nan
+    a[3, 0] = math.inf
+    b = torch.randn(n, k, generator=g).t()
+    bias = torch.randn(n, generator=g)
+    out = torch.full((m, n), 123.0)
+    ex = _native.Executor(_gemm_spec(a, b, bias, out, 1.0, 1.0, ["relu"]))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ex.run([a, b, bias], [out])
+    finally:
+        torch.set_num_threads(before)
+    want = torch.relu(torch.addmm(bias, a, b))
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * k**0.5, equal_nan=True)
